@@ -1,0 +1,1 @@
+"""The runtime: cache, model runner (prefill / decode, CUDA graphs), sampling and the generation loop."""

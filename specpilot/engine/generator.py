@@ -1,0 +1,111 @@
+"""Generator: the autoregressive loop over a batch of prompts (prefill, decode, sample, stop checks).
+
+The host reads each step's tokens one step late: step n+1 is already queued on the GPU when the host copies
+and checks the tokens of step n, so the device never waits for Python. Stops: EOS, max_new_tokens, and stop
+strings (checked on the detokenised text; the text is cut before the stop string).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams, make_generator, sample
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    prompt_len: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str | None = None
+    finish_reason: str = "length"  # "length" | "eos" | "stop"
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+
+
+class Generator:
+    def __init__(self, runner: ModelRunner, eos_ids: tuple[int, ...] = (), detokenize: Callable | None = None):
+        self.runner, self.eos_ids, self.detokenize = runner, set(eos_ids), detokenize
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 on_token: Callable[[int, int], None] | None = None) -> list[GenerationResult]:
+        """prompts: token ids per request. on_token(request_index, token_id) is called as tokens arrive."""
+        self._check(prompts, params)
+        runner, dev = self.runner, self.runner.device
+        start = time.perf_counter()
+        B = len(prompts)
+        runner.allocate(B, max(map(len, prompts)) + params.max_new_tokens + 1)
+        gen = make_generator(params, dev)
+        logits = torch.stack([runner.prefill(i, p) for i, p in enumerate(prompts)])
+        tokens = sample(logits, params, gen)
+        positions = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
+        results = [GenerationResult(prompt_len=len(p)) for p in prompts]
+        finished = [False] * B
+        reader = _TokenReader(tokens)
+        for step in range(params.max_new_tokens):
+            more = step + 1 < params.max_new_tokens
+            if more:  # queue the next step before reading this one's tokens
+                next_tokens = sample(runner.decode(tokens, positions), params, gen)
+            host = reader.read()
+            now = time.perf_counter()
+            for i, tok in enumerate(host):
+                if not finished[i]:
+                    finished[i] = self._append(results[i], tok, params, now - start, on_token, i)
+            if all(finished) or not more:
+                break
+            tokens = next_tokens
+            reader = _TokenReader(tokens)
+        total = time.perf_counter() - start
+        for r in results:
+            r.total_s = total
+            if self.detokenize is not None and r.text is None:
+                r.text = self.detokenize(r.token_ids)
+        return results
+
+    def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        limit = self.runner.config.max_position_embeddings
+        longest = max(map(len, prompts))
+        if longest + params.max_new_tokens > limit:
+            raise ValueError(f"prompt of {longest} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
+                             f"model's context of {limit} tokens; shorten the prompt or lower max_new_tokens")
+        if params.stop and self.detokenize is None:
+            raise ValueError("stop strings need a tokenizer to detokenise the output")
+
+    def _append(self, r: GenerationResult, tok: int, params: SamplingParams, elapsed: float, on_token, index) -> bool:
+        if not r.token_ids:
+            r.ttft_s = elapsed
+        r.token_ids.append(tok)
+        if on_token is not None:
+            on_token(index, tok)
+        if tok in self.eos_ids and not params.ignore_eos:
+            r.finish_reason = "eos"
+        elif params.stop:
+            text = self.detokenize(r.token_ids)
+            hits = [text.find(s) for s in params.stop if s in text]
+            if hits:
+                r.text, r.finish_reason = text[:min(hits)], "stop"
+        return r.finish_reason != "length" or len(r.token_ids) >= params.max_new_tokens
+
+
+class _TokenReader:
+    """Copies a step's token ids to the host without waiting for work queued after them."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens = tokens
+        if tokens.is_cuda:
+            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self.host.copy_(tokens, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def read(self) -> list[int]:
+        if not self.tokens.is_cuda:
+            return self.tokens.tolist()
+        self.event.synchronize()
+        return self.host.tolist()

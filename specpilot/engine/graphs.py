@@ -1,0 +1,55 @@
+"""DecodeGraph: the AR decode step of a fixed batch captured once as a CUDA graph and replayed per token.
+
+The graph reads static device buffers (token ids, positions, slots) and writes static logits; positions are
+advanced inside the graph, so a replay needs no host-to-device copy and the step has no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.layers.metadata import BatchMetadata
+
+
+class DecodeGraph:
+    def __init__(self, model, cache, batch_size: int, warmup: int = 3):
+        device = cache.k.device
+        self.input_ids = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.slots = torch.arange(batch_size, dtype=torch.long, device=device)
+        self.model, self.cache = model, cache
+        # warm-up and capture write K/V at the last cache position, which no request reads before writing it
+        last = cache.max_seq_len - 1
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self.positions.fill_(last)
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.positions.fill_(last)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._step()
+        # warm-up also ran the recurrent update on the slots' state: the caller snapshots and restores it
+
+    def _step(self) -> torch.Tensor:
+        meta = decode_metadata(self.input_ids, self.positions, self.slots)
+        logits = self.model.logits(self.model(meta, self.cache))[:, 0].float()
+        self.positions.add_(1)
+        return logits
+
+    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Copies inputs only if they are not already the static buffers; returns the static logits [B, vocab]."""
+        if input_ids.data_ptr() != self.input_ids.data_ptr():
+            self.input_ids.copy_(input_ids)
+        if positions.data_ptr() != self.positions.data_ptr():
+            self.positions.copy_(positions)
+        self.graph.replay()
+        return self.logits
+
+
+def decode_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> BatchMetadata:
+    """One causal token per request at its current length (no prefix gather needed: the decode kernel reads the cache)."""
+    pos = positions[:, None]
+    return BatchMetadata(input_ids[:, None], pos, pos, slots, positions, max_prefix_len=0)

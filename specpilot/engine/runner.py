@@ -1,0 +1,81 @@
+"""ModelRunner: owns a model, its cache and its decode graphs; runs prefill and batched decode steps.
+
+Prefill runs one request at a time in chunks (exact for ragged prompts and recurrent layers); decode runs
+the whole batch, replaying a captured CUDA graph on GPU. The runner never sees requests or sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.config import EngineConfig
+from specpilot.engine.cache import ModelCache
+from specpilot.engine.graphs import DecodeGraph, decode_metadata
+from specpilot.layers import pointwise
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.models.causal_lm import CausalLM
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, engine: EngineConfig = EngineConfig(), prefill_chunk: int = 2048):
+        self.model, self.config = model, model.config
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        on_gpu = self.device.type == "cuda"
+        self.use_graphs = engine.cuda_graphs and on_gpu
+        pointwise.enable_compile(engine.compile_pointwise and on_gpu)
+        self.prefill_chunk = prefill_chunk
+        self.cache: ModelCache | None = None
+        self.graphs: dict[int, DecodeGraph] = {}
+
+    def allocate(self, num_slots: int, max_seq_len: int) -> None:
+        """Make sure the cache holds num_slots requests of max_seq_len tokens (reallocates only to grow)."""
+        c = self.cache
+        if c is None or c.num_slots < num_slots or c.max_seq_len < max_seq_len:
+            self.graphs.clear()
+            self.cache = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.cache = ModelCache(self.config, num_slots, max_seq_len, self.device, self.dtype)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        """Runs the prompt through the model into `slot` (state cleared first); returns last-token logits [vocab]."""
+        assert self.cache is not None and len(token_ids) <= self.cache.max_seq_len
+        slots = torch.tensor([slot], device=self.device)
+        self.cache.reset(slots)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        for start in range(0, len(token_ids), self.prefill_chunk):
+            chunk = ids[start:start + self.prefill_chunk][None]
+            prefix = torch.tensor([start], device=self.device)
+            meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start)
+            hidden = self.model(meta, self.cache)
+        return self.model.logits(hidden[0, -1]).float()
+
+    @torch.inference_mode()
+    def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token for each of the first B slots at the given positions; advances positions in place.
+
+        input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
+        """
+        B = input_ids.shape[0]
+        if self.use_graphs:
+            graph = self.graphs.get(B)
+            if graph is None:
+                graph = self.graphs[B] = self._capture(B)
+            logits = graph.replay(input_ids, positions)
+            if positions.data_ptr() != graph.positions.data_ptr():
+                positions.add_(1)
+            return logits
+        slots = torch.arange(B, device=self.device)
+        meta = decode_metadata(input_ids, positions, slots)
+        logits = self.model.logits(self.model(meta, self.cache))[:, 0].float()
+        positions.add_(1)
+        return logits
+
+    def _capture(self, batch_size: int) -> DecodeGraph:
+        # capture runs warm-up steps that write slot state, so it happens before any prefill of this batch
+        saved = self.cache.snapshot(torch.arange(batch_size, device=self.device))
+        graph = DecodeGraph(self.model, self.cache, batch_size)
+        self.cache.restore(saved)
+        return graph

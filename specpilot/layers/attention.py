@@ -1,0 +1,94 @@
+"""Full-attention layer (Llama, Qwen3, Qwen3.5 gated attention) over the preallocated KV cache.
+
+One block of T tokens per request: q/k/v from one packed projection, optional per-head q/k norm, RoPE at the
+given positions, K/V written into the slot at `cache_loc`, then attention over the committed prefix plus the
+block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specpilot.config import ModelConfig
+from specpilot.layers import pointwise as pw
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.norm import RMSNorm
+from specpilot.layers.packed import PackedLinear
+from specpilot.ops.decode_attention import decode_attention
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, qk_norm: bool, output_gate: bool, zero_centered_norm: bool = False):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.output_gate = output_gate
+        q_rows = self.num_heads * self.head_dim * (2 if output_gate else 1)
+        kv_rows = self.num_kv_heads * self.head_dim
+        shards = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}
+        self.qkv_proj = PackedLinear(cfg.hidden_size, shards, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, zero_centered_norm)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, zero_centered_norm)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, meta: BatchMetadata, kv: tuple[torch.Tensor, torch.Tensor], cos, sin) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q_rows = H * D * (2 if self.output_gate else 1)
+        q, k, v = self.qkv_proj(x).split([q_rows, KVH * D, KVH * D], dim=-1)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
+            gate = gate.reshape(B, T, H * D)
+        q, k, v = q.reshape(B, T, H, D), k.view(B, T, KVH, D), v.view(B, T, KVH, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = pw.apply_rotary(q, cos, sin), pw.apply_rotary(k, cos, sin)
+        out = attend(q, k, v, kv, meta, self.scale).reshape(B, T, H * D)
+        if gate is not None:
+            out = pw.sigmoid_gate(out, gate)
+        return self.o_proj(out)
+
+
+def write_kv(kv: tuple[torch.Tensor, torch.Tensor], meta: BatchMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
+    """k, v [B, T, KVH, D] -> cache [N, KVH, S, D] at (slots, :, cache_loc)."""
+    k_cache, v_cache = kv
+    idx = (meta.slots[:, None], slice(None), meta.cache_loc)
+    k_cache[idx] = k.to(k_cache.dtype)
+    v_cache[idx] = v.to(v_cache.dtype)
+
+
+def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, T, KVH, D] of the new block -> [B, T, H, D]; writes the block into the cache."""
+    write_kv(kv, meta, k, v)
+    if meta.is_decode:
+        kv_len = meta.prefix_len + 1
+        return decode_attention(q[:, 0], kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
+    return block_attention(q, k, v, kv, meta, scale)
+
+
+def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
+    """Attention of a block over the committed prefix (read from the cache) and the block itself (masked)."""
+    B, T, H, D = q.shape
+    KVH = k.shape[2]
+    G = H // KVH
+    P = meta.max_prefix_len
+    prefix_k = kv[0][meta.slots, :, :P].to(q.dtype)  # [B, KVH, P, D]
+    prefix_v = kv[1][meta.slots, :, :P].to(q.dtype)
+    keys = torch.cat((prefix_k, k.transpose(1, 2)), dim=2)  # [B, KVH, P+T, D]
+    values = torch.cat((prefix_v, v.transpose(1, 2)), dim=2)
+    prefix_ok = torch.arange(P, device=q.device)[None, :] < meta.prefix_len[:, None]  # [B, P]
+    block_ok = meta.block_mask
+    if block_ok is None:
+        block_ok = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None].expand(B, T, T)
+    mask = torch.cat((prefix_ok[:, None, :].expand(B, T, P), block_ok), dim=-1)  # [B, T, P+T]
+    # grouped-query attention without repeating K/V: the G query heads of a KV head become G*T query rows
+    qg = q.view(B, T, KVH, G, D).permute(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
+    mask = mask[:, None, None].expand(B, 1, G, T, P + T).reshape(B, 1, G * T, P + T)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
+    return out.view(B, KVH, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H, D)

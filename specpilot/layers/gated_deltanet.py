@@ -1,0 +1,67 @@
+"""Gated DeltaNet layer (Qwen3.5 linear attention) with its per-request conv window and fp32 delta-rule state.
+
+in_proj packs the checkpoint's in_proj_qkv | in_proj_z | in_proj_b | in_proj_a (one GEMV at decode). The
+short causal conv and the delta rule read and update the request's state slot in place. Short blocks (decode,
+chains) take the fused recurrent kernel; long blocks (prefill) the chunked form. Trees land with the
+hybrid tree-verification work and are rejected here with a clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specpilot.config import ModelConfig
+from specpilot.layers import pointwise as pw
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.packed import PackedLinear
+from specpilot.ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
+from specpilot.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gdn_gating
+
+# blocks up to this many tokens run the token-by-token kernel; longer ones the chunked (WY) form
+RECURRENT_MAX_TOKENS = 16
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.H, self.HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.K, self.V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = self.H * self.K, self.HV * self.V
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.eps = cfg.rms_norm_eps
+        shards = {"in_proj_qkv": self.conv_dim, "in_proj_z": self.value_dim, "in_proj_b": self.HV, "in_proj_a": self.HV}
+        self.in_proj = PackedLinear(cfg.hidden_size, shards)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.linear_conv_kernel_dim, groups=self.conv_dim, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.HV))
+        self.dt_bias = nn.Parameter(torch.ones(self.HV))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(self.V))
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, meta: BatchMetadata, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if meta.block_mask is not None:
+            raise NotImplementedError("tree verification on Gated DeltaNet layers is not implemented yet (hybrid tree issue)")
+        B, T, _ = x.shape
+        conv_pool, ssm_pool = state  # [N, C, W-1], [N, HV, K, V] fp32
+        mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
+        weight = self.conv1d.weight[:, 0, :]  # [C, W]
+        if T <= RECURRENT_MAX_TOKENS:
+            mixed = causal_conv1d_update(mixed.contiguous(), conv_pool, meta.slots, weight)
+        else:
+            mixed, conv_final = causal_conv1d_prefill(mixed, weight, conv_pool[meta.slots])
+            conv_pool[meta.slots] = conv_final.to(conv_pool.dtype)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k = q.reshape(B, T, self.H, self.K), k.reshape(B, T, self.H, self.K)
+        v = v.reshape(B, T, self.HV, self.V)
+        if T <= RECURRENT_MAX_TOKENS:
+            o = fused_recurrent_gated_delta_rule(
+                q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
+                self.A_log, self.dt_bias, ssm_pool, meta.slots,
+            )
+        else:
+            g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
+            o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots])
+            ssm_pool[meta.slots] = final
+        o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps)
+        return self.out_proj(o.reshape(B, T, self.value_dim))

@@ -1,0 +1,24 @@
+"""RMSNorm modules: plain (Llama, Qwen3) and zero-centred (Qwen3.5, weight stored as w with scale 1 + w)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specpilot.layers import pointwise as pw
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False):
+        super().__init__()
+        self.eps, self.zero_centered = eps, zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fn = pw.rms_norm_zero_centered if self.zero_centered else pw.rms_norm
+        return fn(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """norm(x + residual), x + residual in one fused pass."""
+        fn = pw.add_rms_norm_zero_centered if self.zero_centered else pw.add_rms_norm
+        return fn(x, residual, self.weight, self.eps)

@@ -1,0 +1,96 @@
+"""Small pointwise helpers (norms, activations, RoPE) and the one switch that compiles them on GPU.
+
+On CUDA, eager PyTorch would launch half a dozen kernels per norm; torch.compile fuses each helper into one.
+The switch lives here so that compile settings have a single home (EngineConfig.compile_pointwise).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+_compile_enabled = False
+
+
+def enable_compile(enabled: bool) -> None:
+    global _compile_enabled
+    _compile_enabled = enabled
+
+
+def pointwise(fn):
+    """Runs fn eagerly on CPU (and when compile is off) and as a compiled fused kernel on CUDA."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        nonlocal compiled
+        if _compile_enabled and args[0].is_cuda:
+            if compiled is None:
+                compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+            return compiled(*args)
+        return fn(*args)
+
+    return wrapper
+
+
+def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@pointwise
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Llama / Qwen3 rounding: normalise in fp32, cast, then scale in the model dtype
+    return weight * _normalize(x, eps).to(x.dtype)
+
+
+@pointwise
+def rms_norm_zero_centered(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Qwen3.5 rounding: the (1 + w) scale is applied in fp32 before the cast
+    return (_normalize(x, eps) * (1.0 + weight.float())).to(x.dtype)
+
+
+@pointwise
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    s = x + residual
+    return weight * _normalize(s, eps).to(s.dtype), s
+
+
+@pointwise
+def add_rms_norm_zero_centered(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    s = x + residual
+    return (_normalize(s, eps) * (1.0 + weight.float())).to(s.dtype), s
+
+
+@pointwise
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gated DeltaNet output norm: weight * norm(x), then * silu(z) in fp32."""
+    y = weight * _normalize(x, eps).to(x.dtype)
+    return (y * F.silu(z.float())).to(x.dtype)
+
+
+@pointwise
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@pointwise
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(gate)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@pointwise
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, D]; cos, sin [B, T, R] (R <= D rotary dims, rotate-half layout); rest passes through."""
+    r = cos.shape[-1]
+    cos, sin = cos.to(x.dtype)[:, :, None, :], sin.to(x.dtype)[:, :, None, :]
+    rot = x[..., :r] * cos + _rotate_half(x[..., :r]) * sin
+    return rot if r == x.shape[-1] else torch.cat((rot, x[..., r:]), dim=-1)

@@ -1,0 +1,1 @@
+"""Target and drafter networks: one file per architecture family, assembled from layers/."""

@@ -1,0 +1,169 @@
+"""Checkpoint loading: a local directory or Hub id -> config.json + safetensors -> model, and its tokenizer.
+
+Weights come only from safetensors (a single file or a sharded index); nothing is ever unpickled and no
+remote code runs. The model is built on the meta device, materialised once on the target device, then filled
+tensor by tensor; the loader proves every checkpoint tensor was consumed exactly once and every parameter
+(each block of a packed projection) was filled exactly once, or fails with one message naming file and key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specpilot.config import ModelConfig
+from specpilot.layers.packed import PackedLinear
+from specpilot.models.causal_lm import CausalLM
+from specpilot.models.registry import FAMILIES
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded as given; the message names the file and the tensor."""
+
+
+def resolve_model_dir(path_or_id: str, cache_dir: str | None = None, revision: str | None = None) -> Path:
+    """A local directory as is; otherwise a Hub repo id fetched (or found in the cache) by huggingface_hub.
+
+    Honours HF_HUB_OFFLINE and HF_HOME / cache_dir; only config, tokenizer and safetensors files are fetched.
+    """
+    path = Path(path_or_id).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: expected a model directory (config.json + *.safetensors), got a file")
+        return path
+    if path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1:
+        raise CheckpointError(f"{path_or_id}: no such directory, and not a Hub repo id of the form 'org/name'")
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.model", "*.txt"]
+    try:
+        return Path(snapshot_download(path_or_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns))
+    except Exception as e:  # huggingface_hub raises several types for offline / missing / auth cases
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
+        raise CheckpointError(f"{path_or_id}: could not fetch from the Hub{hint}: {type(e).__name__}: {e}") from None
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no weight_map")
+        files = sorted({model_dir / f for f in weight_map.values()})
+        for f in files:
+            if not f.exists():
+                raise CheckpointError(f"{index}: lists shard {f.name}, which is missing from {model_dir}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if files:
+        return files
+    pickled = [p.name for p in model_dir.glob("*.bin")] + [p.name for p in model_dir.glob("*.pt*")]
+    hint = f" (found {', '.join(pickled)}: pickled weights are never loaded; convert them to safetensors)" if pickled else ""
+    raise CheckpointError(f"{model_dir}: no *.safetensors weights{hint}")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float32": torch.float32, "fp32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"dtype {dtype!r} is not supported; use auto, bfloat16, float16 or float32")
+    return names[dtype]
+
+
+def build_empty(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """The model with uninitialised parameters on `device` (no double allocation: built on meta first)."""
+    with torch.device("meta"):
+        model = FAMILIES[cfg.family].build(cfg)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    model.tie_weights()
+    model.reset_buffers()
+    return model.eval().requires_grad_(False)
+
+
+def load_model(path_or_id: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
+               cache_dir: str | None = None) -> CausalLM:
+    model_dir = resolve_model_dir(path_or_id, cache_dir)
+    cfg = ModelConfig.from_file(model_dir / "config.json")
+    device = torch.device(device)
+    model = build_empty(cfg, device, resolve_dtype(dtype, device))
+    load_weights(model, safetensors_files(model_dir))
+    return model
+
+
+def _targets(model: CausalLM) -> dict[str, tuple[str, str | None]]:
+    """Checkpoint key (after prefix mapping) -> (parameter name, packed shard or None)."""
+    params = dict(model.named_parameters())
+    targets = {name: (name, None) for name in params}
+    for path, module in model.named_modules():
+        if isinstance(module, PackedLinear):
+            parent = path.rsplit(".", 1)[0]
+            for shard in module.shards:
+                for kind in ("weight", "bias") if module.bias is not None else ("weight",):
+                    targets[f"{parent}.{shard}.{kind}"] = (f"{path}.{kind}", shard)
+                    targets.pop(f"{path}.{kind}", None)
+    return targets
+
+
+def _map_key(key: str, prefixes: dict[str, str]) -> str:
+    for src in sorted(prefixes, key=len, reverse=True):
+        if key.startswith(src):
+            return prefixes[src] + key[len(src):]
+    return key
+
+
+def load_weights(model: CausalLM, files: list[Path]) -> None:
+    cfg = model.config
+    prefixes = FAMILIES[cfg.family].CHECKPOINT_PREFIXES
+    targets = _targets(model)
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    filled: dict[str, str] = {}  # target key -> file that filled it
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if any(key.startswith(p) for p in cfg.ignored_key_prefixes):
+                    continue
+                name = _map_key(key, prefixes)
+                if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                    continue  # tied: the embedding supplies it
+                if name not in targets:
+                    raise CheckpointError(f"{file.name}: unexpected tensor {key!r} for {cfg.architecture}")
+                if name in filled:
+                    raise CheckpointError(f"{file.name}: tensor {key!r} appears twice (also in {filled[name]})")
+                _copy_into(params, modules, targets[name], f.get_tensor(key), file, key)
+                filled[name] = file.name
+    missing = sorted(set(targets) - set(filled))
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(f"{files[0].parent}: missing tensors {missing[:5]}{more} for {cfg.architecture}")
+
+
+def _copy_into(params, modules, target: tuple[str, str | None], tensor: torch.Tensor, file: Path, key: str) -> None:
+    pname, shard = target
+    dest = params[pname]
+    if shard is not None:
+        module = modules[pname.rsplit(".", 1)[0]]
+        start, rows = module.shard_rows(shard)
+        dest = dest[start:start + rows]
+    if tuple(tensor.shape) != tuple(dest.shape):
+        raise CheckpointError(f"{file.name}: tensor {key!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+    dest.copy_(tensor.to(dest.dtype))
+
+
+def load_tokenizer(path_or_id: str, cache_dir: str | None = None):
+    """The Hugging Face fast tokenizer saved beside the weights (tokenizer.json / tokenizer_config.json)."""
+    from transformers import AutoTokenizer
+
+    model_dir = resolve_model_dir(path_or_id, cache_dir)
+    if not (model_dir / "tokenizer.json").exists() and not (model_dir / "tokenizer_config.json").exists():
+        raise CheckpointError(f"{model_dir}: no tokenizer.json or tokenizer_config.json")
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
