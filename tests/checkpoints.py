@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from specpilot.models.random_checkpoint import write_random_checkpoint
 
 VOCAB = 320
 
@@ -34,41 +34,14 @@ CONFIGS = {
 }
 
 
+TEXTS = ["def add(a, b):\n    return a + b\n", "the quick brown fox jumps over the lazy dog. " * 4,
+         "for i in range(10):\n    print(i * i)\n"] * 20
+
+
 def hf_config(name: str, **overrides):
-    config_cls, _, kw = CONFIGS[name]
-    return config_cls(**{**kw, **overrides})
-
-
-def randomize(model: torch.nn.Module) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty_like(p).uniform_(0.01, 4).log())
-            elif p.ndim == 1:
-                p.copy_(torch.randn_like(p) * 0.2 + (0.0 if "norm" in name and "linear_attn.norm" not in name else 1.0))
-            else:
-                p.normal_(0, 0.08)
+    config_cls, model_cls, kw = CONFIGS[name]
+    return config_cls(**{**kw, **overrides}, architectures=[model_cls.__name__])
 
 
 def write_checkpoint(name: str, path: Path, **overrides):
-    config = hf_config(name, **overrides)
-    model_cls = CONFIGS[name][1]
-    torch.manual_seed(0)
-    model = model_cls(config).eval()
-    randomize(model)
-    model.save_pretrained(path, safe_serialization=True)
-    write_tokenizer(path)
-    return model
-
-
-def write_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    text = ["def add(a, b):\n    return a + b\n", "the quick brown fox jumps over the lazy dog. " * 4,
-            "for i in range(10):\n    print(i * i)\n"]
-    tok.train_from_iterator(text * 20, trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    fast.save_pretrained(path)
+    return write_random_checkpoint(hf_config(name, **overrides), path, TEXTS)

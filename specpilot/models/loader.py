@@ -120,43 +120,64 @@ def _map_key(key: str, prefixes: dict[str, str]) -> str:
     return key
 
 
-def load_weights(model: CausalLM, files: list[Path]) -> None:
+def plan_load(model: CausalLM, entries: list[tuple[str, str, tuple[int, ...]]]) -> list[tuple[str, str, tuple]]:
+    """Checks a checkpoint's (file, key, shape) list against the model before a byte is copied.
+
+    Returns (file, key, target) for every tensor to load; raises CheckpointError naming the file and key of the
+    first unexpected, duplicated or mis-shaped tensor, or the keys that are missing.
+    """
     cfg = model.config
     prefixes = FAMILIES[cfg.family].CHECKPOINT_PREFIXES
     targets = _targets(model)
-    params = dict(model.named_parameters())
-    modules = dict(model.named_modules())
-    filled: dict[str, str] = {}  # target key -> file that filled it
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                if any(key.startswith(p) for p in cfg.ignored_key_prefixes):
-                    continue
-                name = _map_key(key, prefixes)
-                if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                    continue  # tied: the embedding supplies it
-                if name not in targets:
-                    raise CheckpointError(f"{file.name}: unexpected tensor {key!r} for {cfg.architecture}")
-                if name in filled:
-                    raise CheckpointError(f"{file.name}: tensor {key!r} appears twice (also in {filled[name]})")
-                _copy_into(params, modules, targets[name], f.get_tensor(key), file, key)
-                filled[name] = file.name
+    params, modules = dict(model.named_parameters()), dict(model.named_modules())
+    filled: dict[str, str] = {}  # target key -> file that fills it
+    plan = []
+    for file, key, shape in entries:
+        if any(key.startswith(p) for p in cfg.ignored_key_prefixes):
+            continue
+        name = _map_key(key, prefixes)
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # tied: the embedding supplies it
+        if name not in targets:
+            raise CheckpointError(f"{file}: unexpected tensor {key!r} for {cfg.architecture}")
+        if name in filled:
+            raise CheckpointError(f"{file}: tensor {key!r} appears twice (also in {filled[name]})")
+        expected = tuple(_destination(params, modules, targets[name]).shape)
+        if tuple(shape) != expected:
+            raise CheckpointError(f"{file}: tensor {key!r} has shape {tuple(shape)}, expected {expected}")
+        filled[name] = file
+        plan.append((file, key, targets[name]))
     missing = sorted(set(targets) - set(filled))
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise CheckpointError(f"{files[0].parent}: missing tensors {missing[:5]}{more} for {cfg.architecture}")
+        raise CheckpointError(f"checkpoint is missing tensors {missing[:5]}{more} for {cfg.architecture}")
+    return plan
 
 
-def _copy_into(params, modules, target: tuple[str, str | None], tensor: torch.Tensor, file: Path, key: str) -> None:
+def load_weights(model: CausalLM, files: list[Path]) -> None:
+    entries = []
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            entries += [(file.name, key, tuple(f.get_slice(key).get_shape())) for key in f.keys()]
+    plan = plan_load(model, entries)
+    params, modules = dict(model.named_parameters()), dict(model.named_modules())
+    by_file: dict[str, list] = {}
+    for file, key, target in plan:
+        by_file.setdefault(file, []).append((key, target))
+    directory = files[0].parent
+    for file, items in by_file.items():
+        with safe_open(str(directory / file), framework="pt", device="cpu") as f:
+            for key, target in items:
+                _destination(params, modules, target).copy_(f.get_tensor(key))
+
+
+def _destination(params, modules, target: tuple[str, str | None]) -> torch.Tensor:
     pname, shard = target
     dest = params[pname]
     if shard is not None:
-        module = modules[pname.rsplit(".", 1)[0]]
-        start, rows = module.shard_rows(shard)
+        start, rows = modules[pname.rsplit(".", 1)[0]].shard_rows(shard)
         dest = dest[start:start + rows]
-    if tuple(tensor.shape) != tuple(dest.shape):
-        raise CheckpointError(f"{file.name}: tensor {key!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
-    dest.copy_(tensor.to(dest.dtype))
+    return dest
 
 
 def load_tokenizer(path_or_id: str, cache_dir: str | None = None):

@@ -1,0 +1,7 @@
+"""`python -m specpilot` runs the CLI."""
+
+import sys
+
+from specpilot.cli import main
+
+sys.exit(main())

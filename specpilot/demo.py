@@ -1,0 +1,57 @@
+"""The bundled default model of `specpilot demo`: a tiny Qwen3.5-style hybrid with RANDOM weights.
+
+Written once (seeded, a few seconds on CPU) to ~/.cache/specpilot/demo-random through transformers' own
+classes, then loaded through the real loader like any checkpoint. Replaced by the trained zoo later.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEMO_VERSION = "1"
+
+
+def demo_dir() -> Path:
+    root = Path(os.environ.get("SPECPILOT_CACHE", Path.home() / ".cache" / "specpilot"))
+    return root / f"demo-random-v{DEMO_VERSION}"
+
+
+def demo_config():
+    import transformers
+
+    return transformers.Qwen3_5TextConfig(
+        vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=32, linear_value_head_dim=32, full_attention_interval=2, max_position_embeddings=2048,
+        eos_token_id=0, architectures=["Qwen3_5ForCausalLM"])
+
+
+def _corpus() -> list[str]:
+    # the package's own source: deterministic, always present, code-like
+    files = sorted(Path(__file__).parent.rglob("*.py"))
+    return [f.read_text() for f in files]
+
+
+def demo_checkpoint(console=None) -> Path:
+    """Path of the demo checkpoint, writing it first if needed (temp dir, then rename: never half-written)."""
+    target = demo_dir()
+    if (target / "config.json").exists():
+        return target
+    from specpilot.models.random_checkpoint import write_random_checkpoint
+
+    if console is not None:
+        console.print(f"[dim]writing the demo checkpoint to {target} (once)[/]")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-demo-"))
+    try:
+        write_random_checkpoint(demo_config(), tmp, _corpus(), seed=1234)
+        tmp.rename(target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
