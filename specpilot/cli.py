@@ -16,7 +16,7 @@ from rich.console import Console
 from specpilot.config import ConfigError, EngineConfig
 from specpilot.models.loader import CheckpointError
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

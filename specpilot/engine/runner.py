@@ -23,7 +23,7 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         on_gpu = self.device.type == "cuda"
         self.use_graphs = engine.cuda_graphs and on_gpu
-        pointwise.enable_compile(engine.compile_pointwise and on_gpu)
+        self.compile = engine.compile_pointwise and on_gpu
         self.prefill_chunk = prefill_chunk
         self.cache: ModelCache | None = None
         self.graphs: dict[int, DecodeGraph] = {}
@@ -58,6 +58,10 @@ class ModelRunner:
 
         input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
         """
+        with pointwise.compiled(self.compile):
+            return self._decode(input_ids, positions)
+
+    def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         B = input_ids.shape[0]
         if self.use_graphs:
             graph = self.graphs.get(B)

@@ -6,6 +6,7 @@ The switch lives here so that compile settings have a single home (EngineConfig.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -14,22 +15,29 @@ import torch.nn.functional as F
 _compile_enabled = False
 
 
-def enable_compile(enabled: bool) -> None:
+@contextlib.contextmanager
+def compiled(enabled: bool = True):
+    """Inside this region pointwise helpers on CUDA run compiled. The runner opens it for decode steps only:
+    their shapes are few and fixed, while prefill shapes vary (and prefill is not bound by launch overhead)."""
     global _compile_enabled
-    _compile_enabled = enabled
+    previous, _compile_enabled = _compile_enabled, enabled
+    try:
+        yield
+    finally:
+        _compile_enabled = previous
 
 
 def pointwise(fn):
-    """Runs fn eagerly on CPU (and when compile is off) and as a compiled fused kernel on CUDA."""
-    compiled = None
+    """Runs fn eagerly, or as one compiled fused kernel on CUDA inside a `compiled()` region."""
+    compiled_fn = None
 
     @functools.wraps(fn)
     def wrapper(*args):
-        nonlocal compiled
+        nonlocal compiled_fn
         if _compile_enabled and args[0].is_cuda:
-            if compiled is None:
-                compiled = torch.compile(fn, fullgraph=True, dynamic=False)
-            return compiled(*args)
+            if compiled_fn is None:
+                compiled_fn = torch.compile(fn, fullgraph=True, dynamic=False)
+            return compiled_fn(*args)
         return fn(*args)
 
     return wrapper

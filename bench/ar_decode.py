@@ -1,0 +1,243 @@
+"""Batch-1 (and batch 8/32) autoregressive decode on random-weight bf16 models in real shapes, on one GPU.
+
+Side by side in one process: specpilot's decode step (CUDA graph) and transformers' `generate` on the SAME
+weights (HF parameters are views of ours), against the roofline = bytes a decode step must read / measured
+device copy bandwidth. Correctness first: our prefill logits and decode logits are compared with HF's.
+
+    PYTHONPATH=. python3 bench/ar_decode.py --out bench/results/ar_decode_h200.json
+
+Prints a table last and writes the full JSON (GPU, commit, command, every timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import transformers
+
+from specpilot.config import ModelConfig
+from specpilot.engine.runner import ModelRunner
+from specpilot.layers.packed import PackedLinear
+from specpilot.models.loader import build_empty
+
+SHAPES = {
+    "Qwen3-8B": (transformers.Qwen3Config, dict(
+        architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=False)),
+    "Qwen3.5-27B": (transformers.Qwen3_5TextConfig, dict(
+        architectures=["Qwen3_5ForCausalLM"], vocab_size=248320, hidden_size=5120, intermediate_size=17408,
+        num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+        full_attention_interval=4, max_position_embeddings=262144)),
+}
+
+
+def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20) -> float:
+    """Bytes read + written per second by a large device-to-device copy (median)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(reps + 3):
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
+def random_model(hf_cfg) -> torch.nn.Module:
+    cfg = ModelConfig.from_dict(hf_cfg.to_dict())
+    model = build_empty(cfg, torch.device("cuda"), torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape, device="cuda").uniform_(1, 16, generator=gen).log())
+            elif name.endswith("dt_bias"):
+                p.fill_(1.0)
+            elif p.ndim == 1:
+                # plain norms scale by w (=1), zero-centred ones by 1 + w (w=0), both the trained-like identity
+                zero_centered = cfg.family == "qwen3_5" and "linear_attn.norm" not in name
+                p.fill_(0.0 if zero_centered else 1.0)
+            else:
+                p.normal_(0, 0.02, generator=gen)
+    return model
+
+
+def hf_view(ours, hf_cfg):
+    """transformers' model whose parameters are views of ours (no extra weight memory)."""
+    hf_cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        hf = getattr(transformers, hf_cfg.architectures[0])(hf_cfg)
+    params, modules = dict(ours.named_parameters()), dict(ours.named_modules())
+    state = {}
+    for name in hf.state_dict():
+        parent, leaf, kind = name.rsplit(".", 2)
+        packed = next((m for p, m in modules.items() if isinstance(m, PackedLinear) and p.rsplit(".", 1)[0] == parent
+                       and leaf in m.shards), None)
+        if packed is not None:
+            pname = next(p for p, m in modules.items() if m is packed)
+            start, rows = packed.shard_rows(leaf)
+            state[name] = params[f"{pname}.{kind}"][start:start + rows]
+        else:
+            state[name] = params[name]
+    hf.load_state_dict(state, strict=True, assign=True)
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf.config).to("cuda")
+    for name, buf in hf.named_buffers():
+        assert buf.device.type == "cuda", f"buffer {name} left on {buf.device}"
+    return hf.eval()
+
+
+def time_ours(runner, batch: int, ctx: int, steps: int, vocab: int) -> dict:
+    runner.allocate(batch, ctx + steps + 8)
+    prompts = torch.randint(0, vocab, (batch, ctx), device="cuda")
+    t0 = time.perf_counter()
+    logits = torch.stack([runner.prefill(i, prompts[i].tolist()) for i in range(batch)])
+    torch.cuda.synchronize()
+    prefill_s = time.perf_counter() - t0
+    tokens = logits.argmax(-1)
+    positions = torch.full((batch,), ctx, dtype=torch.long, device="cuda")
+    for _ in range(3):  # capture + warm-up (writes beyond the timed region are overwritten)
+        tokens = runner.decode(tokens, positions).argmax(-1)
+    per_step = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        start.record()
+        tokens = runner.decode(tokens, positions).argmax(-1)
+        end.record()
+        per_step.append((start, end))
+    torch.cuda.synchronize()
+    ms = [s.elapsed_time(e) for s, e in per_step]
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens = runner.decode(tokens, positions).argmax(-1)
+    torch.cuda.synchronize()
+    loop_s = (time.perf_counter() - t0) / steps
+    return {"batch": batch, "ctx": ctx, "prefill_s": prefill_s, "step_ms_median": statistics.median(ms),
+            "step_ms_p10": sorted(ms)[len(ms) // 10], "loop_step_ms": loop_s * 1e3,
+            "tok_per_s": batch / (statistics.median(ms) / 1e3)}
+
+
+def time_hf(hf, ctx: int, new_tokens: int, vocab: int) -> dict:
+    ids = torch.randint(0, vocab, (1, ctx), device="cuda")
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    def run(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    run(2)
+    t1, tn = run(1), run(new_tokens)
+    step = (tn - t1) / (new_tokens - 1)
+    return {"ctx": ctx, "new_tokens": new_tokens, "step_ms": step * 1e3, "tok_per_s": 1 / step}
+
+
+@torch.inference_mode()
+def check_correctness(ours, hf, runner, vocab: int) -> dict:
+    """Prefill logits and 8 greedy decode steps vs transformers on the same weights (bf16)."""
+    ids = torch.randint(0, vocab, (1, 64), device="cuda")
+    runner.allocate(1, 128)
+    ref_out = hf(ids, use_cache=True)
+    ref = ref_out.logits[0, -1].float()
+    out = runner.prefill(0, ids[0].tolist())
+    rel_prefill = ((out - ref).norm() / ref.norm()).item()
+    tok = out.argmax()[None]
+    positions = torch.tensor([64], device="cuda")
+    cache = ref_out.past_key_values
+    rel_decode, agree = [], 0
+    for _ in range(8):
+        ours_logits = runner.decode(tok, positions)[0]
+        ref_step = hf(tok[None], past_key_values=cache, use_cache=True)
+        cache = ref_step.past_key_values
+        ref_logits = ref_step.logits[0, -1].float()
+        rel_decode.append(((ours_logits - ref_logits).norm() / ref_logits.norm()).item())
+        agree += int(ours_logits.argmax() == ref_logits.argmax())
+        tok = ref_logits.argmax()[None]  # teacher-force HF's token so both stay on one sequence
+    return {"prefill_rel_err": rel_prefill, "decode_rel_err_max": max(rel_decode), "decode_argmax_agree": agree,
+            "decode_steps": 8}
+
+
+def bench_shape(name: str, args, bandwidth: float) -> dict:
+    config_cls, kw = SHAPES[name]
+    hf_cfg = config_cls(**kw)
+    ours = random_model(hf_cfg)
+    hf = hf_view(ours, hf_cfg)
+    runner = ModelRunner(ours)
+    cfg = ours.config
+    weight_bytes = ours.weight_bytes_per_token()
+    kv_per_token = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    state_bytes = 0
+    if cfg.is_hybrid:
+        conv = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+        ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+        state_bytes = cfg.num_linear_layers * 2 * (ssm + conv * (cfg.linear_conv_kernel_dim - 1) * 2)  # read + write
+    result = {"shape": name, "params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_step": weight_bytes,
+              "kv_bytes_per_token": kv_per_token, "state_bytes_per_step_per_seq": state_bytes}
+    result["correctness"] = check_correctness(ours, hf, runner, cfg.vocab_size)
+    print(name, "correctness", result["correctness"], flush=True)
+    runs = []
+    for batch, ctx in args.configs:
+        r = time_ours(runner, batch, ctx, args.steps, cfg.vocab_size)
+        moved = weight_bytes + batch * (ctx * kv_per_token + state_bytes)
+        r["roofline_ms_weights"] = weight_bytes / bandwidth * 1e3
+        r["roofline_ms_all_bytes"] = moved / bandwidth * 1e3
+        r["fraction_of_roofline_weights"] = r["roofline_ms_weights"] / r["step_ms_median"]
+        r["fraction_of_roofline_all_bytes"] = r["roofline_ms_all_bytes"] / r["step_ms_median"]
+        if batch == 1 and not args.skip_hf:
+            r["hf"] = time_hf(hf, ctx, args.hf_tokens, cfg.vocab_size)
+            r["speedup_vs_hf"] = r["hf"]["step_ms"] / r["step_ms_median"]
+        print(name, json.dumps(r), flush=True)
+        runs.append(r)
+    result["runs"] = runs
+    del hf, runner, ours
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    p.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "8x512", "32x512"],
+                   help="BATCHxCONTEXT entries")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--hf-tokens", type=int, default=24)
+    p.add_argument("--skip-hf", action="store_true")
+    args = p.parse_args()
+    args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "commit": commit or "unknown", "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+           "copy_bandwidth_bytes_per_s": bandwidth, "shapes": []}
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    for name in args.shapes:
+        out["shapes"].append(bench_shape(name, args, bandwidth))
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"\n{'shape':12} {'B':>3} {'ctx':>5} {'ms/step':>8} {'tok/s':>8} {'%roof(w)':>8} {'%roof(all)':>10} {'HF tok/s':>8}")
+    for s in out["shapes"]:
+        for r in s["runs"]:
+            hf = r.get("hf", {}).get("tok_per_s", float("nan"))
+            print(f"{s['shape']:12} {r['batch']:>3} {r['ctx']:>5} {r['step_ms_median']:8.2f} {r['tok_per_s']:8.1f} "
+                  f"{100 * r['fraction_of_roofline_weights']:7.1f}% {100 * r['fraction_of_roofline_all_bytes']:9.1f}% "
+                  f"{hf:8.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The `specpilot` command end to end: generate (stream and --json), demo, and errors on stderr."""
+
+import json
+
+from specpilot.cli import main
+from specpilot.engine.generator import Generator
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams
+from specpilot.models.loader import load_model, load_tokenizer
+
+
+def test_generate_json_prints_one_object(checkpoint_factory, capsys):
+    path, _ = checkpoint_factory("qwen3_5")
+    rc = main(["generate", "--target", str(path), "--prompt", "def add(a, b):", "--max-new-tokens", "10",
+               "--json", "--ignore-eos"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    obj = json.loads(out)  # exactly one JSON document on stdout
+    assert out.strip().count("\n") == 0
+    tok = load_tokenizer(str(path))
+    expected = Generator(ModelRunner(load_model(str(path), "cpu", "float32"))).generate(
+        [tok.encode("def add(a, b):")], SamplingParams(max_new_tokens=10))[0].token_ids
+    assert obj["token_ids"] == expected
+    assert obj["text"] == tok.decode(expected, skip_special_tokens=True)
+    assert obj["stats"]["tokens"] == 10 and obj["stats"]["tok_per_s"] > 0
+
+
+def test_generate_streams_text_and_stats(checkpoint_factory, capsys):
+    path, _ = checkpoint_factory("llama")
+    rc = main(["generate", "--target", str(path), "--prompt", "for i in", "--max-new-tokens", "6",
+               "--temperature", "0.8", "--seed", "3", "--device", "cpu", "--dtype", "float32"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert captured.out.endswith("\n") and len(captured.out) > 1
+    assert "tok/s" in captured.err and "TTFT" in captured.err
+
+
+def test_generate_errors_go_to_stderr(tmp_path, capsys):
+    rc = main(["generate", "--target", str(tmp_path / "missing"), "--prompt", "x"])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""
+    assert "no such directory" in captured.err
+
+
+def test_demo_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
+    rc = main(["demo", "--max-new-tokens", "8", "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(obj["token_ids"]) <= 8
+    assert obj["stats"]["architecture"] == "Qwen3_5ForCausalLM"
