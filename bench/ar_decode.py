@@ -26,7 +26,16 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.layers.packed import PackedLinear
 from specpilot.models.loader import build_empty
 
+DEVICE = "cuda"
+
 SHAPES = {
+    "tiny-dense": (transformers.Qwen3Config, dict(
+        architectures=["Qwen3ForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
+    "tiny-hybrid": (transformers.Qwen3_5TextConfig, dict(
+        architectures=["Qwen3_5ForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2)),
     "Qwen3-8B": (transformers.Qwen3Config, dict(
         architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096, intermediate_size=12288,
         num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -41,7 +50,7 @@ SHAPES = {
 
 def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20) -> float:
     """Bytes read + written per second by a large device-to-device copy (median)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     times = []
     for i in range(reps + 3):
@@ -56,14 +65,14 @@ def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
-def random_model(hf_cfg) -> torch.nn.Module:
+def random_model(hf_cfg, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     cfg = ModelConfig.from_dict(hf_cfg.to_dict())
-    model = build_empty(cfg, torch.device("cuda"), torch.bfloat16)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    model = build_empty(cfg, torch.device(DEVICE), dtype)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape, device="cuda").uniform_(1, 16, generator=gen).log())
+                p.copy_(torch.empty(p.shape, device=DEVICE).uniform_(1, 16, generator=gen).log())
             elif name.endswith("dt_bias"):
                 p.fill_(1.0)
             elif p.ndim == 1:
@@ -83,7 +92,7 @@ def hf_view(ours, hf_cfg):
     params, modules = dict(ours.named_parameters()), dict(ours.named_modules())
     state = {}
     for name in hf.state_dict():
-        parent, leaf, kind = name.rsplit(".", 2)
+        parent, leaf, kind = ("", *name.rsplit(".", 2))[-3:]
         packed = next((m for p, m in modules.items() if isinstance(m, PackedLinear) and p.rsplit(".", 1)[0] == parent
                        and leaf in m.shards), None)
         if packed is not None:
@@ -93,21 +102,21 @@ def hf_view(ours, hf_cfg):
         else:
             state[name] = params[name]
     hf.load_state_dict(state, strict=True, assign=True)
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf.config).to("cuda")
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf.config).to(DEVICE)
     for name, buf in hf.named_buffers():
-        assert buf.device.type == "cuda", f"buffer {name} left on {buf.device}"
+        assert buf.device.type == DEVICE, f"buffer {name} left on {buf.device}"
     return hf.eval()
 
 
 def time_ours(runner, batch: int, ctx: int, steps: int, vocab: int) -> dict:
-    runner.allocate(batch, ctx + steps + 8)
-    prompts = torch.randint(0, vocab, (batch, ctx), device="cuda")
+    runner.allocate(batch, ctx + 2 * steps + 8)
+    prompts = torch.randint(0, vocab, (batch, ctx), device=DEVICE)
     t0 = time.perf_counter()
     logits = torch.stack([runner.prefill(i, prompts[i].tolist()) for i in range(batch)])
     torch.cuda.synchronize()
     prefill_s = time.perf_counter() - t0
     tokens = logits.argmax(-1)
-    positions = torch.full((batch,), ctx, dtype=torch.long, device="cuda")
+    positions = torch.full((batch,), ctx, dtype=torch.long, device=DEVICE)
     for _ in range(3):  # capture + warm-up (writes beyond the timed region are overwritten)
         tokens = runner.decode(tokens, positions).argmax(-1)
     per_step = []
@@ -130,7 +139,7 @@ def time_ours(runner, batch: int, ctx: int, steps: int, vocab: int) -> dict:
 
 
 def time_hf(hf, ctx: int, new_tokens: int, vocab: int) -> dict:
-    ids = torch.randint(0, vocab, (1, ctx), device="cuda")
+    ids = torch.randint(0, vocab, (1, ctx), device=DEVICE)
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
     def run(n):
@@ -149,14 +158,14 @@ def time_hf(hf, ctx: int, new_tokens: int, vocab: int) -> dict:
 @torch.inference_mode()
 def check_correctness(ours, hf, runner, vocab: int) -> dict:
     """Prefill logits and 8 greedy decode steps vs transformers on the same weights (bf16)."""
-    ids = torch.randint(0, vocab, (1, 64), device="cuda")
+    ids = torch.randint(0, vocab, (1, 64), device=DEVICE)
     runner.allocate(1, 128)
     ref_out = hf(ids, use_cache=True)
     ref = ref_out.logits[0, -1].float()
     out = runner.prefill(0, ids[0].tolist())
     rel_prefill = ((out - ref).norm() / ref.norm()).item()
     tok = out.argmax()[None]
-    positions = torch.tensor([64], device="cuda")
+    positions = torch.tensor([64], device=DEVICE)
     cache = ref_out.past_key_values
     rel_decode, agree = [], 0
     for _ in range(8):
@@ -171,8 +180,50 @@ def check_correctness(ours, hf, runner, vocab: int) -> dict:
             "decode_steps": 8}
 
 
+def check_fp32_few_layers(name: str) -> dict:
+    """The real shape cut to 4 layers, in fp32 on the GPU: every kernel path (Triton decode attention, fused
+    recurrent delta rule, conv update, chunked prefill, compiled pointwise, CUDA graph) against transformers."""
+    config_cls, kw = SHAPES[name]
+    hf_cfg = config_cls(**{**kw, "num_hidden_layers": 4})
+    ours = random_model(hf_cfg, torch.float32)
+    hf = hf_view(ours, hf_cfg)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    result = check_correctness(ours, hf, ModelRunner(ours), hf_cfg.vocab_size)
+    del hf, ours
+    torch.cuda.empty_cache()
+    return result
+
+
+def profile_step(runner, vocab: int, steps: int = 5) -> dict:
+    """Kernel time per decode step by kernel name (eager replay of the same step, compiled pointwise)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.allocate(1, 600)
+    logits = runner.prefill(0, torch.randint(0, vocab, (512,)).tolist())
+    tokens, positions = logits.argmax()[None], torch.tensor([512], device=DEVICE)
+    use_graphs, runner.use_graphs = runner.use_graphs, False
+    for _ in range(3):
+        tokens = runner.decode(tokens, positions).argmax(-1)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            tokens = runner.decode(tokens, positions).argmax(-1)
+        torch.cuda.synchronize()
+    runner.use_graphs = use_graphs
+    rows = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
+            rows[e.key] = (e.self_device_time_total / steps, e.count / steps)
+    top = sorted(rows.items(), key=lambda kv: -kv[1][0])
+    return {"kernel_us_per_step": sum(v[0] for v in rows.values()), "kernels_per_step": sum(v[1] for v in rows.values()),
+            "top": [(k[:90], round(t, 1), c) for k, (t, c) in top[:25]]}
+
+
 def bench_shape(name: str, args, bandwidth: float) -> dict:
     config_cls, kw = SHAPES[name]
+    result_fp32 = check_fp32_few_layers(name)
+    print(name, "fp32 4-layer correctness", result_fp32, flush=True)
     hf_cfg = config_cls(**kw)
     ours = random_model(hf_cfg)
     hf = hf_view(ours, hf_cfg)
@@ -187,8 +238,12 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
         state_bytes = cfg.num_linear_layers * 2 * (ssm + conv * (cfg.linear_conv_kernel_dim - 1) * 2)  # read + write
     result = {"shape": name, "params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_step": weight_bytes,
               "kv_bytes_per_token": kv_per_token, "state_bytes_per_step_per_seq": state_bytes}
-    result["correctness"] = check_correctness(ours, hf, runner, cfg.vocab_size)
-    print(name, "correctness", result["correctness"], flush=True)
+    result["correctness_fp32_4_layers"] = result_fp32
+    result["correctness_bf16"] = check_correctness(ours, hf, runner, cfg.vocab_size)
+    print(name, "bf16 correctness", result["correctness_bf16"], flush=True)
+    if args.profile:
+        result["profile_b1_ctx512"] = profile_step(runner, cfg.vocab_size)
+        print(name, json.dumps(result["profile_b1_ctx512"], indent=0), flush=True)
     runs = []
     for batch, ctx in args.configs:
         r = time_ours(runner, batch, ctx, args.steps, cfg.vocab_size)
@@ -217,6 +272,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--hf-tokens", type=int, default=24)
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--profile", action="store_true", help="also list kernel time per decode step")
     args = p.parse_args()
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
     torch.manual_seed(0)

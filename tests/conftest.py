@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-from tests.checkpoints import write_checkpoint
+# Triton kernels run under the interpreter in CI (no GPU); it must be set before anything imports triton
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.checkpoints import write_checkpoint  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -52,4 +52,4 @@ class DecodeGraph:
 def decode_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> BatchMetadata:
     """One causal token per request at its current length (no prefix gather needed: the decode kernel reads the cache)."""
     pos = positions[:, None]
-    return BatchMetadata(input_ids[:, None], pos, pos, slots, positions, max_prefix_len=0)
+    return BatchMetadata(input_ids[:, None], pos, pos, slots, positions, max_prefix_len=0, kv_len=positions + 1)

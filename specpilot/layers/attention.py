@@ -17,6 +17,7 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.norm import RMSNorm
 from specpilot.layers.packed import PackedLinear
 from specpilot.ops.decode_attention import decode_attention
+from specpilot.ops.store_kv import store_kv
 
 
 class Attention(nn.Module):
@@ -43,31 +44,27 @@ class Attention(nn.Module):
         q, k, v = self.qkv_proj(x).split([q_rows, KVH * D, KVH * D], dim=-1)
         gate = None
         if self.output_gate:
+            # strided views, no copies: the fused norm/RoPE and gate kernels read them in place
             q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
-            gate = gate.reshape(B, T, H * D)
-        q, k, v = q.reshape(B, T, H, D), k.view(B, T, KVH, D), v.view(B, T, KVH, D)
+        else:
+            q = q.view(B, T, H, D)
+        k, v = k.view(B, T, KVH, D), v.view(B, T, KVH, D)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = pw.apply_rotary(q, cos, sin), pw.apply_rotary(k, cos, sin)
-        out = attend(q, k, v, kv, meta, self.scale).reshape(B, T, H * D)
+            q, k = pw.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps,
+                                   self.q_norm.zero_centered)
+        else:
+            q, k = pw.qk_norm_rope(q, k, None, None, cos, sin, 0.0, False)
+        out = attend(q, k, v, kv, meta, self.scale)
         if gate is not None:
             out = pw.sigmoid_gate(out, gate)
-        return self.o_proj(out)
-
-
-def write_kv(kv: tuple[torch.Tensor, torch.Tensor], meta: BatchMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
-    """k, v [B, T, KVH, D] -> cache [N, KVH, S, D] at (slots, :, cache_loc)."""
-    k_cache, v_cache = kv
-    idx = (meta.slots[:, None], slice(None), meta.cache_loc)
-    k_cache[idx] = k.to(k_cache.dtype)
-    v_cache[idx] = v.to(v_cache.dtype)
+        return self.o_proj(out.reshape(B, T, H * D))
 
 
 def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, T, KVH, D] of the new block -> [B, T, H, D]; writes the block into the cache."""
-    write_kv(kv, meta, k, v)
+    store_kv(k, v, kv[0], kv[1], meta.slots, meta.cache_loc)
     if meta.is_decode:
-        kv_len = meta.prefix_len + 1
+        kv_len = meta.kv_len if meta.kv_len is not None else meta.prefix_len + 1
         return decode_attention(q[:, 0], kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
     return block_attention(q, k, v, kv, meta, scale)
 
@@ -88,7 +85,7 @@ def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Ten
         block_ok = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None].expand(B, T, T)
     mask = torch.cat((prefix_ok[:, None, :].expand(B, T, P), block_ok), dim=-1)  # [B, T, P+T]
     # grouped-query attention without repeating K/V: the G query heads of a KV head become G*T query rows
-    qg = q.view(B, T, KVH, G, D).permute(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
+    qg = q.reshape(B, T, KVH, G, D).permute(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
     mask = mask[:, None, None].expand(B, 1, G, T, P + T).reshape(B, 1, G * T, P + T)
     out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return out.view(B, KVH, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H, D)

@@ -47,7 +47,7 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
         weight = self.conv1d.weight[:, 0, :]  # [C, W]
         if T <= RECURRENT_MAX_TOKENS:
-            mixed = causal_conv1d_update(mixed.contiguous(), conv_pool, meta.slots, weight)
+            mixed = causal_conv1d_update(mixed, conv_pool, meta.slots, weight)
         else:
             mixed, conv_final = causal_conv1d_prefill(mixed, weight, conv_pool[meta.slots])
             conv_pool[meta.slots] = conv_final.to(conv_pool.dtype)
@@ -55,10 +55,7 @@ class GatedDeltaNet(nn.Module):
         q, k = q.reshape(B, T, self.H, self.K), k.reshape(B, T, self.H, self.K)
         v = v.reshape(B, T, self.HV, self.V)
         if T <= RECURRENT_MAX_TOKENS:
-            o = fused_recurrent_gated_delta_rule(
-                q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
-                self.A_log, self.dt_bias, ssm_pool, meta.slots,
-            )
+            o = fused_recurrent_gated_delta_rule(q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool, meta.slots)
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
             o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots])

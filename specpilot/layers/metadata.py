@@ -22,6 +22,7 @@ class BatchMetadata:
     prefix_len: torch.Tensor  # [B] int64, committed tokens before this block
     max_prefix_len: int  # host copy of prefix_len.max(), bounds the attention gather without a sync
     block_mask: torch.Tensor | None = None  # [B, T, T] bool, None = causal
+    kv_len: torch.Tensor | None = None  # [B] valid cache length after a decode write (computed once per step)
 
     @property
     def num_tokens(self) -> int:

@@ -102,3 +102,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     cos, sin = cos.to(x.dtype)[:, :, None, :], sin.to(x.dtype)[:, :, None, :]
     rot = x[..., :r] * cos + _rotate_half(x[..., :r]) * sin
     return rot if r == x.shape[-1] else torch.cat((rot, x[..., r:]), dim=-1)
+
+
+@pointwise
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, zero_centered: bool):
+    """Per-head RMSNorm of q [B, T, H, D] and k [B, T, KVH, D] (skipped when the weights are None), then RoPE:
+    one fused kernel at decode instead of six."""
+    if q_weight is not None:
+        norm = rms_norm_zero_centered.__wrapped__ if zero_centered else rms_norm.__wrapped__
+        q, k = norm(q, q_weight, eps), norm(k, k_weight, eps)
+    return apply_rotary.__wrapped__(q, cos, sin), apply_rotary.__wrapped__(k, cos, sin)

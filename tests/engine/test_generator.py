@@ -116,10 +116,10 @@ def test_block_write_keep_and_state_restore(name, checkpoint_factory):
         if model.config.is_hybrid:
             cache.restore(snap)
             model(BatchMetadata.contiguous(extra[:, :2], torch.tensor([12]), torch.tensor([0]), 12), cache)
-    torch.testing.assert_close(cache.k[:, :, :, :14], fresh.k[:, :, :, :14], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(cache.v[:, :, :, :14], fresh.v[:, :, :, :14], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(cache.ssm, fresh.ssm, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(cache.conv, fresh.conv, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cache.k[:, :, :, :14], fresh.k[:, :, :, :14], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cache.v[:, :, :, :14], fresh.v[:, :, :, :14], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cache.ssm, fresh.ssm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cache.conv, fresh.conv, rtol=1e-4, atol=1e-5)
 
 
 def test_custom_block_mask_matches_separate_paths(checkpoint_factory):

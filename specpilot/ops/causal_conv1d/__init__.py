@@ -1,0 +1,27 @@
+"""Short depthwise causal conv (+ SiLU) of Gated DeltaNet layers: torch prefill, and the pooled-state update
+(Triton on CUDA, torch reference elsewhere)."""
+
+import torch
+
+from ..dispatch import use_triton
+from .reference import causal_conv1d_prefill, causal_conv1d_update_ref
+
+try:
+    from .triton import causal_conv1d_update as _causal_conv1d_update_triton
+except ImportError:  # CPU-only installs may lack triton; they always take the reference path.
+    _causal_conv1d_update_triton = None
+
+__all__ = ["causal_conv1d_prefill", "causal_conv1d_update", "causal_conv1d_update_ref"]
+
+
+def causal_conv1d_update(
+    x: torch.Tensor, conv_state_pool: torch.Tensor, state_idx: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    """silu(causal conv) of x [B,T,C] continuing from conv_state_pool[state_idx], state updated in place.
+
+    See reference.causal_conv1d_update_ref for shapes.
+    """
+    if use_triton(x):
+        assert _causal_conv1d_update_triton is not None, "CUDA tensors need triton installed"
+        return _causal_conv1d_update_triton(x, conv_state_pool, state_idx, weight)
+    return causal_conv1d_update_ref(x, conv_state_pool, state_idx, weight)

@@ -1,0 +1,200 @@
+"""Flash-decoding batch decode attention over a slotted KV cache (split-K partials, then an LSE combine).
+
+Two kernels: _split_kernel splits each request's sequence into num_splits chunks, one program per
+(request, kv head, chunk), and writes fp32 partial outputs plus their log2-sum-exp; _combine_kernel merges the
+chunks per (request, query head). The grid depends only on shapes, so the op is CUDA-graph safe.
+"""
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = math.log2(math.e)  # kernels work in base 2: exp2 is the native instruction
+_FALLBACK_SM_COUNT = 132  # H200; used when there is no CUDA device (interpreter runs)
+_MAX_SPLITS = 128
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """a @ b accumulated in fp32; UPCAST feeds fp32 operands (see _interpreter_lacks_bf16_dot)."""
+    if UPCAST:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision="ieee")  # ieee: no silent tf32 for fp32 caches
+    return c
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    kv_len_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    scale_log2,
+    cache_len,
+    num_splits,
+    H: tl.constexpr,
+    KVH: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """One program: query heads [kvh*G, kvh*G+G) of request b over chunk `split` of its live positions."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    n_live = tl.load(kv_len_ptr + b).to(tl.int32)
+    # Chunks are sized from kv_len, not S, so short contexts in a long cache still use every split.
+    chunk = tl.cdiv(tl.cdiv(n_live, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, n_live)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_mask = offs_g < G
+    rows = b.to(tl.int64) * H + kvh * G + offs_g  # [BLOCK_G] flat (request, head) index
+    q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    kv_base = (slot * KVH + kvh) * cache_len * D
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + offs_n
+        n_mask = pos < hi
+        kv_offs = kv_base + pos.to(tl.int64)[:, None] * D + offs_d[None, :]
+        # Masked loads: positions past kv_len may hold NaN and must never reach an FMA.
+        k = tl.load(k_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
+        s = _dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        # Every tile has >= 1 live position, so m_new is finite and exp2 never sees -inf - -inf.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST_DOT)
+        m_i = m_new
+
+    # An empty chunk (lo >= kv_len) leaves l_i = 0: write lse = -inf and zeros so the combine weights it 0.
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    part_rows = rows * num_splits + split
+    tl.store(part_o_ptr + part_rows[:, None] * D + offs_d[None, :], out, mask=g_mask[:, None])
+    tl.store(part_lse_ptr + part_rows, lse, mask=g_mask)
+
+
+@triton.jit
+def _combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, num_splits, H, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One program per (request, query head): o = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m)."""
+    row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D)
+    lse_row = part_lse_ptr + row * num_splits
+
+    m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_mask = s0 + offs_s < num_splits
+        m_vec = tl.maximum(m_vec, tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")))
+    m = tl.max(m_vec, 0)  # finite: chunk 0 always holds position 0 because kv_len >= 1
+
+    acc = tl.zeros([D], tl.float32)
+    w_sum = tl.zeros([BLOCK_S], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_mask = s0 + offs_s < num_splits
+        w = tl.exp2(tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")) - m)
+        part_offs = (row * num_splits + s0 + offs_s)[:, None] * D + offs_d[None, :]
+        part = tl.load(part_o_ptr + part_offs, mask=s_mask[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * part, 0)
+        w_sum += w
+    o = acc / tl.sum(w_sum, 0)
+    tl.store(o_ptr + row * D + offs_d, o.to(o_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _FALLBACK_SM_COUNT
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _interpreter_lacks_bf16_dot(dtype: torch.dtype) -> bool:
+    # TRITON_INTERPRET keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits (triton-lang/triton
+    # #11584), so interpreted bf16 runs upcast the (already bf16-rounded) operands; compiled kernels never do.
+    return dtype == torch.bfloat16 and bool(triton.knobs.runtime.interpret)
+
+
+def default_num_splits(batch: int, kv_heads: int, cache_len: int, block_n: int, sm_count: int) -> int:
+    """Enough splits that batch * kv_heads * splits >= 2 waves of SMs, at most one per BLOCK_N tile of S.
+
+    Shapes only (never kv_len values), so the grid is fixed for CUDA-graph capture.
+    """
+    want = triton.cdiv(2 * sm_count, batch * kv_heads)
+    return max(1, min(want, triton.cdiv(cache_len, block_n), _MAX_SPLITS))
+
+
+def _check_inputs(q, k_cache, v_cache, slot, kv_len) -> None:
+    assert q.dim() == 3 and k_cache.dim() == 4, f"q [B, H, D], cache [N, KVH, S, D]; got {q.shape}, {k_cache.shape}"
+    assert k_cache.shape == v_cache.shape, f"k_cache {k_cache.shape} != v_cache {v_cache.shape}"
+    B, H, D = q.shape
+    KVH = k_cache.shape[1]
+    assert k_cache.shape[3] == D, f"head dim: q {D} vs cache {k_cache.shape[3]}"
+    assert H % KVH == 0, f"H={H} not a multiple of KVH={KVH}"
+    assert D >= 16 and D & (D - 1) == 0 and D <= 256, f"D={D} must be a power of two in [16, 256]"
+    assert q.dtype in (torch.bfloat16, torch.float16, torch.float32), f"unsupported dtype {q.dtype}"
+    assert k_cache.dtype == v_cache.dtype == q.dtype, f"dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+    assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous(), "q and caches must be contiguous"
+    for name, t in (("slot", slot), ("kv_len", kv_len)):
+        assert t.shape == (B,) and t.dtype in (torch.int32, torch.int64), f"{name}: want [B] int32/int64, got {t.shape} {t.dtype}"
+        assert t.device == q.device, f"{name} on {t.device}, q on {q.device}"
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot: torch.Tensor,
+    kv_len: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    split_block: int = 16,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """q [B, H, D]; k_cache, v_cache [N, KVH, S, D]; slot, kv_len [B] int (kv_len >= 1) -> o [B, H, D] in q.dtype."""
+    _check_inputs(q, k_cache, v_cache, slot, kv_len)
+    B, H, D = q.shape
+    KVH, S = k_cache.shape[1], k_cache.shape[2]
+    G = H // KVH
+    if block_n is None:
+        # fp32 dots run on FMA units (ieee), whose register cost makes big tiles spill.
+        block_n = 64 if q.element_size() == 2 else 32
+    assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n={block_n} must be a power of two >= 16"
+    if num_splits is None:
+        num_splits = default_num_splits(B, KVH, S, block_n, _sm_count(q.device))
+    assert num_splits >= 1, f"num_splits={num_splits}"
+
+    part_o = torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
+    part_lse = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
+    o = torch.empty_like(q)
+    _split_kernel[(B, KVH, num_splits)](
+        q, k_cache, v_cache, slot, kv_len, part_o, part_lse, scale * _LOG2E, S, num_splits,
+        H=H, KVH=KVH, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
+        UPCAST_DOT=_interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    _combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps)
+    return o

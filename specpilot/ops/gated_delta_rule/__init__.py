@@ -1,0 +1,43 @@
+"""Qwen3.5 Gated DeltaNet core: gating, the chunked prefill form, and the fused recurrent decode op
+(Triton on CUDA, torch reference elsewhere)."""
+
+import torch
+
+from ..dispatch import use_triton
+from .chunk import chunk_gated_delta_rule
+from .reference import fused_recurrent_gated_delta_rule_ref, gdn_gating, recurrent_gated_delta_rule
+
+try:
+    from .triton import fused_recurrent_gated_delta_rule as _fused_recurrent_triton
+except ImportError:  # CPU-only installs may lack triton; they always take the reference path.
+    _fused_recurrent_triton = None
+
+__all__ = [
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_ref",
+    "gdn_gating",
+    "recurrent_gated_delta_rule",
+]
+
+
+def fused_recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_idx: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Gating + recurrence from state_pool[state_idx], final state written back in place; o [B,T,HV,V].
+
+    See reference.fused_recurrent_gated_delta_rule_ref for shapes.
+    """
+    if use_triton(q):
+        assert _fused_recurrent_triton is not None, "CUDA tensors need triton installed"
+        return _fused_recurrent_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)
+    return fused_recurrent_gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)
