@@ -156,41 +156,66 @@ def time_hf(hf, ctx: int, new_tokens: int, vocab: int) -> dict:
 
 
 @torch.inference_mode()
-def check_correctness(ours, hf, runner, vocab: int) -> dict:
-    """Prefill logits and 8 greedy decode steps vs transformers on the same weights (bf16)."""
+def ours_logits(runner, ids: torch.Tensor, forced: list[int]) -> torch.Tensor:
+    """Last prefill logits, then one decode step per forced token: [1 + len(forced), vocab] fp32."""
+    runner.allocate(1, ids.shape[1] + len(forced) + 8)
+    rows = [runner.prefill(0, ids[0].tolist())]
+    positions = torch.tensor([ids.shape[1]], device=DEVICE)
+    for tok in forced:
+        rows.append(runner.decode(torch.tensor([tok], device=DEVICE), positions)[0].clone())
+    return torch.stack(rows)
+
+
+@torch.inference_mode()
+def hf_logits(hf, ids: torch.Tensor, forced: list[int]) -> torch.Tensor:
+    out = hf(ids, use_cache=True)
+    rows, cache = [out.logits[0, -1].float()], out.past_key_values
+    for tok in forced:
+        out = hf(torch.tensor([[tok]], device=DEVICE), past_key_values=cache, use_cache=True)
+        rows.append(out.logits[0, -1].float())
+        cache = out.past_key_values
+    return torch.stack(rows)
+
+
+def compare(a: torch.Tensor, ref: torch.Tensor) -> dict:
+    rel = ((a - ref).norm(dim=-1) / ref.norm(dim=-1)).tolist()
+    return {"prefill_rel_err": rel[0], "decode_rel_err_max": max(rel[1:]),
+            "argmax_agree": int((a.argmax(-1) == ref.argmax(-1)).sum()), "positions": len(rel)}
+
+
+def check_correctness(ours, hf, runner, vocab: int, steps: int = 8) -> dict:
+    """Our prefill + decode logits vs transformers on the same weights, HF's greedy tokens forced on both."""
     ids = torch.randint(0, vocab, (1, 64), device=DEVICE)
-    runner.allocate(1, 128)
-    ref_out = hf(ids, use_cache=True)
-    ref = ref_out.logits[0, -1].float()
-    out = runner.prefill(0, ids[0].tolist())
-    rel_prefill = ((out - ref).norm() / ref.norm()).item()
-    tok = out.argmax()[None]
-    positions = torch.tensor([64], device=DEVICE)
-    cache = ref_out.past_key_values
-    rel_decode, agree = [], 0
-    for _ in range(8):
-        ours_logits = runner.decode(tok, positions)[0]
-        ref_step = hf(tok[None], past_key_values=cache, use_cache=True)
-        cache = ref_step.past_key_values
-        ref_logits = ref_step.logits[0, -1].float()
-        rel_decode.append(((ours_logits - ref_logits).norm() / ref_logits.norm()).item())
-        agree += int(ours_logits.argmax() == ref_logits.argmax())
-        tok = ref_logits.argmax()[None]  # teacher-force HF's token so both stay on one sequence
-    return {"prefill_rel_err": rel_prefill, "decode_rel_err_max": max(rel_decode), "decode_argmax_agree": agree,
-            "decode_steps": 8}
+    ref = hf_logits(hf, ids, [])
+    forced = []
+    for _ in range(steps):
+        forced.append(int(ref[-1].argmax()))
+        ref = hf_logits(hf, ids, forced)
+    return compare(ours_logits(runner, ids, forced), ref)
 
 
 def check_fp32_few_layers(name: str) -> dict:
     """The real shape cut to 4 layers, in fp32 on the GPU: every kernel path (Triton decode attention, fused
-    recurrent delta rule, conv update, chunked prefill, compiled pointwise, CUDA graph) against transformers."""
+    recurrent delta rule, conv update, chunked prefill, compiled pointwise, CUDA graph) against transformers.
+    Then the bf16 rounding error of ours and of transformers, both against that fp32 truth."""
     config_cls, kw = SHAPES[name]
     hf_cfg = config_cls(**{**kw, "num_hidden_layers": 4})
-    ours = random_model(hf_cfg, torch.float32)
-    hf = hf_view(ours, hf_cfg)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    result = check_correctness(ours, hf, ModelRunner(ours), hf_cfg.vocab_size)
-    del hf, ours
+    ours = random_model(hf_cfg, torch.float32)
+    hf = hf_view(ours, hf_cfg)
+    result = {"fp32": check_correctness(ours, hf, ModelRunner(ours), hf_cfg.vocab_size)}
+    ids = torch.randint(0, hf_cfg.vocab_size, (1, 64), device=DEVICE)
+    forced = torch.randint(0, hf_cfg.vocab_size, (8,)).tolist()
+    truth = hf_logits(hf, ids, forced)
+    ours16 = build_empty(ours.config, torch.device(DEVICE), torch.bfloat16)
+    with torch.no_grad():
+        for p16, p32 in zip(ours16.parameters(), ours.parameters()):
+            p16.copy_(p32)
+    hf16 = hf_view(ours16, hf_cfg)
+    result["bf16_ours_vs_fp32"] = compare(ours_logits(ModelRunner(ours16), ids, forced), truth)
+    result["bf16_hf_vs_fp32"] = compare(hf_logits(hf16, ids, forced), truth)
+    del hf, ours, hf16, ours16
     torch.cuda.empty_cache()
     return result
 
@@ -266,7 +291,7 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    p.add_argument("--shapes", nargs="+", default=["Qwen3-8B", "Qwen3.5-27B"])
     p.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "8x512", "32x512"],
                    help="BATCHxCONTEXT entries")
     p.add_argument("--steps", type=int, default=100)

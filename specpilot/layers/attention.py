@@ -65,7 +65,7 @@ def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     store_kv(k, v, kv[0], kv[1], meta.slots, meta.cache_loc)
     if meta.is_decode:
         kv_len = meta.kv_len if meta.kv_len is not None else meta.prefix_len + 1
-        return decode_attention(q[:, 0], kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
+        return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
     return block_attention(q, k, v, kv, meta, scale)
 
 

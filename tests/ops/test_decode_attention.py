@@ -25,7 +25,7 @@ SHAPES = {
     "b1-h7kv1-d128-s300": (1, 7, 1, 128, 300, [300]),
 }
 # (num_splits, block_n): the shape-derived default, one split, and many small splits (several of them empty).
-SPLITS = {"default": (None, 64), "one-split": (1, 64), "8-splits-n16": (8, 16)}
+SPLITS = {"default": (None, None), "one-split": (1, 64), "8-splits-n16": (8, 16)}
 
 
 def make_problem(B, H, KVH, D, S, kv_lens, dtype=torch.float32, index_dtype=torch.int64, k_dead=float("nan")):
