@@ -298,11 +298,12 @@ def main() -> None:
     p.add_argument("--hf-tokens", type=int, default=24)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--profile", action="store_true", help="also list kernel time per decode step")
+    p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args()
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
     torch.manual_seed(0)
     bandwidth = copy_bandwidth()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
            "commit": commit or "unknown", "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
            "copy_bandwidth_bytes_per_s": bandwidth, "shapes": []}
