@@ -21,7 +21,7 @@ import time
 import torch
 import transformers
 
-from specpilot.config import ModelConfig
+from specpilot.config import EngineConfig, ModelConfig
 from specpilot.engine.runner import ModelRunner
 from specpilot.layers.packed import PackedLinear
 from specpilot.models.loader import build_empty
@@ -253,6 +253,7 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
     ours = random_model(hf_cfg)
     hf = hf_view(ours, hf_cfg)
     runner = ModelRunner(ours)
+    variants = {"ours": runner, "ours_cublas": ModelRunner(ours, EngineConfig(decode_gemv=False))}
     cfg = ours.config
     weight_bytes = ours.weight_bytes_per_token()
     kv_per_token = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * cfg.head_dim * 2
@@ -272,6 +273,12 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
     runs = []
     for batch, ctx in args.configs:
         r = time_ours(runner, batch, ctx, args.steps, cfg.vocab_size)
+        # the same step with cuBLAS for every projection, side by side (caches freed between the two)
+        alt = variants["ours_cublas"]
+        r["cublas_variant"] = time_ours(alt, batch, ctx, args.steps, cfg.vocab_size)
+        alt.cache, alt.graphs = None, {}
+        torch.cuda.empty_cache()
+        r["gemv_speedup_vs_cublas"] = r["cublas_variant"]["step_ms_median"] / r["step_ms_median"]
         moved = weight_bytes + batch * (ctx * kv_per_token + state_bytes)
         r["roofline_ms_weights"] = weight_bytes / bandwidth * 1e3
         r["roofline_ms_all_bytes"] = moved / bandwidth * 1e3
@@ -312,13 +319,14 @@ def main() -> None:
         out["shapes"].append(bench_shape(name, args, bandwidth))
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"\n{'shape':12} {'B':>3} {'ctx':>5} {'ms/step':>8} {'tok/s':>8} {'%roof(w)':>8} {'%roof(all)':>10} {'HF tok/s':>8}")
+    print(f"\n{'shape':12} {'B':>3} {'ctx':>5} {'ms/step':>8} {'tok/s':>8} {'%roof(w)':>8} {'%roof(all)':>10} "
+          f"{'cuBLAS ms':>9} {'HF tok/s':>8}")
     for s in out["shapes"]:
         for r in s["runs"]:
             hf = r.get("hf", {}).get("tok_per_s", float("nan"))
             print(f"{s['shape']:12} {r['batch']:>3} {r['ctx']:>5} {r['step_ms_median']:8.2f} {r['tok_per_s']:8.1f} "
                   f"{100 * r['fraction_of_roofline_weights']:7.1f}% {100 * r['fraction_of_roofline_all_bytes']:9.1f}% "
-                  f"{hf:8.1f}")
+                  f"{r['cublas_variant']['step_ms_median']:9.2f} {hf:8.1f}")
 
 
 if __name__ == "__main__":

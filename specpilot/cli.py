@@ -58,7 +58,7 @@ def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs and no torch.compile (debugging)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs, torch.compile or Triton GEMV (debugging)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
 
@@ -106,7 +106,7 @@ def run_generation(args, model, tokenizer, load_s: float) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
-    engine = EngineConfig(cuda_graphs=not args.eager, compile_pointwise=not args.eager)
+    engine = EngineConfig(cuda_graphs=not args.eager, compile_pointwise=not args.eager, decode_gemv=not args.eager)
     eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     gen = Generator(ModelRunner(model, engine), eos, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     stream = None if args.json else _Streamer(tokenizer, params.stop)

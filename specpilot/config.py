@@ -207,6 +207,7 @@ class EngineConfig:
     max_seq_len: int = 0  # 0: sized per generate() call from prompts + max_new_tokens
     cuda_graphs: bool = True  # capture the decode step as a CUDA graph (GPU only)
     compile_pointwise: bool = True  # torch.compile the small pointwise helpers (GPU only)
+    decode_gemv: bool = True  # batch-1 decode projections on the Triton GEMV instead of cuBLAS (GPU only)
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):

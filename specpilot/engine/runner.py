@@ -11,7 +11,7 @@ import torch
 from specpilot.config import EngineConfig
 from specpilot.engine.cache import ModelCache
 from specpilot.engine.graphs import DecodeGraph, decode_metadata
-from specpilot.layers import pointwise
+from specpilot.layers import linear, pointwise
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 
@@ -24,6 +24,7 @@ class ModelRunner:
         on_gpu = self.device.type == "cuda"
         self.use_graphs = engine.cuda_graphs and on_gpu
         self.compile = engine.compile_pointwise and on_gpu
+        self.gemv = engine.decode_gemv and on_gpu
         self.prefill_chunk = prefill_chunk
         self.cache: ModelCache | None = None
         self.graphs: dict[int, DecodeGraph] = {}
@@ -58,7 +59,7 @@ class ModelRunner:
 
         input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
         """
-        with pointwise.compiled(self.compile):
+        with pointwise.compiled(self.compile), linear.decode_gemv(self.gemv):
             return self._decode(input_ids, positions)
 
     def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

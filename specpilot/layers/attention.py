@@ -13,6 +13,7 @@ from torch import nn
 
 from specpilot.config import ModelConfig
 from specpilot.layers import pointwise as pw
+from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.norm import RMSNorm
 from specpilot.layers.packed import PackedLinear
@@ -29,7 +30,7 @@ class Attention(nn.Module):
         kv_rows = self.num_kv_heads * self.head_dim
         shards = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}
         self.qkv_proj = PackedLinear(cfg.hidden_size, shards, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, zero_centered_norm)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, zero_centered_norm)

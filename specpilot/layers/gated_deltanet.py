@@ -13,6 +13,7 @@ from torch import nn
 
 from specpilot.config import ModelConfig
 from specpilot.layers import pointwise as pw
+from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.packed import PackedLinear
 from specpilot.ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
@@ -37,7 +38,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.HV))
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.ones(self.V))
-        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.out_proj = Linear(self.value_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, meta: BatchMetadata, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if meta.block_mask is not None:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from specpilot.layers import pointwise as pw
+from specpilot.layers.linear import Linear
 from specpilot.layers.packed import PackedLinear
 
 
@@ -13,7 +14,7 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_up_proj = PackedLinear(hidden, {"gate_proj": intermediate, "up_proj": intermediate}, bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(pw.silu_mul(self.gate_up_proj(x)))

@@ -6,10 +6,10 @@ its own tensor and proves every block was filled once.
 
 from __future__ import annotations
 
-from torch import nn
+from specpilot.layers.linear import Linear
 
 
-class PackedLinear(nn.Linear):
+class PackedLinear(Linear):
     def __init__(self, in_features: int, shards: dict[str, int], bias: bool = False):
         super().__init__(in_features, sum(shards.values()), bias=bias)
         self.shards = dict(shards)

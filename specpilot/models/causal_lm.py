@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from specpilot.config import ModelConfig
+from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.norm import RMSNorm
 from specpilot.layers.rotary import RotaryEmbedding
@@ -49,7 +50,7 @@ class CausalLM(nn.Module):
         self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = nn.ModuleList(build_layer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
         counters = {"self_attn": 0, "linear_attn": 0}

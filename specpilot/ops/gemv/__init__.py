@@ -11,7 +11,9 @@ __all__ = ["gemv", "gemv_ref"]
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K], weight [N, K] -> y [M, N]."""
     if use_triton(x):
+        from specpilot.ops.gemv.configs import gemv_config
         from specpilot.ops.gemv.triton import gemv as gemv_triton
 
-        return gemv_triton(x, weight)
+        block_n, block_k, num_warps = gemv_config(*weight.shape)
+        return gemv_triton(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps)
     return gemv_ref(x, weight)
