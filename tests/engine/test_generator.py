@@ -143,3 +143,28 @@ def test_custom_block_mask_matches_separate_paths(checkpoint_factory):
             chain = model.logits(model(BatchMetadata.contiguous(torch.tensor([[tok]]), torch.tensor([10]),
                                                                 torch.tensor([0]), 10), c))
             torch.testing.assert_close(tree[0, j], chain[0, 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_decode_gemv_path_matches_transformers(name, checkpoint_factory):
+    """The fused decode path (GEMV with add+RMSNorm and SiLU-mul prologues, their references on CPU) keeps
+    greedy output identical to transformers."""
+    path, hf = checkpoint_factory(name)
+    runner = ModelRunner(load_model(str(path), "cpu", "float32"))
+    runner.gemv = True
+    prompt = torch.randint(0, 300, (13,)).tolist()
+    ours = Generator(runner).generate([prompt], SamplingParams(max_new_tokens=32))[0].token_ids
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == ref
+
+
+def test_hybrid_tree_block_is_rejected_clearly(checkpoint_factory):
+    path, _ = checkpoint_factory("qwen3_5")
+    model = load_model(str(path), "cpu", "float32")
+    cache = ModelCache(model.config, 1, 16, "cpu", torch.float32)
+    meta = BatchMetadata(torch.tensor([[1, 2]]), torch.tensor([[0, 0]]), torch.tensor([[0, 1]]), torch.tensor([0]),
+                         torch.tensor([0]), 0, torch.eye(2, dtype=torch.bool)[None])
+    with pytest.raises(NotImplementedError, match="tree verification on Gated DeltaNet"):
+        model(meta, cache)
