@@ -38,13 +38,11 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, residual, norm, meta: BatchMetadata, kv: tuple[torch.Tensor, torch.Tensor], cos, sin):
-        """attention(norm(x + residual)) and x + residual; x [B, T, hidden]."""
+    def forward(self, x, meta: BatchMetadata, kv: tuple[torch.Tensor, torch.Tensor], cos, sin) -> torch.Tensor:
         B, T, _ = x.shape
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         q_rows = H * D * (2 if self.output_gate else 1)
-        qkv, residual = self.qkv_proj.forward_norm(x, residual, norm)
-        q, k, v = qkv.split([q_rows, KVH * D, KVH * D], dim=-1)
+        q, k, v = self.qkv_proj(x).split([q_rows, KVH * D, KVH * D], dim=-1)
         gate = None
         if self.output_gate:
             # strided views, no copies: the fused norm/RoPE and gate kernels read them in place
@@ -60,7 +58,7 @@ class Attention(nn.Module):
         out = attend(q, k, v, kv, meta, self.scale)
         if gate is not None:
             out = pw.sigmoid_gate(out, gate)
-        return self.o_proj(out.reshape(B, T, H * D)), residual
+        return self.o_proj(out.reshape(B, T, H * D))
 
 
 def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:

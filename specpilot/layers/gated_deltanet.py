@@ -40,14 +40,12 @@ class GatedDeltaNet(nn.Module):
         self.norm.weight = nn.Parameter(torch.ones(self.V))
         self.out_proj = Linear(self.value_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, residual, norm, meta: BatchMetadata, state: tuple[torch.Tensor, torch.Tensor]):
-        """gated_deltanet(norm(x + residual)) and x + residual; x [B, T, hidden]."""
+    def forward(self, x: torch.Tensor, meta: BatchMetadata, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if meta.block_mask is not None:
             raise NotImplementedError("tree verification on Gated DeltaNet layers is not implemented yet (hybrid tree issue)")
         B, T, _ = x.shape
         conv_pool, ssm_pool = state  # [N, C, W-1], [N, HV, K, V] fp32
-        proj, residual = self.in_proj.forward_norm(x, residual, norm)
-        mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
+        mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
         weight = self.conv1d.weight[:, 0, :]  # [C, W]
         if T <= RECURRENT_MAX_TOKENS:
             mixed = causal_conv1d_update(mixed, conv_pool, meta.slots, weight)
@@ -64,4 +62,4 @@ class GatedDeltaNet(nn.Module):
             o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots])
             ssm_pool[meta.slots] = final
         o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps)
-        return self.out_proj(o.reshape(B, T, self.value_dim)), residual
+        return self.out_proj(o.reshape(B, T, self.value_dim))

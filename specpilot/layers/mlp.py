@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specpilot.layers import pointwise as pw
 from specpilot.layers.linear import Linear
 from specpilot.layers.packed import PackedLinear
 
@@ -15,7 +16,5 @@ class MLP(nn.Module):
         self.gate_up_proj = PackedLinear(hidden, {"gate_proj": intermediate, "up_proj": intermediate}, bias)
         self.down_proj = Linear(intermediate, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
-        """mlp(norm(x + residual)) and x + residual."""
-        gate_up, residual = self.gate_up_proj.forward_norm(x, residual, norm)
-        return self.down_proj.forward_silu_mul(gate_up), residual
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(pw.silu_mul(self.gate_up_proj(x)))

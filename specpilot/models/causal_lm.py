@@ -30,13 +30,16 @@ class DecoderLayer(nn.Module):
         self.cache_index = -1  # index into the cache's attention or linear-state arrays, set by CausalLM
 
     def forward(self, x, residual, meta: BatchMetadata, cache, cos, sin):
-        """Pre-norm block on the running sum residual + x (x: the previous layer's MLP output, or the embedding)."""
-        norm = self.input_layernorm
-        if self.mixer_name == "self_attn":
-            h, residual = self.self_attn(x, residual, norm, meta, cache.kv(self.cache_index), cos, sin)
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
         else:
-            h, residual = self.linear_attn(x, residual, norm, meta, cache.linear_state(self.cache_index))
-        return self.mlp(h, residual, self.post_attention_layernorm)
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        if self.mixer_name == "self_attn":
+            h = self.self_attn(h, meta, cache.kv(self.cache_index), cos, sin)
+        else:
+            h = self.linear_attn(h, meta, cache.linear_state(self.cache_index))
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):

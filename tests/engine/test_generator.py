@@ -147,8 +147,8 @@ def test_custom_block_mask_matches_separate_paths(checkpoint_factory):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_decode_gemv_path_matches_transformers(name, checkpoint_factory):
-    """The fused decode path (GEMV with add+RMSNorm and SiLU-mul prologues, their references on CPU) keeps
-    greedy output identical to transformers."""
+    """The decode GEMV path (every single-row projection through ops.gemv; its reference on CPU) keeps greedy
+    output identical to transformers."""
     path, hf = checkpoint_factory(name)
     runner = ModelRunner(load_model(str(path), "cpu", "float32"))
     runner.gemv = True
