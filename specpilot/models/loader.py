@@ -154,7 +154,8 @@ def plan_load(model: CausalLM, entries: list[tuple[str, str, tuple[int, ...]]]) 
     return plan
 
 
-def load_weights(model: CausalLM, files: list[Path]) -> None:
+def load_weights(model: CausalLM, files: list[Path], progress: bool = True) -> None:
+    """Fills the model from safetensors files after plan_load accepted them; a progress bar (stderr) by bytes."""
     entries = []
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -165,10 +166,24 @@ def load_weights(model: CausalLM, files: list[Path]) -> None:
     for file, key, target in plan:
         by_file.setdefault(file, []).append((key, target))
     directory = files[0].parent
-    for file, items in by_file.items():
-        with safe_open(str(directory / file), framework="pt", device="cpu") as f:
-            for key, target in items:
-                _destination(params, modules, target).copy_(f.get_tensor(key))
+    total = sum(_destination(params, modules, t).nbytes for _, _, t in plan)
+    with _progress(progress and total > 256 << 20) as bar:
+        task = bar.add_task("loading weights", total=total)
+        for file, items in by_file.items():
+            with safe_open(str(directory / file), framework="pt", device="cpu") as f:
+                for key, target in items:
+                    dest = _destination(params, modules, target)
+                    dest.copy_(f.get_tensor(key))
+                    bar.advance(task, dest.nbytes)
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn())
+    return Progress(*columns, console=Console(stderr=True), transient=True, disable=not enabled)
 
 
 def _destination(params, modules, target: tuple[str, str | None]) -> torch.Tensor:

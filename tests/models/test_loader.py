@@ -170,3 +170,18 @@ def test_hub_id_resolves_from_offline_cache(checkpoint_factory, tmp_path, monkey
     assert load_model("acme/tiny-llama", cache_dir=str(tmp_path / "hub")).config.family == "llama"
     with pytest.raises(CheckpointError, match="HF_HUB_OFFLINE is set"):
         resolve_model_dir("acme/absent", cache_dir=str(tmp_path / "hub"))
+
+
+def test_chat_template_is_available_when_present(checkpoint_factory, tmp_path):
+    src, _ = checkpoint_factory("llama")
+    path = _copy(src, tmp_path / "m")
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    from specpilot.cli import encode_prompt
+
+    tok = load_tokenizer(str(path))
+    ids = encode_prompt(tok, "hello", chat=True)
+    assert tok.decode(ids) == "<user>hello<assistant>"
+    with pytest.raises(ValueError, match="no chat template"):
+        encode_prompt(load_tokenizer(str(src)), "hello", chat=True)
