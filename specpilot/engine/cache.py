@@ -57,9 +57,14 @@ class ModelCache:
     def snapshot(self, slots: torch.Tensor) -> StateSnapshot:
         return StateSnapshot(slots.clone(), self.conv[:, slots].clone(), self.ssm[:, slots].clone())
 
-    def restore(self, snap: StateSnapshot) -> None:
-        self.conv[:, snap.slots] = snap.conv
-        self.ssm[:, snap.slots] = snap.ssm
+    def restore(self, snap: StateSnapshot, rows: list[int] | None = None) -> None:
+        """Puts the snapshot's recurrent state back (only its `rows`, the positions in snap.slots, if given)."""
+        if rows is None:
+            self.conv[:, snap.slots], self.ssm[:, snap.slots] = snap.conv, snap.ssm
+            return
+        idx = torch.tensor(rows, device=snap.slots.device)
+        self.conv[:, snap.slots[idx]] = snap.conv[:, idx]
+        self.ssm[:, snap.slots[idx]] = snap.ssm[:, idx]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.conv, self.ssm))

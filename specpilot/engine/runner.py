@@ -42,14 +42,20 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         """Runs the prompt through the model into `slot` (state cleared first); returns last-token logits [vocab]."""
-        assert self.cache is not None and len(token_ids) <= self.cache.max_seq_len
+        self.cache.reset(torch.tensor([slot], device=self.device))
+        return self.extend(slot, token_ids, 0)
+
+    @torch.inference_mode()
+    def extend(self, slot: int, token_ids: list[int], start: int) -> torch.Tensor:
+        """Runs tokens as a causal block after the first `start` committed tokens of `slot`, in chunks; returns
+        the last token's logits [vocab]."""
+        assert self.cache is not None and start + len(token_ids) <= self.cache.max_seq_len
         slots = torch.tensor([slot], device=self.device)
-        self.cache.reset(slots)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        for start in range(0, len(token_ids), self.prefill_chunk):
-            chunk = ids[start:start + self.prefill_chunk][None]
-            prefix = torch.tensor([start], device=self.device)
-            meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start)
+        for offset in range(0, len(token_ids), self.prefill_chunk):
+            chunk = ids[offset:offset + self.prefill_chunk][None]
+            prefix = torch.tensor([start + offset], device=self.device)
+            meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start + offset)
             hidden = self.model(meta, self.cache)
         return self.model.logits(hidden[0, -1]).float()
 

@@ -1,0 +1,209 @@
+"""SpecEngine: greedy speculative generation over a batch of requests, each with its own draft tree.
+
+One step is six named calls: schedule (which requests still run), propose (the drafter's trees), verify
+(one target forward over every tree), accept (longest agreeing path + bonus token; the step's one host sync),
+commit (keep the accepted nodes' K/V and recurrent state, advance the drafter) and emit (append tokens, stop).
+Output equals greedy autoregressive output of the same runtime, token for token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.engine.generator import GenerationResult
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams
+from specpilot.spec.drafters.base import Drafter
+from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.spec.verify import Acceptance, accept_greedy, tree_metadata
+
+COMPONENTS = ("draft", "verify", "accept", "commit", "other")
+
+
+@dataclass(slots=True)
+class SpecStats:
+    steps: int = 0
+    emitted: int = 0
+    drafted_per_depth: list[int] = field(default_factory=list)
+    accepted_per_depth: list[int] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0.0))
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target step, bonus included."""
+        return self.emitted / self.steps if self.steps else 0.0
+
+    def add(self, tree: DraftTree, acc: Acceptance, emitted: int) -> None:
+        self.steps += 1
+        self.emitted += emitted
+        for d, n in enumerate(tree.draft_count_per_depth()):
+            _bump(self.drafted_per_depth, d, n)
+        for d in range(acc.num_accepted):
+            _bump(self.accepted_per_depth, d, 1)
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "tau": round(self.tau, 4), "drafted_per_depth": self.drafted_per_depth,
+                "accepted_per_depth": self.accepted_per_depth,
+                "seconds": {k: round(v, 6) for k, v in self.seconds.items()}}
+
+
+def _bump(counts: list[int], index: int, n: int) -> None:
+    counts.extend([0] * (index + 1 - len(counts)))
+    counts[index] += n
+
+
+@dataclass(slots=True)
+class _Request:
+    index: int
+    slot: int
+    prompt: list[int]
+    result: GenerationResult
+    stats: SpecStats
+    committed: int = 0  # tokens whose K/V and state the target cache holds
+    root: int = -1  # last emitted token, not yet seen by the target
+    done: bool = False
+
+
+class SpecEngine:
+    def __init__(self, runner: ModelRunner, drafter: Drafter, tree: TreeSpec, eos_ids: tuple[int, ...] = (),
+                 detokenize: Callable | None = None):
+        if runner.config.is_hybrid and tree.kind != "chain":
+            raise NotImplementedError("tree verification on hybrid (Gated DeltaNet) targets is not supported yet; "
+                                      "use --tree chain:D")
+        self.runner, self.drafter, self.tree = runner, drafter, tree
+        self.eos_ids, self.detokenize = set(eos_ids), detokenize
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 on_token: Callable[[int, int], None] | None = None) -> list[tuple[GenerationResult, SpecStats]]:
+        if not params.greedy:
+            raise NotImplementedError("speculative decoding is greedy for now; use --temperature 0 or --drafter none")
+        start = time.perf_counter()
+        reqs = self._start(prompts, params, on_token, start)
+        while True:
+            active = self.schedule(reqs)
+            if not active:
+                break
+            timer = _Timer(self.runner.device)
+            trees = timer.run("draft", self.propose, active)
+            logits = timer.run("verify", self.verify, active, trees)
+            accepted = timer.run("accept", self.accept, trees, logits)
+            timer.run("commit", self.commit, active, trees, accepted)
+            timer.run("other", self.emit, active, trees, accepted, params, on_token, start)
+            for r in active:
+                for k, v in timer.seconds.items():
+                    r.stats.seconds[k] += v / len(active)
+        total = time.perf_counter() - start
+        for r in reqs:
+            r.result.total_s = total
+            if self.detokenize is not None and r.result.text is None:
+                r.result.text = self.detokenize(r.result.token_ids)
+        return [(r.result, r.stats) for r in reqs]
+
+    def _start(self, prompts, params, on_token, start) -> list[_Request]:
+        limit = self.runner.config.max_position_embeddings
+        longest = max(map(len, prompts))
+        if longest + params.max_new_tokens > limit:
+            raise ValueError(f"prompt of {longest} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
+                             f"model's context of {limit} tokens")
+        size = longest + params.max_new_tokens + self.tree.max_tree_nodes + 1
+        self.runner.allocate(len(prompts), size)
+        self.drafter.allocate(len(prompts), size)
+        reqs = []
+        for i, prompt in enumerate(prompts):
+            r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats())
+            logits = self.runner.prefill(r.slot, r.prompt)
+            self.drafter.start(r.slot, r.prompt)
+            r.committed = len(prompt)
+            self._emit_tokens(r, [int(logits.argmax())], params, on_token, start)
+            reqs.append(r)
+        return reqs
+
+    def schedule(self, reqs: list[_Request]) -> list[_Request]:
+        return [r for r in reqs if not r.done]
+
+    def propose(self, active: list[_Request]) -> list[DraftTree]:
+        trees = self.drafter.propose([r.slot for r in active], [r.root for r in active], self.tree)
+        room = [self.runner.cache.max_seq_len - r.committed for r in active]
+        assert all(t.num_nodes <= n for t, n in zip(trees, room)), "draft tree larger than the cache room left"
+        return trees
+
+    @torch.inference_mode()
+    def verify(self, active: list[_Request], trees: list[DraftTree]) -> torch.Tensor:
+        """One target forward over all trees -> greedy tokens [B, T] (device)."""
+        meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device)
+        self._snapshot = self.runner.cache.snapshot(meta.slots) if self.runner.config.is_hybrid else None
+        return self.runner.model.logits(self.runner.model(meta, self.runner.cache)).argmax(-1)
+
+    def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
+        return accept_greedy(trees, greedy.tolist())
+
+    @torch.inference_mode()
+    def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:
+        cache, dev = self.runner.cache, self.runner.device
+        width = max(t.num_nodes for t in trees)
+        for r, tree, acc in zip(active, trees, accepted):
+            path = torch.tensor(acc.path, device=dev)
+            if acc.path != tuple(range(len(acc.path))):
+                cache.keep(r.slot, r.committed + path, r.committed)
+            self.drafter.commit(r.slot, list(acc.tokens[:-1]))
+        if self._snapshot is not None:
+            self._replay_recurrent(active, trees, accepted, width)
+        for r, acc in zip(active, accepted):
+            r.committed += len(acc.path)
+
+    def _replay_recurrent(self, active, trees, accepted, width: int) -> None:
+        """Recurrent layers absorbed the whole verify block: where fewer nodes were kept, restore the state and
+        run the kept chain again (exact; the hybrid tree work replaces this with a fold of stashed terms)."""
+        rows = [i for i, acc in enumerate(accepted) if len(acc.path) < width]
+        if not rows:
+            return
+        self.runner.cache.restore(self._snapshot, rows)
+        for i in rows:
+            r, tree, acc = active[i], trees[i], accepted[i]
+            self.runner.extend(r.slot, [tree.tokens[j] for j in acc.path], r.committed)
+
+    def emit(self, active, trees, accepted: list[Acceptance], params, on_token, start) -> None:
+        for r, tree, acc in zip(active, trees, accepted):
+            before = len(r.result.token_ids)
+            self._emit_tokens(r, list(acc.tokens), params, on_token, start)
+            r.stats.add(tree, acc, len(r.result.token_ids) - before)
+
+    def _emit_tokens(self, r: _Request, tokens: list[int], params, on_token, start) -> None:
+        res = r.result
+        for tok in tokens:
+            if not res.token_ids:
+                res.ttft_s = time.perf_counter() - start
+            res.token_ids.append(tok)
+            if on_token is not None:
+                on_token(r.index, tok)
+            if tok in self.eos_ids and not params.ignore_eos:
+                res.finish_reason = "eos"
+            elif params.stop:
+                text = self.detokenize(res.token_ids)
+                hits = [text.find(s) for s in params.stop if s in text]
+                if hits:
+                    res.text, res.finish_reason = text[:min(hits)], "stop"
+            if res.finish_reason != "length" or len(res.token_ids) >= params.max_new_tokens:
+                r.done = True
+                return
+        r.root = tokens[-1]
+
+
+class _Timer:
+    """Wall time per step component (synchronising the GPU so that each component is charged its own work)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.seconds = dict.fromkeys(COMPONENTS, 0.0)
+
+    def run(self, name: str, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.seconds[name] += time.perf_counter() - t0
+        return out

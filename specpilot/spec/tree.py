@@ -1,0 +1,175 @@
+"""DraftTree: a request's draft tokens as a tree rooted at its last emitted token, and the tree shapes.
+
+Nodes are in topological order (parent[i] < i); node 0 is the root, the token emitted last step that the
+target has not seen yet. The tree gives the verify pass its ancestor mask and its RoPE positions
+(committed length + depth, never the node index), and the acceptance its root-to-leaf paths.
+
+Tree shapes (TreeSpec, parsed from the CLI's --tree):
+- chain:D              D draft tokens in a line;
+- static:C1,C2,...     every node at depth d-1 gets C_d children (Sequoia / EAGLE static trees);
+- dynamic:K,D,N        EAGLE-2: expand the frontier's top-K by cumulative draft log-probability for D levels,
+                       then keep the best N draft nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class DraftTree:
+    tokens: tuple[int, ...]  # [N] token ids, tokens[0] = root
+    parents: tuple[int, ...]  # [N] parent index, parents[0] = -1
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.parents) or not self.tokens:
+            raise ValueError("a DraftTree needs one parent per token and at least the root")
+        if self.parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(self.parents) if i > 0):
+            raise ValueError(f"parents must be topological (parent[i] < i, root -1): {self.parents}")
+
+    @staticmethod
+    def chain(tokens: list[int]) -> DraftTree:
+        return DraftTree(tuple(tokens), tuple(range(-1, len(tokens) - 1)))
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        depth = [0] * self.num_nodes
+        for i in range(1, self.num_nodes):
+            depth[i] = depth[self.parents[i]] + 1
+        return tuple(depth)
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: mask[i, j] is True when j is i or an ancestor of i."""
+        n = self.num_nodes
+        mask = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            mask[i] |= mask[self.parents[i]]
+        return mask
+
+    def positions(self, committed_len: int) -> torch.Tensor:
+        """[N] RoPE positions: committed length + depth."""
+        return committed_len + torch.tensor(self.depths, dtype=torch.long)
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf node paths."""
+        has_child = set(self.parents[1:])
+        out = []
+        for leaf in (i for i in range(self.num_nodes) if i not in has_child):
+            path = [leaf]
+            while self.parents[path[-1]] >= 0:
+                path.append(self.parents[path[-1]])
+            out.append(path[::-1])
+        return out
+
+    def draft_count_per_depth(self) -> list[int]:
+        """Number of draft nodes at depth 1, 2, ... (the root is not a draft)."""
+        depths = self.depths
+        counts = [0] * max(depths, default=0)
+        for d in depths[1:]:
+            counts[d - 1] += 1
+        return counts
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSpec:
+    """The tree shape a drafter fills in; a knob the tuner can switch (round-trips through str)."""
+
+    kind: str  # "chain" | "static" | "dynamic"
+    depth: int
+    branching: tuple[int, ...] = ()  # static: children per node at each depth
+    top_k: int = 1  # dynamic
+    max_nodes: int = 0  # dynamic: draft nodes kept
+
+    @staticmethod
+    def parse(text: str) -> TreeSpec:
+        kind, _, arg = text.partition(":")
+        try:
+            nums = tuple(int(x) for x in arg.split(",")) if arg else ()
+        except ValueError:
+            nums = None
+        if kind == "chain" and nums and len(nums) == 1 and nums[0] >= 1:
+            return TreeSpec("chain", nums[0], (1,) * nums[0])
+        if kind == "static" and nums and all(n >= 1 for n in nums):
+            return TreeSpec("static", len(nums), nums)
+        if kind == "dynamic" and nums and len(nums) == 3 and all(n >= 1 for n in nums):
+            return TreeSpec("dynamic", nums[1], (), top_k=nums[0], max_nodes=nums[2])
+        raise ValueError(f"--tree {text!r}: use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES "
+                         "with positive integers")
+
+    def __str__(self) -> str:
+        if self.kind == "chain":
+            return f"chain:{self.depth}"
+        if self.kind == "static":
+            return "static:" + ",".join(map(str, self.branching))
+        return f"dynamic:{self.top_k},{self.depth},{self.max_nodes}"
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """Upper bound on nodes (root included), for sizing caches."""
+        if self.kind == "dynamic":
+            return 1 + self.max_nodes
+        total, width = 1, 1
+        for c in self.branching:
+            width *= c
+            total += width
+        return total
+
+
+def grow(spec: TreeSpec, root: int, score_children) -> DraftTree:
+    """Builds the tree of `spec` from a scorer.
+
+    score_children(tree_so_far, frontier) -> list over frontier nodes of (token ids, log-probs), best first,
+    at least max branching long. The scorer sees the partial DraftTree, so it can run its model over it.
+    """
+    tokens, parents, scores = [root], [-1], [0.0]
+    frontier = [0]
+    for level in range(spec.depth):
+        if not frontier:
+            break
+        proposals = score_children(DraftTree(tuple(tokens), tuple(parents)), frontier)
+        candidates = []  # (cumulative score, parent, token)
+        for node, (toks, logps) in zip(frontier, proposals):
+            width = spec.branching[level] if spec.kind != "dynamic" else spec.top_k
+            for tok, lp in list(zip(toks, logps))[:width]:
+                candidates.append((scores[node] + float(lp), node, int(tok)))
+        if spec.kind == "dynamic":
+            candidates.sort(key=lambda c: -c[0])
+            candidates = candidates[:spec.top_k]
+        frontier = []
+        for score, parent, tok in candidates:
+            tokens.append(tok)
+            parents.append(parent)
+            scores.append(score)
+            frontier.append(len(tokens) - 1)
+    if spec.kind == "dynamic":
+        return _keep_best(tokens, parents, scores, spec.max_nodes)
+    return DraftTree(tuple(tokens), tuple(parents))
+
+
+def _keep_best(tokens, parents, scores, max_nodes: int) -> DraftTree:
+    """Keeps the root and the max_nodes best-scoring draft nodes; a node's score never beats its parent's
+    (log-probs are <= 0), so the kept set is closed under ancestors. Keeps the original (topological) order."""
+    order = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], i))[:max_nodes]
+    kept = [0] + sorted(order)
+    kept_set = set(kept)
+    # ties at equal scores could keep a child without its parent: drop such orphans (rare)
+    kept = [i for i in kept if i == 0 or _ancestors_kept(i, parents, kept_set)]
+    index = {old: new for new, old in enumerate(kept)}
+    return DraftTree(tuple(tokens[i] for i in kept), tuple(-1 if i == 0 else index[parents[i]] for i in kept))
+
+
+def _ancestors_kept(i: int, parents, kept: set[int]) -> bool:
+    while parents[i] >= 0:
+        i = parents[i]
+        if i not in kept:
+            return False
+    return True
