@@ -40,12 +40,35 @@ def _parser() -> argparse.ArgumentParser:
     _add_generation_flags(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("--cache-dir", default=None, help="Hugging Face cache directory (default: HF_HOME)")
+    _add_spec_flags(g)
     g.set_defaults(func=cmd_generate)
+    v = sub.add_parser("verify", help="speculative generation checked token by token against the stock model")
+    v.add_argument("--target", required=True, help="model directory or Hub repo id (org/name)")
+    v.add_argument("--prompts", required=True,
+                   help="a text file (one prompt per line), a prompt-set file, or a shipped set name (humaneval, "
+                        "gsm8k, mt-bench, spec-bench, ...; looked up in SPECPILOT_DATA_DIR)")
+    v.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    v.add_argument("--max-new-tokens", type=int, default=128)
+    v.add_argument("--tie-tolerance", type=float, default=1e-3,
+                   help="a mismatch whose stock logit margin is at most this counts as a tie (default 1e-3)")
+    v.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    v.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    v.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
+    v.add_argument("--cache-dir", default=None)
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_spec_flags(v, drafter_default="ngram")
+    v.set_defaults(func=cmd_verify)
     d = sub.add_parser("demo", help="run generation on the bundled tiny model (random weights for now)")
     _add_generation_flags(d, max_new_tokens=48)
     d.add_argument("--prompt", default="def fibonacci(n):\n", help="prompt text")
-    d.set_defaults(func=cmd_demo)
+    d.set_defaults(func=cmd_demo, drafter="none", tree="chain:4")
     return p
+
+
+def _add_spec_flags(p: argparse.ArgumentParser, drafter_default: str = "none") -> None:
+    p.add_argument("--drafter", default=drafter_default,
+                   help="draft model directory or Hub id, `ngram` (prompt lookup) or `none` (plain decoding)")
+    p.add_argument("--tree", default="chain:4", help="chain:D | static:C1,C2,... | dynamic:TOPK,DEPTH,NODES")
 
 
 def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
@@ -99,7 +122,6 @@ def cmd_demo(args) -> int:
 
 
 def run_generation(args, model, tokenizer, load_s: float) -> int:
-    from specpilot.engine.generator import Generator
     from specpilot.engine.runner import ModelRunner
     from specpilot.engine.sampling import SamplingParams
 
@@ -107,19 +129,91 @@ def run_generation(args, model, tokenizer, load_s: float) -> int:
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
     engine = EngineConfig(cuda_graphs=not args.eager, compile_pointwise=not args.eager, decode_gemv=not args.eager)
-    eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
-    gen = Generator(ModelRunner(model, engine), eos, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    gen = _generator(args, ModelRunner(model, engine), tokenizer)
     stream = None if args.json else _Streamer(tokenizer, params.stop)
-    result = gen.generate([prompt_ids], params, on_token=stream.push if stream else None)[0]
+    out = gen.generate([prompt_ids], params, on_token=stream.push if stream else None)[0]
+    result, spec = out if isinstance(out, tuple) else (out, None)
     if stream:
         stream.finish(result.text)
     stats = _stats(result, load_s, model.config.architecture)
+    if spec is not None:
+        stats.update(drafter=args.drafter, tree=args.tree, **spec.to_dict())
     if args.json:
         print(json.dumps({"token_ids": result.token_ids, "text": result.text, "stats": stats}))
     else:
-        err.print(f"[dim]{stats['tokens']} tokens · {stats['tok_per_s']:.1f} tok/s decode · "
-                  f"TTFT {stats['ttft_s'] * 1000:.0f} ms · {stats['finish_reason']} · load {load_s:.1f} s[/]")
+        line = (f"{stats['tokens']} tokens · {stats['tok_per_s']:.1f} tok/s decode · TTFT {stats['ttft_s'] * 1000:.0f} ms"
+                f" · {stats['finish_reason']} · load {load_s:.1f} s")
+        if spec is not None:
+            split = " ".join(f"{k} {v * 1000:.0f} ms" for k, v in spec.seconds.items())
+            line += f"\ntau {spec.tau:.2f} tokens/step over {spec.steps} steps · {split}"
+        err.print(f"[dim]{line}[/]")
     return 0
+
+
+def _eos(model, tokenizer) -> tuple[int, ...]:
+    extra = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+    return tuple(model.config.eos_token_ids) + extra
+
+
+def _generator(args, runner, tokenizer):
+    """The plain Generator for --drafter none, else the speculative engine with the built drafter."""
+    from specpilot.engine.engine import SpecEngine
+    from specpilot.engine.generator import Generator
+    from specpilot.spec.drafters.registry import build_drafter
+    from specpilot.spec.tree import TreeSpec
+
+    detok = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    tree = TreeSpec.parse(args.tree)
+    drafter = build_drafter(args.drafter, runner.model, tokenizer, cache_dir=getattr(args, "cache_dir", None))
+    if drafter is None:
+        return Generator(runner, _eos(runner.model, tokenizer), detok)
+    return SpecEngine(runner, drafter, tree, _eos(runner.model, tokenizer), detok)
+
+
+def cmd_verify(args) -> int:
+    from specpilot.engine.runner import ModelRunner
+    from specpilot.engine.sampling import SamplingParams
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.prompts import load_prompts, resolve_prompt_set
+    from specpilot.spec.forcing import ForcingReport, force_check
+
+    prompts = load_prompts(resolve_prompt_set(args.prompts), limit=args.limit)
+    device = _device(args.device)
+    tokenizer = load_tokenizer(args.target, args.cache_dir)
+    model = load_model(args.target, device, args.dtype, args.cache_dir)
+    runner = ModelRunner(model)
+    gen = _generator(args, runner, tokenizer)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    report, steps, emitted = ForcingReport(), 0, 0
+    for i, prompt in enumerate(prompts):
+        ids = encode_prompt(tokenizer, prompt.text, args.chat)
+        out = gen.generate([ids], params)[0]
+        result, spec = out if isinstance(out, tuple) else (out, None)
+        if spec is not None:
+            steps, emitted = steps + spec.steps, emitted + spec.emitted
+        force_check(runner, ids, result.token_ids, report, prompt_index=i)
+    failures = report.failures(args.tie_tolerance)
+    summary = {"prompts": len(prompts), "tokens": report.tokens, "mismatches": len(report.mismatches),
+               "failures": len(failures), "tie_tolerance": args.tie_tolerance,
+               "max_mismatch_margin": report.max_margin, "tau": round(emitted / steps, 4) if steps else 1.0,
+               "drafter": args.drafter, "tree": args.tree, "passed": not failures,
+               "mismatch_list": [_mismatch(m) for m in report.mismatches]}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for m in report.mismatches:
+            err.print(f"prompt {m.prompt} position {m.position}: emitted {m.emitted}, stock argmax {m.expected}, "
+                      f"margin {m.margin:.3g}{'' if m.margin <= args.tie_tolerance else '  [bold red]FAIL[/]'}")
+        verdict = "[green]PASS[/]" if not failures else "[bold red]FAIL[/]"
+        err.print(f"{verdict} {summary['prompts']} prompts · {summary['tokens']} tokens · "
+                  f"{summary['mismatches']} mismatches ({summary['failures']} above tolerance "
+                  f"{args.tie_tolerance:g}) · tau {summary['tau']:.2f}")
+    return 0 if not failures else 1
+
+
+def _mismatch(m) -> dict:
+    return {"prompt": m.prompt, "position": m.position, "emitted": m.emitted, "expected": m.expected,
+            "margin": m.margin}
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:

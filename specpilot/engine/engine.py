@@ -82,7 +82,7 @@ class SpecEngine:
         if not params.greedy:
             raise NotImplementedError("speculative decoding is greedy for now; use --temperature 0 or --drafter none")
         start = time.perf_counter()
-        reqs = self._start(prompts, params, on_token, start)
+        reqs = self.requests = self._start(prompts, params, on_token, start)
         while True:
             active = self.schedule(reqs)
             if not active:

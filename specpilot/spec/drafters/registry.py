@@ -1,0 +1,61 @@
+"""Builds a drafter from its CLI name (`ngram`, `none`) or from a checkpoint directory / Hub id.
+
+Checkpoints are dispatched on their config's `architectures`: any supported causal LM becomes a draft LM
+(which must share the target's tokenizer). This table is the only place drafter kinds are named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specpilot.config import SUPPORTED_ARCHITECTURES, ConfigError
+from specpilot.models.causal_lm import CausalLM
+from specpilot.models.loader import CheckpointError, load_model, load_tokenizer, resolve_model_dir
+from specpilot.spec.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec.drafters.ngram import NgramDrafter
+
+NAMED = {"ngram": NgramDrafter}
+PENDING = {"LlamaForCausalLMEagle3": "EAGLE-3 heads", "Eagle3LlamaForCausalLM": "EAGLE-3 heads",
+           "DFlashDraftModel": "DFlash block drafters"}
+
+
+def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None):
+    """Returns a Drafter, or None for `none`."""
+    if name == "none":
+        return None
+    if name in NAMED:
+        return NAMED[name]()
+    model_dir = resolve_model_dir(name, cache_dir)
+    archs = _architectures(model_dir)
+    pending = [PENDING[a] for a in archs if a in PENDING]
+    if pending:
+        raise NotImplementedError(f"{model_dir}: {pending[0]} are not supported yet (architectures={archs})")
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ConfigError(f"{model_dir}: architectures={archs!r} is not a drafter specpilot can run; use a causal LM "
+                          f"of a supported family ({', '.join(sorted(SUPPORTED_ARCHITECTURES))}), ngram or none")
+    if target_tokenizer is not None:
+        _check_tokenizer(model_dir, load_tokenizer(str(model_dir)), target_tokenizer)
+    device = next(target.parameters()).device
+    dtype = next(target.parameters()).dtype if dtype == "auto" else dtype
+    draft = load_model(str(model_dir), device, dtype)
+    if draft.config.vocab_size > target.config.vocab_size:
+        raise CheckpointError(f"{model_dir}: draft vocab_size {draft.config.vocab_size} exceeds the target's "
+                              f"{target.config.vocab_size}")
+    return DraftLMDrafter(draft)
+
+
+def _architectures(model_dir: Path) -> list[str]:
+    try:
+        return json.loads((model_dir / "config.json").read_text()).get("architectures") or []
+    except FileNotFoundError:
+        raise ConfigError(f"{model_dir}: no config.json; a drafter directory needs one") from None
+
+
+def _check_tokenizer(model_dir, draft_tok, target_tok) -> None:
+    draft_vocab, target_vocab = draft_tok.get_vocab(), target_tok.get_vocab()
+    if draft_vocab != target_vocab:
+        differ = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()))[:3]
+        raise CheckpointError(f"{model_dir}: the drafter's tokenizer differs from the target's "
+                              f"({len(draft_vocab)} vs {len(target_vocab)} tokens; e.g. {differ}); a draft model "
+                              "must share the target's vocabulary")

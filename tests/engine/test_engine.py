@@ -1,0 +1,174 @@
+"""SpecEngine on tiny random checkpoints (CPU, fp32): speculative greedy output == AR greedy output."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specpilot.engine.cache import ModelCache
+from specpilot.engine.engine import SpecEngine
+from specpilot.engine.generator import Generator
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.models.loader import load_model
+from specpilot.spec.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec.drafters.ngram import NgramDrafter
+from specpilot.spec.tree import DraftTree, TreeSpec
+
+DENSE_TREES = ["chain:4", "static:3,2,1", "dynamic:3,4,8"]
+PARAMS = SamplingParams(max_new_tokens=24)
+
+
+def _models(checkpoint_factory, name):
+    path, _ = checkpoint_factory(name)
+    draft_path, _ = checkpoint_factory(name, num_hidden_layers=1)
+    return load_model(str(path), "cpu", "float32"), load_model(str(draft_path), "cpu", "float32")
+
+
+def _prompts():
+    gen = torch.Generator().manual_seed(5)
+    base = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (4, 15, 9)]
+    return [b + b[: len(b) // 2] + b for b in base]  # repeats give the n-gram drafter matches
+
+
+def _reference(target, prompts, params=PARAMS):
+    return [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts, params)]
+
+
+DRAFTERS = {
+    "ngram": lambda target, draft: NgramDrafter(),
+    "draft-lm": lambda target, draft: DraftLMDrafter(draft),
+    "self-draft": lambda target, draft: DraftLMDrafter(target),
+}
+
+
+@pytest.mark.parametrize("tree", DENSE_TREES)
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_speculative_equals_autoregressive_dense(drafter, tree, checkpoint_factory):
+    target, draft = _models(checkpoint_factory, "qwen3")
+    prompts = _prompts()
+    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse(tree))
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == _reference(target, prompts)
+    if drafter == "self-draft":  # the target drafting for itself is always right: tau at the tree's depth
+        assert all(s.tau > TreeSpec.parse(tree).depth * 0.7 for _, s in out)
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_speculative_equals_autoregressive_hybrid_chain(drafter, checkpoint_factory):
+    target, draft = _models(checkpoint_factory, "qwen3_5")
+    prompts = _prompts()
+    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse("chain:3"))
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == _reference(target, prompts)
+
+
+def test_hybrid_target_rejects_trees_clearly(checkpoint_factory):
+    target, _ = _models(checkpoint_factory, "qwen3_5")
+    with pytest.raises(NotImplementedError, match="use --tree chain"):
+        SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse("static:2,2"))
+
+
+class RandomTreeDrafter:
+    """Proposes random trees whose tokens are sometimes the right ones (from a reference continuation)."""
+
+    name = "random"
+
+    def __init__(self, seed: int, truth: list[list[int]], prompts: list[list[int]]):
+        self.rng, self.truth, self.prompts, self.emitted = random.Random(seed), truth, prompts, {}
+
+    def allocate(self, num_slots, max_seq_len):
+        pass
+
+    def start(self, slot, prompt_ids):
+        self.emitted[slot] = 0
+
+    def commit(self, slot, accepted):
+        self.emitted[slot] += len(accepted)
+
+    def propose(self, slots, roots, spec):
+        trees = []
+        for slot, root in zip(slots, roots):
+            self.emitted[slot] += 1
+            n = self.rng.randint(1, 12)
+            parents = [-1] + [self.rng.randint(max(0, i - 3), i - 1) for i in range(1, n)]
+            depths = [0] * n
+            for i in range(1, n):
+                depths[i] = depths[parents[i]] + 1
+            future = self.truth[slot][self.emitted[slot]:]
+            tokens = [root] + [future[depths[i] - 1] if depths[i] - 1 < len(future) and self.rng.random() < 0.7
+                               else self.rng.randint(0, 299) for i in range(1, n)]
+            trees.append(DraftTree(tuple(tokens), tuple(parents)))
+        return trees
+
+
+@given(st.integers(0, 10_000))
+@settings(max_examples=6, deadline=None)
+def test_random_trees_keep_output_exact(seed):
+    target = _HYPOTHESIS_TARGET[0]
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    engine = SpecEngine(ModelRunner(target), RandomTreeDrafter(seed, truth, prompts), TreeSpec.parse("static:4,3"))
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == truth
+    assert any(s.tau > 1 for _, s in out)
+
+
+_HYPOTHESIS_TARGET = []
+
+
+@pytest.fixture(autouse=True)
+def _hypothesis_target(checkpoint_factory):
+    if not _HYPOTHESIS_TARGET:
+        _HYPOTHESIS_TARGET.append(_models(checkpoint_factory, "llama")[0])
+
+
+@pytest.mark.parametrize("name,tree", [("qwen3", "dynamic:3,4,8"), ("qwen3_5", "chain:3")])
+def test_commit_equals_prefill(name, tree, checkpoint_factory):
+    """After speculative steps, each request's cache equals a fresh prefill of its committed tokens."""
+    target, draft = _models(checkpoint_factory, name)
+    prompts = _prompts()
+    engine = SpecEngine(ModelRunner(target), DraftLMDrafter(draft), TreeSpec.parse(tree))
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=17))
+    cache = engine.runner.cache
+    for req, (res, _) in zip(engine.requests, out):
+        committed = req.prompt + res.token_ids[: req.committed - len(req.prompt)]
+        fresh = ModelCache(target.config, 1, len(committed) + 1, "cpu", torch.float32)
+        ids = torch.tensor([committed])
+        with torch.no_grad():
+            target(BatchMetadata.contiguous(ids, torch.tensor([0]), torch.tensor([0]), 0), fresh)
+        n = len(committed)
+        torch.testing.assert_close(cache.k[:, req.slot, :, :n], fresh.k[:, 0, :, :n], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cache.v[:, req.slot, :, :n], fresh.v[:, 0, :, :n], rtol=1e-4, atol=1e-5)
+        if target.config.is_hybrid:
+            torch.testing.assert_close(cache.ssm[:, req.slot], fresh.ssm[:, 0], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(cache.conv[:, req.slot], fresh.conv[:, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_stats_count_drafts_and_acceptance(checkpoint_factory):
+    target, _ = _models(checkpoint_factory, "qwen3")
+    prompts = _prompts()[:1]
+    _, stats = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:3")).generate(
+        prompts, SamplingParams(max_new_tokens=13))[0]
+    assert stats.drafted_per_depth == [stats.steps] * 3
+    assert stats.accepted_per_depth[0] <= stats.steps
+    assert stats.emitted == 12  # the first token comes from the prefill
+    assert set(stats.seconds) == {"draft", "verify", "accept", "commit", "other"}
+
+
+def test_eos_and_max_tokens_cut_the_emitted_block(checkpoint_factory):
+    target, _ = _models(checkpoint_factory, "qwen3")
+    prompts = _prompts()
+    ref = _reference(target, prompts, SamplingParams(max_new_tokens=10))
+    eos = ref[1][6]
+    out = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:4"), eos_ids=(eos,)).generate(
+        prompts, SamplingParams(max_new_tokens=10))
+    for (res, _), r in zip(out, ref):
+        expect = r[: r.index(eos) + 1] if eos in r else r
+        assert res.token_ids == expect
+    with pytest.raises(NotImplementedError, match="greedy"):
+        SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse("chain:2")).generate(
+            prompts, SamplingParams(temperature=1.0))
