@@ -115,8 +115,12 @@ class SpecEngine:
         reqs = []
         for i, prompt in enumerate(prompts):
             r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats())
-            logits = self.runner.prefill(r.slot, r.prompt)
-            self.drafter.start(r.slot, r.prompt)
+            layers = tuple(self.drafter.target_layers)
+            if layers:
+                logits, features = self.runner.prefill_features(r.slot, r.prompt, layers)
+            else:
+                logits, features = self.runner.prefill(r.slot, r.prompt), None
+            self.drafter.start(r.slot, r.prompt, features)
             r.committed = len(prompt)
             self._emit_tokens(r, [int(logits.argmax())], params, on_token, start)
             reqs.append(r)
@@ -133,10 +137,16 @@ class SpecEngine:
 
     @torch.inference_mode()
     def verify(self, active: list[_Request], trees: list[DraftTree]) -> torch.Tensor:
-        """One target forward over all trees -> greedy tokens [B, T] (device)."""
+        """One target forward over all trees -> greedy tokens [B, T] (device); keeps the drafter's features."""
         meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device)
         self._snapshot = self.runner.cache.snapshot(meta.slots) if self.runner.config.is_hybrid else None
-        return self.runner.model.logits(self.runner.model(meta, self.runner.cache)).argmax(-1)
+        layers = tuple(self.drafter.target_layers)
+        hidden = self.runner.model(meta, self.runner.cache, layers)
+        self._features = None
+        if layers:
+            hidden, captured = hidden
+            self._features = torch.cat(captured, dim=-1)  # [B, T, K * hidden]
+        return self.runner.model.logits(hidden).argmax(-1)
 
     def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
         return accept_greedy(trees, greedy.tolist())
@@ -149,7 +159,8 @@ class SpecEngine:
             path = torch.tensor(acc.path, device=dev)
             if acc.path != tuple(range(len(acc.path))):
                 cache.keep(r.slot, r.committed + path, r.committed)
-            self.drafter.commit(r.slot, list(acc.tokens[:-1]))
+            feats = self._features[active.index(r), path] if self._features is not None else None
+            self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
         if self._snapshot is not None:
             self._replay_recurrent(active, trees, accepted, width)
         for r, acc in zip(active, accepted):

@@ -46,18 +46,30 @@ class ModelRunner:
         return self.extend(slot, token_ids, 0)
 
     @torch.inference_mode()
-    def extend(self, slot: int, token_ids: list[int], start: int) -> torch.Tensor:
+    def prefill_features(self, slot: int, token_ids: list[int], layers: tuple[int, ...]):
+        """prefill that also returns the outputs of the given decoder layers for every prompt position:
+        (logits [vocab], features [P, len(layers) * hidden])."""
+        self.cache.reset(torch.tensor([slot], device=self.device))
+        return self.extend(slot, token_ids, 0, layers)
+
+    @torch.inference_mode()
+    def extend(self, slot: int, token_ids: list[int], start: int, layers: tuple[int, ...] = ()):
         """Runs tokens as a causal block after the first `start` committed tokens of `slot`, in chunks; returns
-        the last token's logits [vocab]."""
+        the last token's logits [vocab] (and, if `layers` is given, their features as in prefill_features)."""
         assert self.cache is not None and start + len(token_ids) <= self.cache.max_seq_len
         slots = torch.tensor([slot], device=self.device)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        features = []
         for offset in range(0, len(token_ids), self.prefill_chunk):
             chunk = ids[offset:offset + self.prefill_chunk][None]
             prefix = torch.tensor([start + offset], device=self.device)
             meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start + offset)
-            hidden = self.model(meta, self.cache)
-        return self.model.logits(hidden[0, -1]).float()
+            hidden = self.model(meta, self.cache, layers)
+            if layers:
+                hidden, captured = hidden
+                features.append(torch.cat(captured, dim=-1)[0])
+        logits = self.model.logits(hidden[0, -1]).float()
+        return (logits, torch.cat(features)) if layers else logits
 
     @torch.inference_mode()
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -68,17 +68,17 @@ class CausalLM(nn.Module):
         self.rotary.reset_buffers()
 
     def forward(self, meta: BatchMetadata, cache, capture_layers: tuple[int, ...] = ()):
-        """Returns the final-normed hidden states [B, T, hidden] and, if asked, the inputs of the given layers'
-        successors (hidden states after layer i, before the final norm) as a list."""
+        """Returns the final-normed hidden states [B, T, hidden] and, if asked, the outputs of the given decoder
+        layers (0-based, before the final norm) as a list in the order asked."""
         x = self.model.embed_tokens(meta.input_ids)
         cos, sin = self.rotary(meta.positions)
-        residual, captured = None, []
+        residual, captured = None, {}
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, meta, cache, cos, sin)
             if i in capture_layers:
-                captured.append(x + residual)
+                captured[i] = x + residual
         x, _ = self.model.norm.add_forward(x, residual)
-        return (x, captured) if capture_layers else x
+        return (x, [captured[i] for i in capture_layers]) if capture_layers else x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

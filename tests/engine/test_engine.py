@@ -76,6 +76,7 @@ class RandomTreeDrafter:
     """Proposes random trees whose tokens are sometimes the right ones (from a reference continuation)."""
 
     name = "random"
+    target_layers = ()
 
     def __init__(self, seed: int, truth: list[list[int]], prompts: list[list[int]]):
         self.rng, self.truth, self.prompts, self.emitted = random.Random(seed), truth, prompts, {}
@@ -83,10 +84,10 @@ class RandomTreeDrafter:
     def allocate(self, num_slots, max_seq_len):
         pass
 
-    def start(self, slot, prompt_ids):
+    def start(self, slot, prompt_ids, features=None):
         self.emitted[slot] = 0
 
-    def commit(self, slot, accepted):
+    def commit(self, slot, accepted, features=None):
         self.emitted[slot] += len(accepted)
 
     def propose(self, slots, roots, spec):

@@ -96,7 +96,7 @@ def _tree_kernel(
     offs_d = tl.arange(0, D)
     t = tb * TOK + offs_m // G
     h = kvh * G + offs_m % G
-    row_ok = t < T
+    row_ok = (offs_m < TOK * G) & (t < T)
     q_rows = b.to(tl.int64) * stride_qb + t.to(tl.int64) * stride_qt + h.to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
 
@@ -136,7 +136,8 @@ def _tree_kernel(
         k = tl.load(k_ptr + kv_offs, mask=j_ok[:, None], other=0.0)
         v = tl.load(v_ptr + kv_offs, mask=j_ok[:, None], other=0.0)
         if HAS_MASK:
-            m_offs = b.to(tl.int64) * stride_mb + t.to(tl.int64)[:, None] * stride_mi + j.to(tl.int64)[None, :] * stride_mj
+            m_rows = b.to(tl.int64) * stride_mb + t.to(tl.int64) * stride_mi  # [BLOCK_M]
+            m_offs = m_rows[:, None] + j.to(tl.int64)[None, :] * stride_mj
             visible = tl.load(mask_ptr + m_offs, mask=row_ok[:, None] & j_ok[None, :], other=0) != 0
         else:
             visible = (j[None, :] <= t[:, None]) & j_ok[None, :]

@@ -3,22 +3,32 @@
 Per request slot: `start` sees the prompt; each step `propose` gets the root (the token emitted last, not yet
 seen by the target) and returns a DraftTree rooted at it; `commit` gets the draft tokens the target accepted
 (the bonus token arrives as the next root). A drafter keeps whatever state it needs in step with that.
+
+Feature drafters (EAGLE-3, DFlash) name the target layers they read in `target_layers`: the engine then
+hands them the OUTPUT hidden states of those decoder layers (0-based; before the final norm), concatenated
+on the last dim in `target_layers` order: for every prompt position at `start`, and for the committed nodes
+(root, then the accepted drafts) at `commit`, taken from the verify pass itself (no extra target pass).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import torch
+
 from specpilot.spec.tree import DraftTree, TreeSpec
 
 
 class Drafter(Protocol):
     name: str
+    target_layers: tuple[int, ...]  # empty: the drafter needs no target features
 
-    def start(self, slot: int, prompt_ids: list[int]) -> None: ...
+    def allocate(self, num_slots: int, max_seq_len: int) -> None: ...
+
+    def start(self, slot: int, prompt_ids: list[int], features: torch.Tensor | None) -> None:
+        """features [P, len(target_layers) * hidden] for the P prompt tokens, or None."""
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]: ...
 
-    def commit(self, slot: int, accepted: list[int]) -> None: ...
-
-    def allocate(self, num_slots: int, max_seq_len: int) -> None: ...
+    def commit(self, slot: int, accepted: list[int], features: torch.Tensor | None) -> None:
+        """accepted: draft tokens kept (root excluded); features [1 + len(accepted), K * hidden] of root + them."""

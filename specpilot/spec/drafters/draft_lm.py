@@ -19,6 +19,7 @@ from specpilot.spec.tree import DraftTree, TreeSpec, grow
 
 class DraftLMDrafter:
     name = "draft-lm"
+    target_layers: tuple[int, ...] = ()
 
     def __init__(self, model: CausalLM):
         self.model = model
@@ -29,11 +30,11 @@ class DraftLMDrafter:
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         self.runner.allocate(num_slots, max_seq_len)
 
-    def start(self, slot: int, prompt_ids: list[int]) -> None:
+    def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
         self.runner.prefill(slot, prompt_ids)
         self.seen[slot], self.pending[slot] = len(prompt_ids), []
 
-    def commit(self, slot: int, accepted: list[int]) -> None:
+    def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.pending[slot] = list(accepted)
 
     @torch.inference_mode()

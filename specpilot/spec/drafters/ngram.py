@@ -11,6 +11,7 @@ from specpilot.spec.tree import DraftTree, TreeSpec
 
 class NgramDrafter:
     name = "ngram"
+    target_layers: tuple[int, ...] = ()
 
     def __init__(self, max_n: int = 3):
         self.max_n = max_n
@@ -19,10 +20,10 @@ class NgramDrafter:
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         pass
 
-    def start(self, slot: int, prompt_ids: list[int]) -> None:
+    def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
         self.context[slot] = list(prompt_ids)
 
-    def commit(self, slot: int, accepted: list[int]) -> None:
+    def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.context[slot].extend(accepted)
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
