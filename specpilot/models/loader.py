@@ -154,7 +154,8 @@ def plan_load(model: CausalLM, entries: list[tuple[str, str, tuple[int, ...]]]) 
     return plan
 
 
-def load_weights(model: CausalLM, files: list[Path], progress: bool = True) -> None:
+@torch.no_grad()
+def load_weights(model: torch.nn.Module, files: list[Path], progress: bool = True) -> None:
     """Fills the model from safetensors files after plan_load accepted them; a progress bar (stderr) by bytes."""
     entries = []
     for file in files:
