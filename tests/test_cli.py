@@ -48,3 +48,43 @@ def test_demo_runs(tmp_path, monkeypatch, capsys):
     obj = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(obj["token_ids"]) <= 8
     assert obj["stats"]["architecture"] == "Qwen3_5ForCausalLM"
+
+
+def test_verify_json_passes_token_forcing(checkpoint_factory, tmp_path, capsys):
+    path, _ = checkpoint_factory("qwen3")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nfor i in range(10):\n")
+    rc = main(["verify", "--target", str(path), "--drafter", str(path), "--prompts", str(prompts),
+               "--max-new-tokens", "12", "--tree", "dynamic:2,3,6", "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 0 and obj["passed"] and obj["prompts"] == 2 and obj["mismatches"] == 0
+    assert obj["tokens"] == 24 and obj["tau"] > 1.5  # the target drafting for itself
+
+
+def test_verify_reports_a_forced_mismatch(checkpoint_factory, tmp_path, monkeypatch, capsys):
+    """A drafter bug that changed an output token must be caught, with its margin and exit status 1."""
+    from specpilot.engine import engine as engine_mod
+
+    path, _ = checkpoint_factory("llama")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\n")
+    original = engine_mod.SpecEngine.emit
+
+    def corrupt(self, active, trees, accepted, *rest):
+        accepted = [type(a)(a.path, a.tokens[:-1] + ((a.tokens[-1] + 1) % 300,)) for a in accepted]
+        return original(self, active, trees, accepted, *rest)
+
+    monkeypatch.setattr(engine_mod.SpecEngine, "emit", corrupt)
+    rc = main(["verify", "--target", str(path), "--prompts", str(prompts), "--max-new-tokens", "6", "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not obj["passed"] and obj["failures"] > 0
+    assert all(m["margin"] > 0 for m in obj["mismatch_list"])
+
+
+def test_generate_with_drafter_reports_tau(checkpoint_factory, capsys):
+    path, _ = checkpoint_factory("qwen3")
+    rc = main(["generate", "--target", str(path), "--prompt", "def add(a, b):", "--max-new-tokens", "10",
+               "--drafter", "ngram", "--tree", "chain:3", "--json", "--ignore-eos"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 0 and obj["stats"]["tokens"] == 10 and obj["stats"]["tau"] >= 1.0
+    assert set(obj["stats"]["seconds"]) == {"draft", "verify", "accept", "commit", "other"}

@@ -153,3 +153,11 @@ def test_bad_checkpoints_are_named(target, tmp_path):
 def test_default_target_layers_follow_the_reference_spread():
     assert default_target_layers(36, 5) == (1, 9, 17, 25, 33)
     assert default_target_layers(36, 1) == (18,)
+
+
+def test_registry_builds_dflash_and_rejects_other_vocabularies(target, tmp_path):
+    from specpilot.spec.drafters.registry import build_drafter
+
+    assert build_drafter(str(write_dflash(tmp_path / "d")), target).name == "dflash"
+    with pytest.raises(CheckpointError, match="vocab_size 300 differs"):
+        build_drafter(str(write_dflash(tmp_path / "v", vocab_size=300)), target)

@@ -184,6 +184,9 @@ def load_dflash(model_dir: Path, target: CausalLM, dtype="auto") -> DFlashDrafte
     tcfg = target.config
     if layers is None:
         layers = default_target_layers(int(raw.get("num_target_layers", tcfg.num_hidden_layers)), cfg.num_hidden_layers)
+    if cfg.vocab_size != tcfg.vocab_size:
+        raise CheckpointError(f"{model_dir}: vocab_size {cfg.vocab_size} differs from the target's {tcfg.vocab_size}; "
+                              "a DFlash drafter is trained for one target vocabulary")
     if cfg.hidden_size != tcfg.hidden_size:
         raise CheckpointError(f"{model_dir}: hidden_size {cfg.hidden_size} differs from the target's "
                               f"{tcfg.hidden_size}; DFlash borrows the target's embedding and LM head")

@@ -1,7 +1,8 @@
 """Builds a drafter from its CLI name (`ngram`, `none`) or from a checkpoint directory / Hub id.
 
-Checkpoints are dispatched on their config's `architectures`: any supported causal LM becomes a draft LM
-(which must share the target's tokenizer). This table is the only place drafter kinds are named.
+Checkpoints are dispatched on their config's `architectures`: drafter formats of their own (DFlash) by the
+CHECKPOINT_DRAFTERS table, and any supported causal LM becomes a draft LM (which must share the target's
+tokenizer). These tables are the only place drafter kinds are named.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from pathlib import Path
 from specpilot.config import SUPPORTED_ARCHITECTURES, ConfigError
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.loader import CheckpointError, load_model, load_tokenizer, resolve_model_dir
+from specpilot.spec.drafters.dflash import load_dflash
 from specpilot.spec.drafters.draft_lm import DraftLMDrafter
 from specpilot.spec.drafters.ngram import NgramDrafter
 
 NAMED = {"ngram": NgramDrafter}
-PENDING = {"LlamaForCausalLMEagle3": "EAGLE-3 heads", "Eagle3LlamaForCausalLM": "EAGLE-3 heads",
-           "DFlashDraftModel": "DFlash block drafters"}
+# checkpoint architectures with a drafter of their own: builder(model_dir, target, dtype) -> Drafter
+CHECKPOINT_DRAFTERS = {"DFlashDraftModel": lambda model_dir, target, dtype: load_dflash(model_dir, target, dtype)}
+PENDING = {"LlamaForCausalLMEagle3": "EAGLE-3 heads", "Eagle3LlamaForCausalLM": "EAGLE-3 heads"}
 
 
 def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None):
@@ -28,6 +31,9 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
         return NAMED[name]()
     model_dir = resolve_model_dir(name, cache_dir)
     archs = _architectures(model_dir)
+    own = [a for a in archs if a in CHECKPOINT_DRAFTERS]
+    if own:
+        return CHECKPOINT_DRAFTERS[own[0]](model_dir, target, dtype)
     pending = [PENDING[a] for a in archs if a in PENDING]
     if pending:
         raise NotImplementedError(f"{model_dir}: {pending[0]} are not supported yet (architectures={archs})")

@@ -1,0 +1,48 @@
+"""Drafter registry: names, draft-LM checkpoints, and the clear errors for checkpoints that cannot draft."""
+
+import json
+import shutil
+
+import pytest
+
+from specpilot.config import ConfigError
+from specpilot.models.loader import CheckpointError, load_model, load_tokenizer
+from specpilot.models.random_checkpoint import write_tokenizer
+from specpilot.spec.drafters.registry import build_drafter
+
+
+def test_named_drafters(checkpoint_factory):
+    path, _ = checkpoint_factory("llama")
+    target = load_model(str(path), "cpu", "float32")
+    assert build_drafter("none", target) is None
+    assert build_drafter("ngram", target).name == "ngram"
+
+
+def test_draft_lm_sharing_the_tokenizer(checkpoint_factory):
+    path, _ = checkpoint_factory("qwen3")
+    draft_path, _ = checkpoint_factory("qwen3", num_hidden_layers=1)
+    target = load_model(str(path), "cpu", "float32")
+    assert build_drafter(str(draft_path), target, load_tokenizer(str(path))).name == "draft-lm"
+
+
+def test_draft_lm_with_another_tokenizer_is_refused(checkpoint_factory, tmp_path):
+    path, _ = checkpoint_factory("qwen3")
+    other = shutil.copytree(checkpoint_factory("qwen3", num_hidden_layers=1)[0], tmp_path / "d")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (other / f).unlink()
+    write_tokenizer(other, 320, ["completely different text " * 50, "zzz yyy xxx " * 40])
+    target = load_model(str(path), "cpu", "float32")
+    with pytest.raises(CheckpointError, match="drafter's tokenizer differs from the target's"):
+        build_drafter(str(other), target, load_tokenizer(str(path)))
+
+
+def test_checkpoint_that_is_no_drafter(checkpoint_factory, tmp_path):
+    path, _ = checkpoint_factory("llama")
+    target = load_model(str(path), "cpu", "float32")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(ConfigError, match="not a drafter specpilot can run"):
+        build_drafter(str(bad), target)
+    with pytest.raises(ConfigError, match="no config.json"):
+        build_drafter(str(tmp_path), target)
