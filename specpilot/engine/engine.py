@@ -141,7 +141,7 @@ class SpecEngine:
         meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device)
         self._snapshot = self.runner.cache.snapshot(meta.slots) if self.runner.config.is_hybrid else None
         layers = tuple(self.drafter.target_layers)
-        hidden = self.runner.model(meta, self.runner.cache, layers)
+        hidden = self.runner.forward(meta, layers)
         self._features = None
         if layers:
             hidden, captured = hidden

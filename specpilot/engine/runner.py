@@ -11,7 +11,7 @@ import torch
 from specpilot.config import EngineConfig
 from specpilot.engine.cache import ModelCache
 from specpilot.engine.graphs import DecodeGraph, decode_metadata
-from specpilot.layers import linear, pointwise
+from specpilot.layers import attention, linear, pointwise
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 
@@ -25,6 +25,7 @@ class ModelRunner:
         self.use_graphs = engine.cuda_graphs and on_gpu
         self.compile = engine.compile_pointwise and on_gpu
         self.gemv = engine.decode_gemv and on_gpu
+        self.block_kernel = engine.block_attention == "tree"
         self.prefill_chunk = prefill_chunk
         self.cache: ModelCache | None = None
         self.graphs: dict[int, DecodeGraph] = {}
@@ -38,6 +39,12 @@ class ModelRunner:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.cache = ModelCache(self.config, num_slots, max_seq_len, self.device, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, meta: BatchMetadata, layers: tuple[int, ...] = ()):
+        """One multi-token block (verify, prefill chunk) through the model: hidden states (and captured layers)."""
+        with attention.block_kernel(self.block_kernel):
+            return self.model(meta, self.cache, layers)
 
     @torch.inference_mode()
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
@@ -64,7 +71,7 @@ class ModelRunner:
             chunk = ids[offset:offset + self.prefill_chunk][None]
             prefix = torch.tensor([start + offset], device=self.device)
             meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start + offset)
-            hidden = self.model(meta, self.cache, layers)
+            hidden = self.forward(meta, layers)
             if layers:
                 hidden, captured = hidden
                 features.append(torch.cat(captured, dim=-1)[0])

@@ -7,6 +7,8 @@ block under `block_mask`. A single causal token (AR decode) takes the split-K de
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +21,21 @@ from specpilot.layers.norm import RMSNorm
 from specpilot.layers.packed import PackedLinear
 from specpilot.ops.decode_attention import decode_attention
 from specpilot.ops.store_kv import store_kv
+from specpilot.ops.tree_attention import tree_attention
+
+_block_kernel = False
+
+
+@contextlib.contextmanager
+def block_kernel(enabled: bool = True):
+    """Inside this region multi-token blocks (prefill, trees) take the tree-attention op (Triton on GPU: the
+    committed KV is read once for all block tokens) instead of the SDPA path (EngineConfig.block_attention)."""
+    global _block_kernel
+    previous, _block_kernel = _block_kernel, enabled
+    try:
+        yield
+    finally:
+        _block_kernel = previous
 
 
 class Attention(nn.Module):
@@ -67,6 +84,8 @@ def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     if meta.is_decode:
         kv_len = meta.kv_len if meta.kv_len is not None else meta.prefix_len + 1
         return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
+    if _block_kernel:
+        return tree_attention(q, kv[0], kv[1], meta.slots, meta.prefix_len, meta.cache_loc, meta.block_mask, scale)
     return block_attention(q, k, v, kv, meta, scale)
 
 

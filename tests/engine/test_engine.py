@@ -173,3 +173,16 @@ def test_eos_and_max_tokens_cut_the_emitted_block(checkpoint_factory):
     with pytest.raises(NotImplementedError, match="greedy"):
         SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse("chain:2")).generate(
             prompts, SamplingParams(temperature=1.0))
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "dynamic:3,4,8"])
+def test_tree_attention_op_path_keeps_output_exact(tree, checkpoint_factory):
+    """EngineConfig.block_attention="tree": prefill and verify blocks through the tree-attention op (its
+    reference on CPU, Triton on GPU) give the same greedy output."""
+    from specpilot.config import EngineConfig
+
+    target, draft = _models(checkpoint_factory, "qwen3")
+    prompts = _prompts()
+    runner = ModelRunner(target, EngineConfig(block_attention="tree"))
+    out = SpecEngine(runner, DraftLMDrafter(draft), TreeSpec.parse(tree)).generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == _reference(target, prompts)
