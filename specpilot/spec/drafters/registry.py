@@ -1,7 +1,7 @@
 """Builds a drafter from its CLI name (`ngram`, `none`) or from a checkpoint directory / Hub id.
 
-Checkpoints are dispatched on their config's `architectures`: drafter formats of their own (DFlash) by the
-CHECKPOINT_DRAFTERS table, and any supported causal LM becomes a draft LM (which must share the target's
+Checkpoints are dispatched on their config's `architectures`: drafter formats of their own (DFlash, EAGLE-3) by
+the CHECKPOINT_DRAFTERS table, and any supported causal LM becomes a draft LM (which must share the target's
 tokenizer). These tables are the only place drafter kinds are named.
 """
 
@@ -15,12 +15,14 @@ from specpilot.models.causal_lm import CausalLM
 from specpilot.models.loader import CheckpointError, load_model, load_tokenizer, resolve_model_dir
 from specpilot.spec.drafters.dflash import load_dflash
 from specpilot.spec.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec.drafters.eagle3 import Eagle3Drafter
 from specpilot.spec.drafters.ngram import NgramDrafter
 
 NAMED = {"ngram": NgramDrafter}
 # checkpoint architectures with a drafter of their own: builder(model_dir, target, dtype) -> Drafter
-CHECKPOINT_DRAFTERS = {"DFlashDraftModel": lambda model_dir, target, dtype: load_dflash(model_dir, target, dtype)}
-PENDING = {"LlamaForCausalLMEagle3": "EAGLE-3 heads", "Eagle3LlamaForCausalLM": "EAGLE-3 heads"}
+CHECKPOINT_DRAFTERS = {"DFlashDraftModel": load_dflash,
+                       "LlamaForCausalLMEagle3": Eagle3Drafter.from_pretrained,
+                       "Eagle3LlamaForCausalLM": Eagle3Drafter.from_pretrained}
 
 
 def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None):
@@ -34,9 +36,6 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
     own = [a for a in archs if a in CHECKPOINT_DRAFTERS]
     if own:
         return CHECKPOINT_DRAFTERS[own[0]](model_dir, target, dtype)
-    pending = [PENDING[a] for a in archs if a in PENDING]
-    if pending:
-        raise NotImplementedError(f"{model_dir}: {pending[0]} are not supported yet (architectures={archs})")
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ConfigError(f"{model_dir}: architectures={archs!r} is not a drafter specpilot can run; use a causal LM "
                           f"of a supported family ({', '.join(sorted(SUPPORTED_ARCHITECTURES))}), ngram or none")

@@ -1,0 +1,281 @@
+"""EAGLE-3 head drafter (SafeAILab checkpoint format: `LlamaForCausalLMEagle3` / `Eagle3LlamaForCausalLM`).
+
+The head is one Llama decoder layer over its own KV cache. Its input at head position p pairs the target
+feature of position p (the outputs of three target layers, fused by `fc`) with the embedding of token p+1; its
+output h_p predicts token p+2 through `norm` -> `lm_head` over a reduced draft vocabulary (`d2t` maps a
+draft id to a target id: target = draft + d2t[draft]). Per token:
+
+    x = cat(input_layernorm(embed(token)), hidden_norm(fused))        # 2H
+    a = o_proj(attention(RoPE(q_proj(x)), RoPE(k_proj(x)), v_proj(x)))  # causal over the head cache
+    r = fused + a            (hidden_norm(fused) + a with `norm_before_residual`)
+    h = r + mlp(post_attention_layernorm(r))
+
+Features: EAGLE-3 taps the INPUT of target decoder layers 2, L//2 and L-3 (or the config's
+`eagle_aux_hidden_state_layer_ids`), i.e. the OUTPUT of layers id-1, which is what the engine hands over.
+
+Bookkeeping per slot: the head cache holds `seen` committed pairs. The features not yet paired with their next
+token wait in `pending_feats` (the prompt's at `start`; root + accepted drafts' at `commit`), their next tokens
+in `pending_tokens` (the prompt's tail; the accepted drafts); `propose` appends the root, feeds those pairs as
+one causal block (they are committed: real features, real tokens) and drafts from the last output. A draft
+node at depth d >= 1 pairs its parent's output h (training-time test) with its own token, at RoPE position
+seen - 1 + d, stored as scratch after the committed pairs; tree nodes see their ancestors only (ancestor mask).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from specpilot.config import ConfigError, ModelConfig
+from specpilot.engine.cache import ModelCache
+from specpilot.layers.attention import Attention
+from specpilot.layers.linear import Linear
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.mlp import MLP
+from specpilot.layers.norm import RMSNorm
+from specpilot.layers.packed import PackedLinear
+from specpilot.layers.rotary import RotaryEmbedding
+from specpilot.models.causal_lm import CausalLM
+from specpilot.models.loader import CheckpointError, load_weights, resolve_dtype, safetensors_files
+from specpilot.spec.tree import DraftTree, TreeSpec, grow
+
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+NUM_FEATURES = 3
+
+
+def eagle3_target_layers(num_target_layers: int, aux_layer_ids=None) -> tuple[int, ...]:
+    """Target decoder layers whose OUTPUTS the head reads: EAGLE-3 taps the inputs of layers 2, L//2, L-3 (or the
+    given input-of-layer ids), i.e. the outputs of those layers minus one."""
+    L = num_target_layers
+    inputs = tuple(int(i) for i in aux_layer_ids) if aux_layer_ids else (2, L // 2, L - 3)
+    layers = tuple(i - 1 for i in inputs)
+    if len(layers) != NUM_FEATURES or len(set(layers)) != NUM_FEATURES or not all(0 <= i < L for i in layers):
+        raise ConfigError(f"EAGLE-3 taps the inputs of target layers {list(inputs)}, which a {L}-layer target does "
+                          f"not have as {NUM_FEATURES} distinct decoder-layer inputs past the embedding (needs at "
+                          "least 7 layers, or eagle_aux_hidden_state_layer_ids in the drafter's config)")
+    return layers
+
+
+class Eagle3Layer(nn.Module):
+    """`midlayer`: a Llama decoder layer whose q/k/v read cat(normed embedding, normed feature) (2H inputs)."""
+
+    def __init__(self, cfg: ModelConfig, norm_before_residual: bool):
+        super().__init__()
+        H = cfg.hidden_size
+        self.self_attn = Attention(cfg, qk_norm=False, output_gate=False)
+        # same attention, wider input: replace the packed q/k/v projection by one that reads 2H
+        self.self_attn.qkv_proj = PackedLinear(2 * H, dict(self.self_attn.qkv_proj.shards), bias=cfg.attention_bias)
+        self.mlp = MLP(H, cfg.intermediate_size, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, emb, fused, meta: BatchMetadata, kv, cos, sin) -> torch.Tensor:
+        normed = self.hidden_norm(fused)
+        x = torch.cat((self.input_layernorm(emb), normed), dim=-1)
+        a = self.self_attn(x, meta, kv, cos, sin)
+        h, residual = self.post_attention_layernorm.add_forward(a, normed if self.norm_before_residual else fused)
+        return residual + self.mlp(h)
+
+
+class Eagle3Head(nn.Module):
+    """Parameter names are the checkpoint keys (q/k/v and gate/up packed as loader shards)."""
+
+    def __init__(self, cfg: ModelConfig, target_hidden: int, draft_vocab: int, own_embedding: bool,
+                 norm_before_residual: bool):
+        super().__init__()
+        H = cfg.hidden_size
+        self.config = cfg
+        if own_embedding:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        self.fc = Linear(NUM_FEATURES * target_hidden, H, bias=False)
+        self.midlayer = Eagle3Layer(cfg, norm_before_residual)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = Linear(H, draft_vocab, bias=False)
+        self.d2t = nn.Parameter(torch.zeros(draft_vocab, dtype=torch.long), requires_grad=False)
+        self.t2d = nn.Parameter(torch.zeros(cfg.vocab_size, dtype=torch.bool), requires_grad=False)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
+
+
+def _head_config(raw: dict, source: str) -> ModelConfig:
+    """The head's Llama fields parsed by ModelConfig (as a one-layer Llama), under its own architecture name."""
+    archs = raw.get("architectures") or []
+    layers = int(raw.get("num_hidden_layers", 1))
+    if layers != 1:
+        raise ConfigError(f"{source}: EAGLE-3 heads have one decoder layer (midlayer), got num_hidden_layers={layers}")
+    llama = dict(raw, architectures=["LlamaForCausalLM"], num_hidden_layers=1, tie_word_embeddings=False)
+    cfg = ModelConfig.from_dict(llama, source=source)
+    arch = next(a for a in archs if a in ARCHITECTURES)
+    return dataclasses.replace(cfg, architecture=arch)
+
+
+def load_eagle3_head(model_dir: Path, target: CausalLM, dtype) -> tuple[Eagle3Head, tuple[int, ...]]:
+    """Builds the head from `model_dir` for `target`; every tensor checked (name, shape, exactly once)."""
+    source = str(model_dir / "config.json")
+    try:
+        raw = json.loads((model_dir / "config.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{model_dir}: no config.json; an EAGLE-3 drafter directory needs one") from None
+    cfg = _head_config(raw, source)
+    tcfg = target.config
+    if cfg.vocab_size != tcfg.vocab_size:
+        raise CheckpointError(f"{model_dir}: EAGLE-3 vocab_size {cfg.vocab_size} differs from the target's "
+                              f"{tcfg.vocab_size}; the head must be trained for this target's tokenizer")
+    draft_vocab = int(raw.get("draft_vocab_size") or cfg.vocab_size)
+    target_hidden = int(raw.get("target_hidden_size") or tcfg.hidden_size)
+    if target_hidden != tcfg.hidden_size:
+        raise CheckpointError(f"{model_dir}: EAGLE-3 target_hidden_size {target_hidden} differs from the target's "
+                              f"hidden_size {tcfg.hidden_size}")
+    eagle_cfg = raw.get("eagle_config") or {}
+    aux = raw.get("eagle_aux_hidden_state_layer_ids", eagle_cfg.get("eagle_aux_hidden_state_layer_ids"))
+    target_layers = eagle3_target_layers(tcfg.num_hidden_layers, aux)
+    files = safetensors_files(model_dir)
+    keys = set()
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            keys |= set(f.keys())
+    own_embedding = "embed_tokens.weight" in keys
+    if not own_embedding and cfg.hidden_size != tcfg.hidden_size:
+        raise CheckpointError(f"{model_dir}: no embed_tokens.weight and hidden_size {cfg.hidden_size} differs from "
+                              f"the target's {tcfg.hidden_size}, so the target's embedding cannot be borrowed")
+    param = next(target.parameters())
+    device = param.device
+    dtype = param.dtype if dtype == "auto" else resolve_dtype(dtype, device)
+    with torch.device("meta"):
+        head = Eagle3Head(cfg, target_hidden, draft_vocab, own_embedding, bool(raw.get("norm_before_residual")))
+    head = head.to(dtype=dtype).to_empty(device=device).requires_grad_(False)
+    head.rotary.reset_buffers()
+    try:
+        load_weights(head, files, progress=False)
+    except CheckpointError as e:
+        raise CheckpointError(f"{model_dir}: {e}") from None
+    ids = torch.arange(draft_vocab, device=device) + head.d2t
+    if draft_vocab and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+        raise CheckpointError(f"{model_dir}: d2t maps draft ids outside the target vocabulary [0, {cfg.vocab_size})")
+    return head.eval(), target_layers
+
+
+class Eagle3Drafter:
+    name = "eagle3"
+
+    def __init__(self, head: Eagle3Head, target: CausalLM, target_layers: tuple[int, ...], chunk: int = 2048):
+        self.head, self.target_layers, self.chunk = head, tuple(target_layers), chunk
+        self.config = head.config
+        param = head.fc.weight
+        self.device, self.dtype = param.device, param.dtype
+        self.embed = head.embed_tokens if hasattr(head, "embed_tokens") else target.model.embed_tokens
+        self.draft_to_target = torch.arange(head.d2t.numel(), device=self.device) + head.d2t
+        self.cache: ModelCache | None = None
+        self.seen: dict[int, int] = {}  # committed (feature, next token) pairs in the head cache
+        self.pending_feats: dict[int, torch.Tensor] = {}  # [n, 3 * H_t] target features not yet fed
+        self.pending_tokens: dict[int, list[int]] = {}  # the n - 1 tokens after them (the root comes last)
+
+    @classmethod
+    def from_pretrained(cls, model_dir, target: CausalLM, dtype="auto") -> Eagle3Drafter:
+        head, layers = load_eagle3_head(Path(model_dir), target, dtype)
+        return cls(head, target, layers)
+
+    def allocate(self, num_slots: int, max_seq_len: int) -> None:
+        c = self.cache
+        if c is None or c.num_slots < num_slots or c.max_seq_len < max_seq_len:
+            self.cache = None
+            self.cache = ModelCache(self.config, num_slots, max_seq_len, self.device, self.dtype)
+
+    def start(self, slot: int, prompt_ids: list[int], features: torch.Tensor | None) -> None:
+        self._check_features(features, len(prompt_ids))
+        self.seen[slot] = 0
+        self.pending_feats[slot] = features
+        self.pending_tokens[slot] = list(prompt_ids[1:])
+
+    def commit(self, slot: int, accepted: list[int], features: torch.Tensor | None) -> None:
+        self._check_features(features, 1 + len(accepted))
+        self.pending_feats[slot] = features
+        self.pending_tokens[slot] = list(accepted)
+
+    def _check_features(self, features, n: int) -> None:
+        width = self.head.fc.in_features
+        if features is None or tuple(features.shape) != (n, width):
+            got = None if features is None else tuple(features.shape)
+            raise ValueError(f"EAGLE-3 needs target features [{n}, {width}] of layers {self.target_layers}, got {got}")
+
+    @torch.inference_mode()
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+        return [self._propose_one(slot, root, spec) for slot, root in zip(slots, roots)]
+
+    def _propose_one(self, slot: int, root: int, spec: TreeSpec) -> DraftTree:
+        h_root = self.feed(slot, root)[-1]
+        if spec.kind == "chain":
+            return DraftTree.chain([root] + self._greedy_chain(slot, h_root, spec.depth))
+        hidden = {0: h_root}  # node -> head output h (the feature its children pair with)
+        return grow(spec, root, lambda tree, frontier: self._score(slot, tree, frontier, hidden, spec))
+
+    # --- head forward --------------------------------------------------------------------------------------
+
+    def feed(self, slot: int, root: int) -> torch.Tensor:
+        """Feeds the pending committed pairs (the root last) into the head cache; their outputs h [n, H]."""
+        tokens = self.pending_tokens[slot] + [root]
+        feats = self.pending_feats[slot]
+        assert feats is not None and feats.shape[0] == len(tokens), "EAGLE-3 feature/token bookkeeping out of step"
+        outs = []
+        for off in range(0, len(tokens), self.chunk):
+            start = self.seen[slot] + off
+            ids = torch.tensor([tokens[off:off + self.chunk]], device=self.device)
+            fused = self.head.fc(feats[off:off + self.chunk].to(self.device, self.dtype))[None]
+            dev = self.device
+            meta = BatchMetadata.contiguous(ids, torch.tensor([start], device=dev), torch.tensor([slot], device=dev),
+                                            start)
+            outs.append(self.forward(meta, fused)[0])
+        self.seen[slot] += len(tokens)
+        self.pending_tokens[slot], self.pending_feats[slot] = [], None
+        return torch.cat(outs)
+
+    def forward(self, meta: BatchMetadata, fused: torch.Tensor) -> torch.Tensor:
+        """One head step over a block: fused features [B, T, H] paired with meta.input_ids -> h [B, T, H]."""
+        emb = self.embed(meta.input_ids).to(self.dtype)
+        cos, sin = self.head.rotary(meta.positions)
+        return self.head.midlayer(emb, fused, meta, self.cache.kv(0), cos, sin)
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits over the DRAFT vocabulary (fp32); map indices with `draft_to_target`."""
+        return self.head.lm_head(self.head.norm(h)).float()
+
+    def _greedy_chain(self, slot: int, h: torch.Tensor, depth: int) -> list[int]:
+        out, pos, dev = [], self.seen[slot], self.device
+        for i in range(depth):
+            out.append(int(self.draft_to_target[self.draft_logits(h).argmax()]))
+            if i + 1 < depth:  # pair (h of the previous node, its drafted token) at scratch position pos + i
+                ids = torch.tensor([out[-1:]], device=dev)
+                meta = BatchMetadata.contiguous(ids, torch.tensor([pos + i], device=dev),
+                                                torch.tensor([slot], device=dev), pos + i)
+                h = self.forward(meta, h[None, None])[0, -1]
+        return out
+
+    def _score(self, slot: int, tree: DraftTree, frontier: list[int], hidden: dict, spec: TreeSpec):
+        """Top candidates (target ids, log-probs) after each frontier node of the partial tree."""
+        if frontier != [0]:
+            hs = self._tree_hidden(slot, tree, hidden)
+            for i in range(1, tree.num_nodes):
+                hidden[i] = hs[i - 1]
+        logp = torch.log_softmax(self.draft_logits(torch.stack([hidden[i] for i in frontier])), dim=-1)
+        top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
+        ids = self.draft_to_target[top.indices]
+        return [(t.tolist(), v.tolist()) for t, v in zip(ids, top.values)]
+
+    def _tree_hidden(self, slot: int, tree: DraftTree, hidden: dict) -> torch.Tensor:
+        """Head outputs h of the non-root nodes: node i pairs its parent's h with its token at position
+        seen - 1 + depth, stored after the committed pairs, seeing the committed pairs and its ancestors."""
+        dev, n, seen = self.device, tree.num_nodes - 1, self.seen[slot]
+        ids = torch.tensor([tree.tokens[1:]], device=dev)
+        fused = torch.stack([hidden[tree.parents[i]] for i in range(1, tree.num_nodes)])[None]
+        pos = tree.positions(seen - 1)[1:][None].to(dev)
+        loc = (seen + torch.arange(n))[None].to(dev)
+        mask = tree.ancestor_mask()[1:, 1:][None].to(dev)
+        meta = BatchMetadata(ids, pos, loc, torch.tensor([slot], device=dev), torch.tensor([seen], device=dev), seen,
+                             mask)
+        return self.forward(meta, fused)[0]
