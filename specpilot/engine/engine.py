@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specpilot.engine.generator import GenerationResult
+from specpilot.engine.generator import GenerationResult, append_token
 from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.drafters.base import Drafter
@@ -184,21 +184,10 @@ class SpecEngine:
             r.stats.add(tree, acc, len(r.result.token_ids) - before)
 
     def _emit_tokens(self, r: _Request, tokens: list[int], params, on_token, start) -> None:
-        res = r.result
         for tok in tokens:
-            if not res.token_ids:
-                res.ttft_s = time.perf_counter() - start
-            res.token_ids.append(tok)
             if on_token is not None:
                 on_token(r.index, tok)
-            if tok in self.eos_ids and not params.ignore_eos:
-                res.finish_reason = "eos"
-            elif params.stop:
-                text = self.detokenize(res.token_ids)
-                hits = [text.find(s) for s in params.stop if s in text]
-                if hits:
-                    res.text, res.finish_reason = text[:min(hits)], "stop"
-            if res.finish_reason != "length" or len(res.token_ids) >= params.max_new_tokens:
+            if append_token(r.result, tok, params, self.eos_ids, self.detokenize, time.perf_counter() - start):
                 r.done = True
                 return
         r.root = tokens[-1]

@@ -78,19 +78,26 @@ class Generator:
             raise ValueError("stop strings need a tokenizer to detokenise the output")
 
     def _append(self, r: GenerationResult, tok: int, params: SamplingParams, elapsed: float, on_token, index) -> bool:
-        if not r.token_ids:
-            r.ttft_s = elapsed
-        r.token_ids.append(tok)
         if on_token is not None:
             on_token(index, tok)
-        if tok in self.eos_ids and not params.ignore_eos:
-            r.finish_reason = "eos"
-        elif params.stop:
-            text = self.detokenize(r.token_ids)
-            hits = [text.find(s) for s in params.stop if s in text]
-            if hits:
-                r.text, r.finish_reason = text[:min(hits)], "stop"
-        return r.finish_reason != "length" or len(r.token_ids) >= params.max_new_tokens
+        return append_token(r, tok, params, self.eos_ids, self.detokenize, elapsed)
+
+
+def append_token(r: GenerationResult, tok: int, params: SamplingParams, eos_ids: set[int], detokenize,
+                 elapsed: float) -> bool:
+    """Appends one emitted token and applies the stop rules (EOS, stop strings, max_new_tokens); returns True when
+    the request is finished. Shared by the AR generator and the speculative engine."""
+    if not r.token_ids:
+        r.ttft_s = elapsed
+    r.token_ids.append(tok)
+    if tok in eos_ids and not params.ignore_eos:
+        r.finish_reason = "eos"
+    elif params.stop:
+        text = detokenize(r.token_ids)
+        hits = [text.find(s) for s in params.stop if s in text]
+        if hits:
+            r.text, r.finish_reason = text[:min(hits)], "stop"
+    return r.finish_reason != "length" or len(r.token_ids) >= params.max_new_tokens
 
 
 class _TokenReader:

@@ -1,30 +1,20 @@
 """Flash-decoding batch decode attention over a slotted KV cache (split-K partials, then an LSE combine).
 
 Two kernels: _split_kernel splits each request's sequence into num_splits chunks, one program per
-(request, kv head, chunk), and writes fp32 partial outputs plus their log2-sum-exp; _combine_kernel merges the
+(request, kv head, chunk), and writes fp32 partial outputs plus their log2-sum-exp; combine_kernel (ops/split_softmax.py) merges the
 chunks per (request, query head). The grid depends only on shapes, so the op is CUDA-graph safe.
 """
 
-import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
+
 _LOG2E = math.log2(math.e)  # kernels work in base 2: exp2 is the native instruction
-_FALLBACK_SM_COUNT = 132  # H200; used when there is no CUDA device (interpreter runs)
 _MAX_SPLITS = 128
-
-
-@triton.jit
-def _dot(a, b, UPCAST: tl.constexpr):
-    """a @ b accumulated in fp32; UPCAST feeds fp32 operands (see _interpreter_lacks_bf16_dot)."""
-    if UPCAST:
-        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        c = tl.dot(a, b, input_precision="ieee")  # ieee: no silent tf32 for fp32 caches
-    return c
 
 
 @triton.jit
@@ -78,14 +68,14 @@ def _split_kernel(
         # Masked loads: positions past kv_len may hold NaN and must never reach an FMA.
         k = tl.load(k_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
         v = tl.load(v_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
-        s = _dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
+        s = dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
         s = tl.where(n_mask[None, :], s, float("-inf"))
         # Every tile has >= 1 live position, so m_new is finite and exp2 never sees -inf - -inf.
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST_DOT)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST_DOT)
         m_i = m_new
 
     # An empty chunk (lo >= kv_len) leaves l_i = 0: write lse = -inf and zeros so the combine weights it 0.
@@ -95,46 +85,6 @@ def _split_kernel(
     part_rows = rows * num_splits + split
     tl.store(part_o_ptr + part_rows[:, None] * D + offs_d[None, :], out, mask=g_mask[:, None])
     tl.store(part_lse_ptr + part_rows, lse, mask=g_mask)
-
-
-@triton.jit
-def _combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, num_splits, H, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per (request, query head): o = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m)."""
-    row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D)
-    lse_row = part_lse_ptr + row * num_splits
-
-    m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s_mask = s0 + offs_s < num_splits
-        m_vec = tl.maximum(m_vec, tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")))
-    m = tl.max(m_vec, 0)  # finite: chunk 0 always holds position 0 because kv_len >= 1
-
-    acc = tl.zeros([D], tl.float32)
-    w_sum = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s_mask = s0 + offs_s < num_splits
-        w = tl.exp2(tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")) - m)
-        part_offs = (row * num_splits + s0 + offs_s)[:, None] * D + offs_d[None, :]
-        part = tl.load(part_o_ptr + part_offs, mask=s_mask[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * part, 0)
-        w_sum += w
-    o = acc / tl.sum(w_sum, 0)
-    tl.store(o_ptr + row * D + offs_d, o.to(o_ptr.dtype.element_ty))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return _FALLBACK_SM_COUNT
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _interpreter_lacks_bf16_dot(dtype: torch.dtype) -> bool:
-    # TRITON_INTERPRET keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits (triton-lang/triton
-    # #11584), so interpreted bf16 runs upcast the (already bf16-rounded) operands; compiled kernels never do.
-    return dtype == torch.bfloat16 and bool(triton.knobs.runtime.interpret)
 
 
 def default_num_splits(batch: int, kv_heads: int, cache_len: int, block_n: int, sm_count: int) -> int:
@@ -191,7 +141,7 @@ def decode_attention(
         block_n = 64 if q.element_size() == 2 else 32
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n={block_n} must be a power of two >= 16"
     if num_splits is None:
-        num_splits = default_num_splits(B, KVH, S, block_n, _sm_count(q.device))
+        num_splits = default_num_splits(B, KVH, S, block_n, sm_count(q.device))
     assert num_splits >= 1, f"num_splits={num_splits}"
 
     part_o = torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
@@ -200,7 +150,7 @@ def decode_attention(
     _split_kernel[(B, KVH, num_splits)](
         q, k_cache, v_cache, slot, kv_len, part_o, part_lse, scale * _LOG2E, S, num_splits,
         H=H, KVH=KVH, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
-        UPCAST_DOT=_interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    _combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps)
+    combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps)
     return o

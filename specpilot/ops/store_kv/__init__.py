@@ -1,7 +1,5 @@
 """Writes a block of new K/V rows into the slotted KV cache (one kernel for K and V on GPU)."""
 
-import torch
-
 from specpilot.ops.dispatch import use_triton
 from specpilot.ops.store_kv.reference import store_kv_ref
 

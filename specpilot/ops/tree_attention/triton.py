@@ -6,36 +6,26 @@ for G * TOK query rows (a masked SDPA over [prefix | block] reads it once per qu
 The last chunk's program then gathers the block's own K/V rows by cache_loc and applies block_mask.
 
 With num_splits > 1 (few programs for the SMs: small batch, short block) the prefix is split across programs
-that write fp32 partials and their log2-sum-exp, and _combine_kernel merges them, as in decode_attention.
+that write fp32 partials and their log2-sum-exp, and combine_kernel (ops/split_softmax.py) merges them, as in decode_attention.
 The grid depends only on shapes, so the op is CUDA-graph safe.
 """
 
-import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
+
 _LOG2E = math.log2(math.e)  # kernels work in base 2: exp2 is the native instruction
-_FALLBACK_SM_COUNT = 132  # H200; used when there is no CUDA device (interpreter runs)
 _MAX_SPLITS = 64
-
-
-@triton.jit
-def _dot(a, b, UPCAST: tl.constexpr):
-    """a @ b accumulated in fp32; UPCAST feeds fp32 operands (see _interpreter_lacks_bf16_dot)."""
-    if UPCAST:
-        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        c = tl.dot(a, b, input_precision="ieee")  # ieee: no silent tf32 for fp32 caches
-    return c
 
 
 @triton.jit
 def _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2, UPCAST_DOT: tl.constexpr):
     """One online-softmax step of the [BLOCK_M, D] query tile over a [BLOCK_N, D] K/V tile; visible [M, N]."""
-    s = _dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_M, BLOCK_N], log2 units
+    s = dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_M, BLOCK_N], log2 units
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # A row that has seen nothing yet (block tiles past its ancestors, padding rows) keeps m = -inf; shifting
@@ -44,7 +34,7 @@ def _attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2, UPCAST_DOT: tl.con
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST_DOT)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST_DOT)
     return m_new, l_i, acc
 
 
@@ -157,46 +147,6 @@ def _tree_kernel(
         tl.store(o_ptr + o_rows[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
-def _combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, num_splits, H, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per (request * token, query head): o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m)."""
-    row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D)
-    lse_row = part_lse_ptr + row * num_splits
-
-    m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s_mask = s0 + offs_s < num_splits
-        m_vec = tl.maximum(m_vec, tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")))
-    m = tl.max(m_vec, 0)  # finite: the last split holds the block, and every query sees itself
-
-    acc = tl.zeros([D], tl.float32)
-    w_sum = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s_mask = s0 + offs_s < num_splits
-        w = tl.exp2(tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")) - m)
-        part_offs = (row * num_splits + s0 + offs_s)[:, None] * D + offs_d[None, :]
-        part = tl.load(part_o_ptr + part_offs, mask=s_mask[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * part, 0)
-        w_sum += w
-    o = acc / tl.sum(w_sum, 0)
-    tl.store(o_ptr + row * D + offs_d, o.to(o_ptr.dtype.element_ty))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return _FALLBACK_SM_COUNT
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _interpreter_lacks_bf16_dot(dtype: torch.dtype) -> bool:
-    # TRITON_INTERPRET keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits (triton-lang/triton
-    # #11584), so interpreted bf16 runs upcast the (already bf16-rounded) operands; compiled kernels never do.
-    return dtype == torch.bfloat16 and bool(triton.knobs.runtime.interpret)
-
-
 def default_num_splits(row_programs: int, cache_len: int, block_n: int, sm_count: int) -> int:
     """Prefix chunks per row program: enough that row_programs * splits >= 2 waves of SMs, at most one per
     BLOCK_N tile of S. row_programs = B * KVH * ceil(T / TOK). Shapes only, so the grid is fixed for capture.
@@ -267,7 +217,7 @@ def tree_attention(
     tok = block_m // G  # block tokens per program
     num_t_blocks = triton.cdiv(T, tok)
     if num_splits is None:
-        num_splits = default_num_splits(B * KVH * num_t_blocks, S, block_n, _sm_count(q.device))
+        num_splits = default_num_splits(B * KVH * num_t_blocks, S, block_n, sm_count(q.device))
     assert num_splits >= 1, f"num_splits={num_splits}"
 
     o = torch.empty(B, T, H, D, device=q.device, dtype=q.dtype)
@@ -284,9 +234,9 @@ def tree_attention(
         q.stride(0), q.stride(1), q.stride(2), cache_loc.stride(0), cache_loc.stride(1), *mask_strides,
         scale * _LOG2E, T, S, num_splits,
         H=H, KVH=KVH, G=G, D=D, TOK=tok, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=block_mask is not None,
-        SPLIT=num_splits > 1, UPCAST_DOT=_interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps,
+        SPLIT=num_splits > 1, UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
-        _combine_kernel[(B * T, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps)
+        combine_kernel[(B * T, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps)
     return o
