@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot.config import ModelConfig
+from specpilot.ops.gdn_tree import commit_conv, fold_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,8 @@ class ModelCache:
         self.conv = torch.zeros((n_lin, num_slots, conv_dim, width), device=device, dtype=dtype)
         ssm_shape = (n_lin, num_slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
         self.ssm = torch.zeros(ssm_shape, device=device, dtype=torch.float32)
+        # per linear layer, from the last tree verify pass: (pre-conv x, k, u, G) per node, for commit_tree
+        self.tree_stash: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def kv(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]
@@ -53,6 +56,20 @@ class ModelCache:
         dst = slice(dst_start, dst_start + n)
         self.k[:, slot, :, dst] = self.k[:, slot, :, src_loc].clone()
         self.v[:, slot, :, dst] = self.v[:, slot, :, src_loc].clone()
+
+    def commit_tree(self, rows: list[int], slots: list[int], paths: list[list[int]]) -> None:
+        """Recurrent state after a tree verify: for each request (row of the verify batch) fold the kept path's
+        stashed terms into its committed state and take the path's last inputs as its conv window. No state
+        per node is ever materialised."""
+        for index, (x, k, u, G) in self.tree_stash.items():
+            for row, slot, path in zip(rows, slots, paths):
+                self.ssm[index, slot] = fold_path(self.ssm[index, slot], k[row], u[row], G[row], path)
+                self.conv[index, slot] = commit_conv(self.conv[index, slot], x[row], path)
+        self.tree_stash.clear()
+
+    def tree_stash_bytes(self) -> int:
+        """Bytes stashed by the last tree verify pass (all requests, all linear layers)."""
+        return sum(t.numel() * t.element_size() for terms in self.tree_stash.values() for t in terms)
 
     def snapshot(self, slots: torch.Tensor) -> StateSnapshot:
         return StateSnapshot(slots.clone(), self.conv[:, slots].clone(), self.ssm[:, slots].clone())

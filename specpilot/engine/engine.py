@@ -71,9 +71,6 @@ class _Request:
 class SpecEngine:
     def __init__(self, runner: ModelRunner, drafter: Drafter, tree: TreeSpec, eos_ids: tuple[int, ...] = (),
                  detokenize: Callable | None = None):
-        if runner.config.is_hybrid and tree.kind != "chain":
-            raise NotImplementedError("tree verification on hybrid (Gated DeltaNet) targets is not supported yet; "
-                                      "use --tree chain:D")
         self.runner, self.drafter, self.tree = runner, drafter, tree
         self.eos_ids, self.detokenize = set(eos_ids), detokenize
 
@@ -139,7 +136,10 @@ class SpecEngine:
     def verify(self, active: list[_Request], trees: list[DraftTree]) -> torch.Tensor:
         """One target forward over all trees -> greedy tokens [B, T] (device); keeps the drafter's features."""
         meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device)
-        self._snapshot = self.runner.cache.snapshot(meta.slots) if self.runner.config.is_hybrid else None
+        hybrid = self.runner.config.is_hybrid
+        # chains update recurrent state in place (snapshot to roll back); trees leave it and stash their terms
+        self._snapshot = self.runner.cache.snapshot(meta.slots) if hybrid and meta.block_mask is None else None
+        self._tree_commit = hybrid and meta.block_mask is not None
         layers = tuple(self.drafter.target_layers)
         hidden = self.runner.forward(meta, layers)
         self._features = None
@@ -163,6 +163,8 @@ class SpecEngine:
             self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
         if self._snapshot is not None:
             self._replay_recurrent(active, trees, accepted, width)
+        if self._tree_commit:
+            cache.commit_tree(list(range(len(active))), [r.slot for r in active], [list(a.path) for a in accepted])
         for r, acc in zip(active, accepted):
             r.committed += len(acc.path)
 

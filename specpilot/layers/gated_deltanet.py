@@ -2,8 +2,9 @@
 
 in_proj packs the checkpoint's in_proj_qkv | in_proj_z | in_proj_b | in_proj_a (one GEMV at decode). The
 short causal conv and the delta rule read and update the request's state slot in place. Short blocks (decode,
-chains) take the fused recurrent kernel; long blocks (prefill) the chunked form. Trees land with the
-hybrid tree-verification work and are rejected here with a clear error.
+chains) take the fused recurrent kernel; long blocks (prefill) the chunked form. A tree block (meta.block_mask
+set) runs the conv through parent pointers and the tree-masked delta rule from the committed state, writes no
+state, and stashes per node what the commit of the kept path needs (ModelCache.commit_tree).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.packed import PackedLinear
 from specpilot.ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
 from specpilot.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gdn_gating
+from specpilot.ops.gdn_tree import tree_causal_conv1d, tree_gated_delta_rule
 
 # blocks up to this many tokens run the token-by-token kernel; longer ones the chunked (WY) form
 RECURRENT_MAX_TOKENS = 16
@@ -40,26 +42,43 @@ class GatedDeltaNet(nn.Module):
         self.norm.weight = nn.Parameter(torch.ones(self.V))
         self.out_proj = Linear(self.value_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, meta: BatchMetadata, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if meta.block_mask is not None:
-            raise NotImplementedError("tree verification on Gated DeltaNet layers is not implemented yet (hybrid tree issue)")
+    def forward(self, x: torch.Tensor, meta: BatchMetadata, cache, index: int) -> torch.Tensor:
         B, T, _ = x.shape
-        conv_pool, ssm_pool = state  # [N, C, W-1], [N, HV, K, V] fp32
+        conv_pool, ssm_pool = cache.linear_state(index)  # [N, C, W-1], [N, HV, K, V] fp32
         mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
         weight = self.conv1d.weight[:, 0, :]  # [C, W]
+        if meta.block_mask is not None:
+            o = self._tree(mixed, a, b, weight, meta, cache, index)
+        else:
+            o = self._sequence(mixed, a, b, weight, meta, conv_pool, ssm_pool)
+        o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps)
+        return self.out_proj(o.reshape(B, T, self.value_dim))
+
+    def _split_heads(self, mixed: torch.Tensor):
+        B, T, _ = mixed.shape
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (q.reshape(B, T, self.H, self.K), k.reshape(B, T, self.H, self.K), v.reshape(B, T, self.HV, self.V))
+
+    def _tree(self, mixed, a, b, weight, meta: BatchMetadata, cache, index: int) -> torch.Tensor:
+        conv_pool, ssm_pool = cache.linear_state(index)
+        conv = tree_causal_conv1d(mixed, meta.parents, conv_pool[meta.slots], weight)
+        q, k, v = self._split_heads(conv)
+        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
+        o, (kn, u, G) = tree_gated_delta_rule(q, k, v, g, beta, meta.block_mask, ssm_pool[meta.slots])
+        cache.tree_stash[index] = (mixed, kn, u, G)
+        return o
+
+    def _sequence(self, mixed, a, b, weight, meta: BatchMetadata, conv_pool, ssm_pool) -> torch.Tensor:
+        T = mixed.shape[1]
         if T <= RECURRENT_MAX_TOKENS:
             mixed = causal_conv1d_update(mixed, conv_pool, meta.slots, weight)
         else:
             mixed, conv_final = causal_conv1d_prefill(mixed, weight, conv_pool[meta.slots])
             conv_pool[meta.slots] = conv_final.to(conv_pool.dtype)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q, k = q.reshape(B, T, self.H, self.K), k.reshape(B, T, self.H, self.K)
-        v = v.reshape(B, T, self.HV, self.V)
+        q, k, v = self._split_heads(mixed)
         if T <= RECURRENT_MAX_TOKENS:
-            o = fused_recurrent_gated_delta_rule(q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool, meta.slots)
-        else:
-            g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-            o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots])
-            ssm_pool[meta.slots] = final
-        o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps)
-        return self.out_proj(o.reshape(B, T, self.value_dim))
+            return fused_recurrent_gated_delta_rule(q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool, meta.slots)
+        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
+        o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots])
+        ssm_pool[meta.slots] = final
+        return o

@@ -23,6 +23,7 @@ class BatchMetadata:
     max_prefix_len: int  # host copy of prefix_len.max(), bounds the attention gather without a sync
     block_mask: torch.Tensor | None = None  # [B, T, T] bool, None = causal
     kv_len: torch.Tensor | None = None  # [B] valid cache length after a decode write (computed once per step)
+    parents: torch.Tensor | None = None  # [B, T] tree parent indices (-1: none), given with block_mask
 
     @property
     def num_tokens(self) -> int:

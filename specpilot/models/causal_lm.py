@@ -37,7 +37,7 @@ class DecoderLayer(nn.Module):
         if self.mixer_name == "self_attn":
             h = self.self_attn(h, meta, cache.kv(self.cache_index), cos, sin)
         else:
-            h = self.linear_attn(h, meta, cache.linear_state(self.cache_index))
+            h = self.linear_attn(h, meta, cache, self.cache_index)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(h), residual
 

@@ -32,9 +32,11 @@ def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int
     ids = torch.zeros(B, T, dtype=torch.long)
     pos = torch.zeros(B, T, dtype=torch.long)
     mask = torch.eye(T, dtype=torch.bool).repeat(B, 1, 1)
+    parents = torch.full((B, T), -1, dtype=torch.long)
     for b, (tree, p) in enumerate(zip(trees, prefix_len)):
         n = tree.num_nodes
         ids[b, :n] = torch.tensor(tree.tokens)
+        parents[b, :n] = torch.tensor(tree.parents)
         pos[b, :n] = tree.positions(p)
         pos[b, n:] = p
         mask[b, :n, :n] = tree.ancestor_mask()
@@ -43,8 +45,12 @@ def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int
     # chains need no mask: causal order is their ancestor order, and padding after a chain is seen by no real
     # node (this is also what lets recurrent layers, which take no mask, verify chains)
     all_chains = all(t.parents == tuple(range(-1, t.num_nodes - 1)) for t in trees)
+    if all_chains:
+        mask = parents = None
+    else:
+        mask, parents = mask.to(device), parents.to(device)
     return BatchMetadata(ids.to(device), pos.to(device), loc.to(device), torch.tensor(slots, device=device),
-                         prefix.to(device), max(prefix_len), None if all_chains else mask.to(device))
+                         prefix.to(device), max(prefix_len), mask, parents=parents)
 
 
 def accept_greedy(trees: list[DraftTree], argmax: list[list[int]]) -> list[Acceptance]:

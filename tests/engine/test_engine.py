@@ -66,10 +66,26 @@ def test_speculative_equals_autoregressive_hybrid_chain(drafter, checkpoint_fact
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
 
 
-def test_hybrid_target_rejects_trees_clearly(checkpoint_factory):
+@pytest.mark.parametrize("tree", ["static:3,2,1", "dynamic:3,4,8"])
+def test_speculative_equals_autoregressive_hybrid_tree(tree, checkpoint_factory):
+    """Trees on a Gated DeltaNet target: tree-masked delta rule + parent-pointer conv in the verify pass, fold
+    commit of the kept path."""
     target, _ = _models(checkpoint_factory, "qwen3_5")
-    with pytest.raises(NotImplementedError, match="use --tree chain"):
-        SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse("static:2,2"))
+    prompts = _prompts()
+    engine = SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse(tree))
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == _reference(target, prompts)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_trees_keep_output_exact_on_hybrid_target(seed, checkpoint_factory):
+    target, _ = _models(checkpoint_factory, "qwen3_5")
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    engine = SpecEngine(ModelRunner(target), RandomTreeDrafter(seed, truth, prompts), TreeSpec.parse("static:4,3"))
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == truth
+    assert any(s.tau > 1.5 for _, s in out)
 
 
 class RandomTreeDrafter:
@@ -127,12 +143,16 @@ def _hypothesis_target(checkpoint_factory):
         _HYPOTHESIS_TARGET.append(_models(checkpoint_factory, "llama")[0])
 
 
-@pytest.mark.parametrize("name,tree", [("qwen3", "dynamic:3,4,8"), ("qwen3_5", "chain:3")])
+@pytest.mark.parametrize("name,tree", [("qwen3", "dynamic:3,4,8"), ("qwen3_5", "chain:3"), ("qwen3_5", "static:4,3")])
 def test_commit_equals_prefill(name, tree, checkpoint_factory):
     """After speculative steps, each request's cache equals a fresh prefill of its committed tokens."""
     target, draft = _models(checkpoint_factory, name)
     prompts = _prompts()
-    engine = SpecEngine(ModelRunner(target), DraftLMDrafter(draft), TreeSpec.parse(tree))
+    if tree.startswith("static"):  # hybrid trees: drafts that are often right, so that paths get kept
+        drafter = RandomTreeDrafter(7, _reference(target, prompts, SamplingParams(max_new_tokens=17)), prompts)
+    else:
+        drafter = DraftLMDrafter(draft)
+    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree))
     out = engine.generate(prompts, SamplingParams(max_new_tokens=17))
     cache = engine.runner.cache
     for req, (res, _) in zip(engine.requests, out):

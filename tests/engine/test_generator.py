@@ -160,11 +160,26 @@ def test_decode_gemv_path_matches_transformers(name, checkpoint_factory):
     assert ours == ref
 
 
-def test_hybrid_tree_block_is_rejected_clearly(checkpoint_factory):
+def test_hybrid_tree_block_matches_separate_paths(checkpoint_factory):
+    """Two sibling branches of a tree block on a hybrid target give each branch's own chain logits, and the
+    recurrent state is left untouched by the tree pass."""
     path, _ = checkpoint_factory("qwen3_5")
     model = load_model(str(path), "cpu", "float32")
-    cache = ModelCache(model.config, 1, 16, "cpu", torch.float32)
-    meta = BatchMetadata(torch.tensor([[1, 2]]), torch.tensor([[0, 0]]), torch.tensor([[0, 1]]), torch.tensor([0]),
-                         torch.tensor([0]), 0, torch.eye(2, dtype=torch.bool)[None])
-    with pytest.raises(NotImplementedError, match="tree verification on Gated DeltaNet"):
-        model(meta, cache)
+    prompt = torch.randint(0, 300, (1, 10))
+    a, b, c = torch.randint(0, 300, (3,)).tolist()
+    with torch.no_grad():
+        cache = ModelCache(model.config, 1, 32, "cpu", torch.float32)
+        model(BatchMetadata.contiguous(prompt, torch.tensor([0]), torch.tensor([0]), 0), cache)
+        before = cache.ssm.clone()
+        # nodes: 0 = a, 1 = b (sibling of a), 2 = c (child of b)
+        mask = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)[None]
+        meta = BatchMetadata(torch.tensor([[a, b, c]]), torch.tensor([[10, 10, 11]]), torch.tensor([[10, 11, 12]]),
+                             torch.tensor([0]), torch.tensor([10]), 10, mask, parents=torch.tensor([[-1, -1, 1]]))
+        tree = model.logits(model(meta, cache))
+        assert torch.equal(cache.ssm, before)
+        for nodes, tokens in (([0], [a]), ([1, 2], [b, c])):
+            fresh = ModelCache(model.config, 1, 32, "cpu", torch.float32)
+            model(BatchMetadata.contiguous(prompt, torch.tensor([0]), torch.tensor([0]), 0), fresh)
+            chain = model.logits(model(BatchMetadata.contiguous(torch.tensor([tokens]), torch.tensor([10]),
+                                                                torch.tensor([0]), 10), fresh))
+            torch.testing.assert_close(tree[0, nodes], chain[0], rtol=1e-4, atol=1e-5)

@@ -71,14 +71,15 @@ def test_speculative_equals_autoregressive(tree, target, tmp_path):
     assert [r.token_ids for r, _ in out] == ref
 
 
-def test_hybrid_target_chain(checkpoint_factory, tmp_path):
+@pytest.mark.parametrize("tree", ["chain:5", "dynamic:3,4,8"])
+def test_hybrid_target(tree, checkpoint_factory, tmp_path):
     path, _ = checkpoint_factory("qwen3_5", hidden_size=H)
     target = load_model(str(path), "cpu", "float32")
     drafter = load_dflash(write_dflash(tmp_path / "d", num_target_layers=4, dflash_config={
         "mask_token_id": 300, "target_layer_ids": [1, 3]}), target)
     params = SamplingParams(max_new_tokens=20)
     ref = [r.token_ids for r in Generator(ModelRunner(target)).generate(_prompts(), params)]
-    out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse("chain:5")).generate(_prompts(), params)
+    out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree)).generate(_prompts(), params)
     assert [r.token_ids for r, _ in out] == ref
 
 

@@ -1,0 +1,86 @@
+"""Gated DeltaNet over trees: the one-shot tree form and the fold commit against the per-path truth."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specpilot.ops.causal_conv1d import causal_conv1d_prefill
+from specpilot.ops.gated_delta_rule import chunk_gated_delta_rule, gdn_gating
+from specpilot.ops.gdn_tree import (ancestor_mask, commit_conv, commit_path_ref, fold_path, tree_causal_conv1d,
+                                    tree_causal_conv1d_ref, tree_gated_delta_rule, tree_gated_delta_rule_ref)
+from specpilot.ops.testing import assert_close
+
+
+def _inputs(B, T, H, HV, K, V, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g, beta = gdn_gating(torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV, generator=gen),
+                         torch.rand(HV, generator=gen).log(), torch.randn(HV, generator=gen))
+    S0 = torch.randn(B, HV, K, V, generator=gen) * 0.3
+    return q, k, v, g, beta, S0
+
+
+def _random_parents(B, T, seed):
+    gen = torch.Generator().manual_seed(seed)
+    par = torch.full((B, T), -1, dtype=torch.long)
+    for b in range(B):
+        for i in range(1, T):
+            if torch.rand(1, generator=gen) < 0.9:  # some extra roots stand for padding nodes
+                par[b, i] = torch.randint(0, i, (1,), generator=gen)
+    return par
+
+
+@given(st.integers(1, 3), st.integers(1, 19), st.sampled_from([(1, 1), (2, 4), (1, 3)]), st.integers(0, 999))
+@settings(max_examples=25, deadline=None)
+def test_tree_form_equals_per_path_recurrence(B, T, heads, seed):
+    H, HV = heads
+    q, k, v, g, beta, S0 = _inputs(B, T, H, HV, 8, 6, seed)
+    parents = _random_parents(B, T, seed)
+    out, _ = tree_gated_delta_rule(q, k, v, g, beta, ancestor_mask(parents), S0)
+    assert_close("tree", tree_gated_delta_rule_ref(q, k, v, g, beta, parents, S0), out, 1e-5)
+
+
+def test_chain_tree_equals_chunked_prefill():
+    q, k, v, g, beta, S0 = _inputs(2, 23, 2, 4, 16, 8)
+    chain = torch.arange(-1, 22).expand(2, 23)
+    out, _ = tree_gated_delta_rule(q, k, v, g, beta, ancestor_mask(chain), S0)
+    ref, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=S0, chunk_size=8)
+    assert_close("chain", ref, out, 1e-5)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fold_commit_equals_replayed_path(seed):
+    B, T, C, W = 1, 12, 5, 4
+    q, k, v, g, beta, S0 = _inputs(B, T, 2, 4, 8, 6, seed)
+    parents = _random_parents(B, T, seed)
+    par = parents[0].tolist()
+    _, (kn, u, G) = tree_gated_delta_rule(q, k, v, g, beta, ancestor_mask(parents), S0)
+    x, conv = torch.randn(T, C), torch.randn(C, W - 1)
+    for leaf in range(T):
+        path = [leaf]
+        while par[path[-1]] >= 0:
+            path.append(par[path[-1]])
+        path = path[::-1]
+        S_ref, conv_ref = commit_path_ref(S0[0], conv, q[0], k[0], v[0], g[0], beta[0], x, path)
+        assert_close("fold", S_ref, fold_path(S0[0], kn[0], u[0], G[0], path), 1e-5)
+        assert torch.equal(commit_conv(conv, x, path), conv_ref)
+
+
+@given(st.integers(1, 3), st.integers(1, 15), st.integers(2, 5), st.integers(0, 999))
+@settings(max_examples=25, deadline=None)
+def test_tree_conv_equals_path_walk(B, T, W, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, state = torch.randn(B, T, 7, generator=gen), torch.randn(B, 7, W - 1, generator=gen)
+    weight = torch.randn(7, W, generator=gen)
+    parents = _random_parents(B, T, seed)
+    assert_close("tree conv", tree_causal_conv1d_ref(x, parents, state, weight),
+                 tree_causal_conv1d(x, parents, state, weight), 1e-6)
+
+
+def test_tree_conv_on_a_chain_equals_prefill_conv():
+    x, state, weight = torch.randn(2, 9, 6), torch.randn(2, 6, 3), torch.randn(6, 4)
+    chain = torch.arange(-1, 8).expand(2, 9)
+    ref, _ = causal_conv1d_prefill(x, weight, state)
+    assert_close("chain conv", ref, tree_causal_conv1d(x, chain, state, weight), 1e-6)
