@@ -169,8 +169,8 @@ class SpecEngine:
             r.committed += len(acc.path)
 
     def _replay_recurrent(self, active, trees, accepted, width: int) -> None:
-        """Recurrent layers absorbed the whole verify block: where fewer nodes were kept, restore the state and
-        run the kept chain again (exact; the hybrid tree work replaces this with a fold of stashed terms)."""
+        """Chains only (trees fold, see commit): the recurrent layers absorbed the whole verify block, so where
+        fewer nodes were kept, restore the state and run the kept chain again (exact)."""
         rows = [i for i, acc in enumerate(accepted) if len(acc.path) < width]
         if not rows:
             return
