@@ -155,11 +155,11 @@ class SpecEngine:
     def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:
         cache, dev = self.runner.cache, self.runner.device
         width = max(t.num_nodes for t in trees)
-        for r, tree, acc in zip(active, trees, accepted):
+        for row, (r, acc) in enumerate(zip(active, accepted)):
             path = torch.tensor(acc.path, device=dev)
             if acc.path != tuple(range(len(acc.path))):
                 cache.keep(r.slot, r.committed + path, r.committed)
-            feats = self._features[active.index(r), path] if self._features is not None else None
+            feats = self._features[row, path] if self._features is not None else None
             self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
         if self._snapshot is not None:
             self._replay_recurrent(active, trees, accepted, width)
