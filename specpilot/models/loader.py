@@ -154,13 +154,38 @@ def plan_load(model: CausalLM, entries: list[tuple[str, str, tuple[int, ...]]]) 
     return plan
 
 
+W12N_SUFFIX = ".w12n_"
+
+
+def _scan(file: Path) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(file, key, shape) of every tensor of a file; W12N plane groups count as one tensor of their source shape
+    (read from `{name}.w12n_meta` = N, K, base, segment, version)."""
+    out = []
+    with safe_open(str(file), framework="pt", device="cpu") as f:
+        for key in f.keys():
+            if W12N_SUFFIX not in key:
+                out.append((file.name, key, tuple(f.get_slice(key).get_shape())))
+            elif key.endswith(".w12n_meta"):
+                n, k = f.get_tensor(key)[:2].tolist()
+                out.append((file.name, key[: -len(".w12n_meta")], (n, k)))
+    return out
+
+
+def _read(f, key: str) -> torch.Tensor:
+    """A checkpoint tensor as bf16/fp32 values: W12N planes are decoded here (bit-exact bf16)."""
+    if key not in f.keys():
+        from specpilot.weights import w12n
+
+        planes = {k: f.get_tensor(k) for k in f.keys() if k.startswith(key + W12N_SUFFIX)}
+        return w12n.decode(w12n.from_state_dict(key, planes))
+    return f.get_tensor(key)
+
+
 @torch.no_grad()
 def load_weights(model: torch.nn.Module, files: list[Path], progress: bool = True) -> None:
-    """Fills the model from safetensors files after plan_load accepted them; a progress bar (stderr) by bytes."""
-    entries = []
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            entries += [(file.name, key, tuple(f.get_slice(key).get_shape())) for key in f.keys()]
+    """Fills the model from safetensors files after plan_load accepted them; a progress bar (stderr) by bytes.
+    W12N directories (specpilot compress) load transparently: their planes are decoded to bf16 here."""
+    entries = [e for file in files for e in _scan(file)]
     plan = plan_load(model, entries)
     params, modules = dict(model.named_parameters()), dict(model.named_modules())
     by_file: dict[str, list] = {}
@@ -174,7 +199,7 @@ def load_weights(model: torch.nn.Module, files: list[Path], progress: bool = Tru
             with safe_open(str(directory / file), framework="pt", device="cpu") as f:
                 for key, target in items:
                     dest = _destination(params, modules, target)
-                    dest.copy_(f.get_tensor(key))
+                    dest.copy_(_read(f, key))
                     bar.advance(task, dest.nbytes)
 
 

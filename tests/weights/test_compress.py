@@ -1,0 +1,66 @@
+"""specpilot compress / inspect and transparent loading of W12N directories."""
+
+import json
+
+import pytest
+import torch
+
+from specpilot.cli import main
+from specpilot.engine.generator import Generator
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams
+from specpilot.models.loader import load_model
+from specpilot.weights.compress import compress, inspect, totals
+
+
+@pytest.fixture
+def bf16_checkpoint(checkpoint_factory, tmp_path):
+    _, hf = checkpoint_factory("qwen3_5", intermediate_size=1024)
+    path = tmp_path / "bf16"
+    hf.to(torch.bfloat16).save_pretrained(path)
+    hf.to(torch.float32)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (path / f).write_text((checkpoint_factory("qwen3_5", intermediate_size=1024)[0] / f).read_text())
+    return path
+
+
+def test_compressed_model_loads_bit_exact_and_generates_the_same(bf16_checkpoint, tmp_path):
+    out = tmp_path / "w12n"
+    reports = compress(str(bf16_checkpoint), out)
+    assert (out / "w12n.json").exists() and (out / "tokenizer.json").exists() and (out / "config.json").exists()
+    assert any(r.fmt == "w12n" for r in reports)
+    assert all(r.fmt != "w12n" for r in reports if "embed_tokens" in r.name or len(r.shape) == 1)
+    ref = load_model(str(bf16_checkpoint), "cpu", "bfloat16")
+    got = load_model(str(out), "cpu", "bfloat16")
+    for (n1, p1), (n2, p2) in zip(ref.named_parameters(), got.named_parameters()):
+        assert n1 == n2 and torch.equal(p1.view(torch.int16), p2.view(torch.int16)), n1
+    prompt = torch.randint(0, 300, (9,)).tolist()
+    params = SamplingParams(max_new_tokens=12)
+    a = Generator(ModelRunner(load_model(str(bf16_checkpoint), "cpu", "float32"))).generate([prompt], params)
+    b = Generator(ModelRunner(load_model(str(out), "cpu", "float32"))).generate([prompt], params)
+    assert a[0].token_ids == b[0].token_ids
+    again = totals(inspect(out))
+    assert again["w12n_tensors"] == sum(r.fmt == "w12n" for r in reports)
+
+
+def test_compress_refuses_an_existing_destination_and_leaves_nothing(bf16_checkpoint, tmp_path):
+    out = tmp_path / "exists"
+    out.mkdir()
+    with pytest.raises(FileExistsError, match="already exists"):
+        compress(str(bf16_checkpoint), out)
+    assert list(out.iterdir()) == []
+    with pytest.raises(Exception, match="no such directory"):
+        compress(str(tmp_path / "missing"), tmp_path / "x")
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.tmp-*"))
+
+
+def test_cli_compress_and_inspect_json(bf16_checkpoint, tmp_path, capsys):
+    out = tmp_path / "w"
+    assert main(["compress", str(bf16_checkpoint), str(out), "--format", "w12n", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert main(["inspect", str(out), "--json"]) == 0
+    seen = json.loads(capsys.readouterr().out)
+    assert seen["total"]["w12n_tensors"] == written["total"]["w12n_tensors"] > 0
+    assert 12.0 < seen["total"]["w12n_bits_per_weight"] < 16.0
+    assert main(["inspect", str(out)]) == 0
+    assert "bits/weight" in capsys.readouterr().out
