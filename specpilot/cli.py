@@ -70,6 +70,21 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("dir", help="model directory")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
+    t = sub.add_parser("train", help="train a tokenizer, a target model or a draft model")
+    tsub = t.add_subparsers(dest="what", required=True)
+    tt = tsub.add_parser("tokenizer", help="byte-level BPE on a corpus")
+    tt.add_argument("--vocab-size", type=int, default=8192)
+    _add_corpus_flags(tt)
+    tt.set_defaults(func=cmd_train_tokenizer)
+    tg = tsub.add_parser("target", help="a dense (Qwen3) or hybrid (Qwen3.5) model from scratch")
+    tg.add_argument("--arch", choices=["dense", "hybrid"], default="dense")
+    _add_lm_flags(tg)
+    tg.set_defaults(func=cmd_train_lm)
+    td = tsub.add_parser("drafter", help="a drafter for a trained target")
+    td.add_argument("--kind", choices=["draft-lm", "dflash", "eagle3"], default="draft-lm")
+    td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
+    _add_lm_flags(td, tokenizer=False)
+    td.set_defaults(func=cmd_train_drafter)
     d = sub.add_parser("demo", help="run generation on the bundled tiny model (random weights for now)")
     _add_generation_flags(d, max_new_tokens=48)
     d.add_argument("--prompt", default="def fibonacci(n):\n", help="prompt text")
@@ -115,6 +130,68 @@ def _print_weight_report(reports, as_json: bool, title: str) -> None:
                   f"{total['bits_per_weight']:.3f}", f"{100 * total['escape_rate']:.3f}%",
                   f"{100 * total['verbatim_fraction']:.3f}%", style="bold")
     Console(highlight=False).print(table)
+
+
+def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--corpus", default=None,
+                   help="directory of text/code files or a .jsonl of {\"text\"}; default: this Python's .py files")
+    p.add_argument("--max-files", type=int, default=None, help="use the first N files of the corpus")
+
+
+def _add_lm_flags(p: argparse.ArgumentParser, tokenizer: bool = True) -> None:
+    from specpilot.train.lm import TrainConfig
+
+    _add_corpus_flags(p)
+    if tokenizer:
+        p.add_argument("--tokenizer", required=True, help="directory written by `specpilot train tokenizer`")
+    d = TrainConfig()
+    for name in ("steps", "batch_size", "seq_len", "warmup", "seed", "save_every", "eval_batches"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+
+
+def _train_config(args):
+    from specpilot.train.lm import TrainConfig
+
+    return TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                       warmup=args.warmup, seed=args.seed, device=args.device, save_every=args.save_every,
+                       eval_batches=args.eval_batches)
+
+
+def cmd_train_tokenizer(args) -> int:
+    from specpilot.train.corpus import load_corpus
+    from specpilot.train.tokenizer import train_tokenizer
+
+    corpus = load_corpus(args.corpus, max_files=args.max_files)
+    out = train_tokenizer(corpus, args.out, args.vocab_size)
+    err.print(f"tokenizer ({args.vocab_size} tokens) trained on {len(corpus.train)} documents -> {out}")
+    return 0
+
+
+def cmd_train_lm(args) -> int:
+    from specpilot.train.corpus import load_corpus
+    from specpilot.train.lm import train_lm
+
+    corpus = load_corpus(args.corpus, max_files=args.max_files)
+    report = train_lm(corpus, args.tokenizer, args.out, args.arch, _train_config(args), args.resume, err)
+    print(json.dumps(report))
+    return 0
+
+
+def cmd_train_drafter(args) -> int:
+    from specpilot.train.corpus import load_corpus
+    from specpilot.train.lm import train_lm
+
+    if args.kind != "draft-lm":
+        raise NotImplementedError(f"training {args.kind} drafters is not implemented yet; --kind draft-lm trains a "
+                                  "small draft LM on the target's tokenizer")
+    corpus = load_corpus(args.corpus, max_files=args.max_files)
+    report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
+    print(json.dumps(report))
+    return 0
 
 
 def _add_spec_flags(p: argparse.ArgumentParser, drafter_default: str = "none") -> None:

@@ -45,15 +45,18 @@ def write_random_checkpoint(config, path: Path, texts: list[str], seed: int = 0)
     return model
 
 
-def write_tokenizer(path: Path, vocab_size: int, texts: list[str]) -> None:
+def write_tokenizer(path: Path, vocab_size: int, texts, special_tokens: tuple[str, ...] = (EOS,)) -> None:
+    """Trains a byte-level BPE tokenizer on `texts` and saves tokenizer.json + tokenizer_config.json (the first
+    special token is EOS)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, special_tokens=[EOS], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, special_tokens=list(special_tokens), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=special_tokens[0],
+                                                additional_special_tokens=list(special_tokens[1:]) or None)
     fast.save_pretrained(path)

@@ -1,0 +1,53 @@
+"""GEMV on W12N-compressed weights: exact (fused in-register decode) and the FP8-view scan.
+
+`w12n_gemv` / `fp8_gemv` run the Triton kernels on CUDA (M <= 16) and the torch references elsewhere.
+`w12n_linear` is what a layer calls: the fused kernel for decode-sized batches on CUDA, otherwise decode to
+bf16 and `F.linear` (cuBLAS on a GPU; the reference path on CPU).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from specpilot.ops.dispatch import use_triton
+from specpilot.ops.w12n_gemv.reference import fp8_dequant_ref, fp8_gemv_ref, w12n_gemv_ref
+from specpilot.weights.w12n import W12NTensor, decode
+
+__all__ = ["w12n_gemv", "fp8_gemv", "w12n_linear", "w12n_gemv_ref", "fp8_gemv_ref", "fp8_dequant_ref",
+           "MAX_FUSED_M"]
+
+MAX_FUSED_M = 16  # above this many rows the fused FMA kernel loses to decode + cuBLAS (research-weights §0.7)
+
+
+def w12n_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+    """x [M, K], t = W12N of W [N, K] -> y = x @ W.T [M, N] in x.dtype (fp32 accumulate)."""
+    if use_triton(x) and x.shape[0] <= MAX_FUSED_M:
+        from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
+
+        return w12n_gemv_triton(x.contiguous(), t)
+    return w12n_gemv_ref(x, t)
+
+
+def fp8_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+    """x [M, K], t -> y = x @ (fp8_view(t) * scale).T [M, N] in x.dtype: the 8-bit verification scan."""
+    if use_triton(x) and x.shape[0] <= MAX_FUSED_M:
+        from specpilot.ops.w12n_gemv.triton import fp8_gemv as fp8_gemv_triton
+
+        return fp8_gemv_triton(x.contiguous(), t)
+    return fp8_gemv_ref(x, t)
+
+
+def w12n_linear(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+    """x [..., K] -> x @ W.T [..., N] in x.dtype, W = decode(t) (no bias).
+
+    M = prod(leading dims) <= 16 on CUDA: the fused decode GEMV. Otherwise W is decoded to bf16 for this call
+    and multiplied by F.linear (cuBLAS on a GPU, the plain torch path on CPU).
+    """
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if use_triton(x) and 1 <= x2.shape[0] <= MAX_FUSED_M:
+        from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
+
+        y = w12n_gemv_triton(x2.contiguous(), t)
+    else:
+        y = F.linear(x2, decode(t).to(device=x.device, dtype=x.dtype))
+    return y.reshape(*lead, t.n)

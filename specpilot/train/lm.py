@@ -1,0 +1,205 @@
+"""`specpilot train target` / `train drafter --kind draft-lm`: language models trained from scratch.
+
+Dense (Qwen3) and hybrid (Qwen3.5: Gated DeltaNet + gated attention) models are built and trained with
+transformers' own classes, so the result is a Hugging Face checkpoint that transformers and our loader both
+read. The token stream is the corpus joined by EOS; the batch of step s is drawn from a generator seeded by
+(seed, s), so a run is repeatable and a resumed run sees exactly the batches it would have seen. Checkpoints
+hold the model (safetensors), the AdamW moments (safetensors) and the step; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specpilot.train.corpus import Corpus
+
+PRESETS = {
+    # about 10-20M parameters with an 8k vocabulary: the bundled zoo's targets
+    "dense": dict(arch="Qwen3ForCausalLM", hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
+                  num_attention_heads=6, num_key_value_heads=2, head_dim=64),
+    "hybrid": dict(arch="Qwen3_5ForCausalLM", hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
+                   num_attention_heads=6, num_key_value_heads=2, head_dim=64, linear_num_key_heads=4,
+                   linear_num_value_heads=8, linear_key_head_dim=48, linear_value_head_dim=48,
+                   full_attention_interval=4),
+    # a draft LM: a quarter of the depth and width
+    "draft": dict(arch="Qwen3ForCausalLM", hidden_size=192, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=3, num_key_value_heads=1, head_dim=64),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 32
+    seq_len: int = 512
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    seed: int = 0
+    device: str = "auto"
+    save_every: int = 500
+    eval_batches: int = 8
+
+
+def hf_config(preset: str | dict, vocab_size: int, eos_id: int, max_len: int):
+    import transformers
+
+    spec = dict(PRESETS[preset]) if isinstance(preset, str) else dict(preset)
+    arch = spec.pop("arch")
+    cls = transformers.Qwen3Config if arch == "Qwen3ForCausalLM" else transformers.Qwen3_5TextConfig
+    return cls(vocab_size=vocab_size, max_position_embeddings=max(max_len, 2048), eos_token_id=eos_id,
+               tie_word_embeddings=True, architectures=[arch], rope_theta=10000.0, **spec)
+
+
+def token_stream(corpus_docs, tokenizer) -> torch.Tensor:
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for doc in corpus_docs:
+        ids.extend(tokenizer.encode(doc, add_special_tokens=False))
+        ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, seq_len: int) -> torch.Tensor:
+    """The [batch, seq_len] windows of step `step`: a pure function of (seed, step)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    starts = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=gen)
+    return torch.stack([tokens[s:s + seq_len] for s in starts.tolist()])
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_lm(corpus: Corpus, tokenizer_dir: str | Path, out: str | Path, preset: str | dict, cfg: TrainConfig,
+             resume: bool = False, console=None) -> dict:
+    """Trains a model of `preset` on the corpus and writes a Hugging Face checkpoint (+ tokenizer) to `out`."""
+    from transformers import AutoTokenizer
+
+    out = Path(out)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    train_ids, held_ids = token_stream(corpus.train, tokenizer), token_stream(corpus.held_out, tokenizer)
+    if len(train_ids) <= cfg.seq_len or len(held_ids) <= cfg.seq_len:
+        raise ValueError(f"corpus too small for seq_len {cfg.seq_len}: {len(train_ids)} train / {len(held_ids)} "
+                         "held-out tokens")
+    model, opt, start = _build(preset, tokenizer, cfg, device, out / "checkpoint" if resume else None)
+    loss = _loop(model, opt, train_ids, cfg, device, start, out, console)
+    report = {"preset": preset if isinstance(preset, str) else "custom", "parameters": _params(model),
+              "steps": cfg.steps, "train_tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "final_loss": loss,
+              "held_out_loss": evaluate(model, held_ids, cfg, device), "corpus": corpus.source,
+              "corpus_files_hash": corpus.files_hash, "config": asdict(cfg)}
+    _save_final(model, tokenizer_dir, out, report)
+    return report
+
+
+def _build(preset, tokenizer, cfg: TrainConfig, device, checkpoint: Path | None):
+    import transformers
+
+    torch.manual_seed(cfg.seed)
+    if checkpoint is not None and (checkpoint / "trainer_state.json").exists():
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+        start = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
+    else:
+        config = hf_config(preset, len(tokenizer), tokenizer.eos_token_id, cfg.seq_len)
+        model = getattr(transformers, config.architectures[0])(config)
+        start = 0
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    if start:
+        _load_optimizer(opt, model, checkpoint / "optimizer.safetensors", start)
+    return model, opt, start
+
+
+def _loop(model, opt, tokens, cfg: TrainConfig, device, start: int, out: Path, console) -> float:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    cols = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
+            TextColumn("{task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn())
+    loss_value, t0 = float("nan"), time.perf_counter()
+    with Progress(*cols, console=console, transient=False, disable=console is None) as bar:
+        task = bar.add_task("train", total=cfg.steps, completed=start, loss=float("nan"), tps=0.0)
+        for step in range(start, cfg.steps):
+            batch = batch_at(tokens, step, cfg.seed, cfg.batch_size, cfg.seq_len).to(device)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = model(input_ids=batch, labels=batch).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss_value = float(loss.detach())
+            rate = (step + 1 - start) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t0)
+            bar.update(task, advance=1, loss=loss_value, tps=rate)
+            if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+                save_checkpoint(model, opt, step + 1, out / "checkpoint")
+    return loss_value
+
+
+@torch.no_grad()
+def evaluate(model, tokens: torch.Tensor, cfg: TrainConfig, device) -> float:
+    """Mean next-token loss on held-out windows (fixed: the same for every run)."""
+    model.eval()
+    losses = []
+    for i in range(cfg.eval_batches):
+        batch = batch_at(tokens, i, 12345, min(cfg.batch_size, 8), cfg.seq_len).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            losses.append(float(model(input_ids=batch, labels=batch).loss))
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def save_checkpoint(model, opt, step: int, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    state = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st:
+                    state[f"{names[id(p)]}.{key}"] = st[key].detach().cpu().contiguous()
+    save_file(state, str(tmp / "optimizer.safetensors"))
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+def _load_optimizer(opt, model, file: Path, step: int) -> None:
+    state = load_file(str(file))
+    for name, p in model.named_parameters():
+        if f"{name}.exp_avg" in state:
+            opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": state[f"{name}.exp_avg"].to(p.device),
+                            "exp_avg_sq": state[f"{name}.exp_avg_sq"].to(p.device)}
+
+
+def _save_final(model, tokenizer_dir, out: Path, report: dict) -> None:
+    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
+    for f in Path(tokenizer_dir).iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy2(f, out / f.name)
+    (out / "training.json").write_text(json.dumps(report, indent=1))
+
+
+def _params(model) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total

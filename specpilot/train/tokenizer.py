@@ -1,0 +1,22 @@
+"""`specpilot train tokenizer`: a byte-level BPE tokenizer trained on a corpus, saved the Hugging Face way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specpilot.models.random_checkpoint import write_tokenizer
+from specpilot.train.corpus import Corpus
+
+# <|mask|> fills DFlash draft blocks; a trained zoo keeps it in the vocabulary from the start
+SPECIAL_TOKENS = ("<|endoftext|>", "<|mask|>")
+
+
+def train_tokenizer(corpus: Corpus, out: str | Path, vocab_size: int = 8192) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(out, vocab_size, list(corpus.train), SPECIAL_TOKENS)
+    meta = {"vocab_size": vocab_size, "corpus": corpus.source, "corpus_files_hash": corpus.files_hash,
+            "train_documents": len(corpus.train), "train_chars": corpus.train_chars}
+    (out / "tokenizer_training.json").write_text(json.dumps(meta, indent=1))
+    return out
