@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     td = tsub.add_parser("drafter", help="a drafter for a trained target")
     td.add_argument("--kind", choices=["draft-lm", "dflash", "eagle3"], default="draft-lm")
     td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
+    td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
+    td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
     _add_lm_flags(td, tokenizer=False)
     td.set_defaults(func=cmd_train_drafter)
     d = sub.add_parser("demo", help="run generation on the bundled tiny model (random weights for now)")
@@ -185,11 +187,16 @@ def cmd_train_drafter(args) -> int:
     from specpilot.train.corpus import load_corpus
     from specpilot.train.lm import train_lm
 
-    if args.kind != "draft-lm":
-        raise NotImplementedError(f"training {args.kind} drafters is not implemented yet; --kind draft-lm trains a "
-                                  "small draft LM on the target's tokenizer")
+    if args.kind == "eagle3":
+        raise NotImplementedError("training EAGLE-3 heads is not implemented yet; --kind dflash or draft-lm")
     corpus = load_corpus(args.corpus, max_files=args.max_files)
-    report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
+    if args.kind == "dflash":
+        from specpilot.train.dflash import train_dflash
+
+        report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,
+                              console=err)
+    else:
+        report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))
     return 0
 

@@ -25,10 +25,25 @@ MAX_M = 16
 
 
 @triton.jit
+def _store_rows(y_ptr, acc, m_ids, rows, mask, stride_ym, OUT_BF16: tl.constexpr):
+    """Stores the fp32 [BLOCK_M, BLOCK_N] result; OUT_BF16: y_ptr is the int16 view of a bf16 output and the
+    value is rounded to nearest even with integer ops, bit-identical to torch's fp32 -> bf16 (subnormals, inf,
+    NaN included). Why not `.to(tl.bfloat16)`: same result on a GPU, but the interpreter truncates instead."""
+    y_ptrs = y_ptr + m_ids[:, None] * stride_ym + rows[None, :]
+    if OUT_BF16:
+        u = acc.to(tl.uint32, bitcast=True)
+        rne = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rne)  # NaN -> canonical quiet NaN, like torch
+        tl.store(y_ptrs, bits.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
+    else:
+        tl.store(y_ptrs, acc, mask=mask)
+
+
+@triton.jit
 def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, S, BASE23,
                       stride_xm, stride_an, stride_bn, stride_xen, stride_ym,
                       M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SEGMENT: tl.constexpr, EVEN_K: tl.constexpr):
+                      SEGMENT: tl.constexpr, EVEN_K: tl.constexpr, OUT_BF16: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -70,15 +85,14 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
                 part = tl.sum(w * x[None, :], axis=1)
                 acc = tl.where(m_ids[:, None] == m, acc + part[None, :], acc)
         pool_row += is_v.to(tl.int32)
-    y_ptrs = y_ptr + m_ids[:, None] * stride_ym + rows[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(m_ids[:, None] < M) & row_ok[None, :])
+    _store_rows(y_ptr, acc, m_ids, rows, (m_ids[:, None] < M) & row_ok[None, :], stride_ym, OUT_BF16)
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, BASE23, ESC_SCALE,
                      stride_xm, stride_an, stride_ym,
                      M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr):
+                     EVEN_K: tl.constexpr, OUT_BF16: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -103,13 +117,17 @@ def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, BASE23, ESC_SCALE,
             x = tl.load(x_ptr + m * stride_xm + k0 + cols0, mask=col_ok, other=0.0).to(tl.float32)
             part = tl.sum(w * x[None, :], axis=1)
             acc = tl.where(m_ids[:, None] == m, acc + part[None, :], acc)
-    y_ptrs = y_ptr + m_ids[:, None] * stride_ym + rows[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(m_ids[:, None] < M) & row_ok[None, :])
+    _store_rows(y_ptr, acc, m_ids, rows, (m_ids[:, None] < M) & row_ok[None, :], stride_ym, OUT_BF16)
 
 
 def default_block_k(segment: int, cap: int = 512) -> int:
     """The largest power of two that divides the segment, at most cap (the segment itself for 128/256/512)."""
     return min(segment & -segment, cap)
+
+
+def _out(y: torch.Tensor) -> torch.Tensor:
+    """The buffer the kernel stores into: bf16 outputs as their int16 bit patterns (see _store_rows)."""
+    return y.view(torch.int16) if y.dtype == torch.bfloat16 else y
 
 
 def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int) -> None:
@@ -140,10 +158,10 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int 
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
     pool = t.verbatim if t.verbatim.numel() else t.verbatim.new_zeros(1, t.segment)  # never read when V = 0
     _w12n_gemv_kernel[(triton.cdiv(t.n, block_n),)](
-        x, t.a, t.b, t.xe, t.rvb, pool, y, t.n, t.k, t.padded_k // t.segment, t.base << 23,
+        x, t.a, t.b, t.xe, t.rvb, pool, _out(y), t.n, t.k, t.padded_k // t.segment, t.base << 23,
         x.stride(0), t.a.stride(0), t.b.stride(0), t.xe.stride(0), y.stride(0),
         M=M, BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=t.segment,
-        EVEN_K=t.k == t.padded_k, num_warps=num_warps)
+        EVEN_K=t.k == t.padded_k, OUT_BF16=y.dtype == torch.bfloat16, num_warps=num_warps)
     return y
 
 
@@ -155,10 +173,10 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int |
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(t.n, block_n),)](
-        x, t.a, y, t.n, t.k, t.padded_k, t.base << 23, 2.0 ** (t.base - 129),
+        x, t.a, _out(y), t.n, t.k, t.padded_k, t.base << 23, 2.0 ** (t.base - 129),
         x.stride(0), t.a.stride(0), y.stride(0),
         M=M, BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=t.k == t.padded_k, num_warps=num_warps)
+        EVEN_K=t.k == t.padded_k, OUT_BF16=y.dtype == torch.bfloat16, num_warps=num_warps)
     return y
 
 

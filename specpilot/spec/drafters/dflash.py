@@ -50,12 +50,12 @@ class DFlashLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def context_kv(self, ctx: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """ctx [1, n, H] projected target context -> its keys and values [1, n, KVH, D] for this layer."""
+        """ctx [B, n, H] projected target context -> its keys and values [B, n, KVH, D] for this layer."""
         attn = self.self_attn
         kvh, d = attn.num_kv_heads, attn.head_dim
         start, _ = attn.qkv_proj.shard_rows("k_proj")
         kv = torch.nn.functional.linear(ctx, attn.qkv_proj.weight[start:])
-        k, v = kv.view(1, -1, 2 * kvh, d).split(kvh, dim=2)
+        k, v = kv.view(ctx.shape[0], -1, 2 * kvh, d).split(kvh, dim=2)
         k = pw.apply_rotary(attn.k_norm(k), cos, sin)
         return k, v
 

@@ -1,0 +1,197 @@
+"""`specpilot train drafter --kind dflash`: a DFlash block drafter trained against a frozen target.
+
+Each training sequence runs through the target once (no grad) for the hidden states of `target_layer_ids`.
+Random anchor positions a are drawn per sequence; the drafter sees the context features of positions < a and
+the block [token_a, MASK x (B-1)], exactly as at inference (the same DFlashModel forward, the context K/V built
+in memory instead of in a cache), and learns the tokens a+1 .. a+B-1 with a loss weighted by position
+(exp(-(k-1)/gamma): the first draft positions matter most, since acceptance stops at the first miss). The
+target's embedding and LM head stay frozen and are not saved. The result is a z-lab DFlashDraftModel directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specpilot.config import ModelConfig
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.packed import PackedLinear
+from specpilot.models.loader import load_model, load_tokenizer
+from specpilot.spec.drafters.dflash import DFlashModel, default_target_layers
+from specpilot.train.corpus import Corpus
+from specpilot.train.lm import TrainConfig, batch_at, lr_at, token_stream
+
+
+class _ContextKV:
+    """Per-layer context keys/values of a training batch, in the cache layout the DFlash forward reads."""
+
+    def __init__(self, kvs: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.kvs = kvs
+
+    def kv(self, index: int):
+        return self.kvs[index]
+
+
+def draft_config(target_cfg: ModelConfig, num_layers: int) -> ModelConfig:
+    """Qwen3-style layers of the target's width (the context features and the borrowed embedding have it)."""
+    import dataclasses
+
+    from specpilot.config import RopeConfig
+
+    return dataclasses.replace(target_cfg, num_hidden_layers=num_layers, layer_types=("full_attention",) * num_layers,
+                               family="qwen3", architecture="Qwen3ForCausalLM", ignored_key_prefixes=(),
+                               rope=RopeConfig(theta=target_cfg.rope.theta), tie_word_embeddings=False)
+
+
+def dflash_forward(model: DFlashModel, target, features, tokens, anchors, block: int, mask_id: int):
+    """features [B, L, K*H] (no grad), tokens [B, L], anchors [B, n] -> draft logits [B*n, block-1, vocab]."""
+    B, L = tokens.shape
+    n = anchors.shape[1]
+    dev = tokens.device
+    ctx = model.hidden_norm(model.fc(features))
+    cos, sin = model.rotary(torch.arange(L, device=dev).expand(B, L))
+    seq = torch.arange(B, device=dev).repeat_interleave(n)  # request r reads sequence seq[r]
+    kvs = []
+    for layer in model.layers:
+        k, v = layer.context_kv(ctx, cos, sin)
+        kvs.append((k[seq].transpose(1, 2), v[seq].transpose(1, 2)))  # [R, KVH, L, D]
+    a = anchors.reshape(-1)
+    ids = torch.full((B * n, block), mask_id, device=dev)
+    ids[:, 0] = tokens[seq, a]
+    pos = a[:, None] + torch.arange(block, device=dev)
+    meta = BatchMetadata(ids, pos, pos, torch.arange(B * n, device=dev), a, L,
+                         torch.ones(B * n, block, block, dtype=torch.bool, device=dev))
+    with torch.no_grad():
+        embeds = target.model.embed_tokens(ids)
+    hidden = model(embeds, meta, _ContextKV(kvs))
+    return F.linear(hidden[:, 1:], target.lm_head.weight)
+
+
+def position_weights(block: int, gamma: float, device) -> torch.Tensor:
+    w = torch.exp(-torch.arange(block - 1, device=device, dtype=torch.float32) / gamma)
+    return w / w.sum()
+
+
+def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
+                 num_layers: int = 2, anchors: int = 4, gamma: float = 4.0, console=None) -> dict:
+    out = Path(out)
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    tokenizer = load_tokenizer(str(target_dir))
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    if mask_id is None or mask_id == tokenizer.unk_token_id:
+        raise ValueError(f"{target_dir}: the tokenizer has no <|mask|> token (train it with `specpilot train "
+                         "tokenizer`, which adds one)")
+    target = load_model(str(target_dir), device, "float32").requires_grad_(False)
+    depth = target.config.num_hidden_layers
+    layers = default_target_layers(depth, num_layers) if depth >= 5 else tuple(range(depth))
+    torch.manual_seed(cfg.seed)
+    model = DFlashModel(draft_config(target.config, num_layers), len(layers)).to(device)
+    _init(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    train_ids, held_ids = token_stream(corpus.train, tokenizer), token_stream(corpus.held_out, tokenizer)
+    weights = position_weights(block, gamma, device)
+    step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device)
+    loss, t0 = float("nan"), time.perf_counter()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss_t, _ = step_fn(train_ids, step, cfg.seed)
+        opt.zero_grad(set_to_none=True)
+        loss_t.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss = float(loss_t.detach())
+        if console is not None and (step + 1) % max(1, cfg.steps // 20) == 0:
+            rate = (step + 1) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t0)
+            console.print(f"step {step + 1}/{cfg.steps} loss {loss:.3f} {rate:,.0f} tok/s")
+    with torch.no_grad():
+        held = [step_fn(held_ids, i, 12345) for i in range(cfg.eval_batches)]
+    report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),
+              "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
+              "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
+              "corpus_files_hash": corpus.files_hash, "parameters": sum(p.numel() for p in model.parameters())}
+    save_dflash(model, target.config, layers, block, mask_id, out, report)
+    return report
+
+
+def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainConfig, device):
+    def run(tokens_all, step: int, seed: int):
+        tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
+        with torch.no_grad():
+            features = _features(target, tokens, layers)
+        gen = torch.Generator().manual_seed(seed * 7919 + step)
+        a = torch.randint(1, cfg.seq_len - block + 1, (tokens.shape[0], anchors), generator=gen).to(device)
+        logits = dflash_forward(model, target, features, tokens, a, block, mask_id)  # [R, block-1, V]
+        seq = torch.arange(tokens.shape[0], device=device).repeat_interleave(anchors)
+        labels = tokens[seq[:, None], a.reshape(-1)[:, None] + torch.arange(1, block, device=device)]
+        ce = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # [R, block-1]
+        first_acc = float((logits[:, 0].argmax(-1) == labels[:, 0]).float().mean())
+        return (ce * weights).sum(-1).mean(), first_acc
+
+    return run
+
+
+def _features(target, tokens, layers) -> torch.Tensor:
+    from specpilot.engine.cache import ModelCache
+
+    B, L = tokens.shape
+    cache = ModelCache(target.config, B, L, tokens.device, torch.float32)
+    meta = BatchMetadata.contiguous(tokens, torch.zeros(B, dtype=torch.long, device=tokens.device),
+                                    torch.arange(B, device=tokens.device), 0)
+    _, captured = target(meta, cache, tuple(layers))
+    return torch.cat(captured, dim=-1)
+
+
+def _init(model: DFlashModel) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0, 0.02)
+        for layer in model.layers:  # residual branches start small
+            layer.self_attn.o_proj.weight.mul_(1 / math.sqrt(2 * len(model.layers)))
+            layer.mlp.down_proj.weight.mul_(1 / math.sqrt(2 * len(model.layers)))
+
+
+def dflash_state_dict(model: DFlashModel) -> dict[str, torch.Tensor]:
+    """Our parameters under the public DFlashDraftModel key names (packed projections split back)."""
+    state = {}
+    modules = dict(model.named_modules())
+    for name, p in model.named_parameters():
+        parent = name.rsplit(".", 1)[0]
+        module = modules.get(parent)
+        if isinstance(module, PackedLinear):
+            owner = parent.rsplit(".", 1)[0]
+            for shard in module.shards:
+                start, rows = module.shard_rows(shard)
+                state[f"{owner}.{shard}.weight"] = p[start:start + rows].detach().contiguous()
+        else:
+            state[name] = p.detach().contiguous()
+    return state
+
+
+def save_dflash(model: DFlashModel, target_cfg: ModelConfig, layers, block: int, mask_id: int, out: Path,
+                report: dict) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    save_file({k: v.float().cpu() for k, v in dflash_state_dict(model).items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": cfg.vocab_size,
+              "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+              "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+              "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope.theta,
+              "max_position_embeddings": cfg.max_position_embeddings, "block_size": block,
+              "num_target_layers": target_cfg.num_hidden_layers,
+              "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": list(layers)}}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "training.json").write_text(json.dumps(report, indent=1))

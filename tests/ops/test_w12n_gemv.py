@@ -1,0 +1,222 @@
+"""W12N fused decode GEMV and FP8-view GEMV (Triton under TRITON_INTERPRET=1, set by conftest) vs torch truth.
+
+Weights are built so every kernel branch runs: clean segments, inline escapes (one shared tiny exponent,
+zeros, bf16 subnormals), verbatim segments (two far exponent clusters, zeros beside tiny values), several
+verbatim segments per row with clean ones between them, rows without any, and K padding.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specpilot.ops.testing import assert_close
+from specpilot.ops.w12n_gemv import fp8_dequant_ref, fp8_gemv_ref, w12n_gemv_ref, w12n_linear
+from specpilot.weights.w12n import VERBATIM, decode, encode, escape_mask
+
+pytest.importorskip("triton")
+
+
+def _plant(w: torch.Tensor, r: int, lo: int, hi: int, values: list[float], gen: torch.Generator) -> None:
+    cols = lo + torch.randperm(hi - lo, generator=gen)[: len(values)]
+    for c, v in zip(cols.tolist(), values):
+        w[r, c] = v
+
+
+def make_weight(n: int, k: int, segment: int, seed: int = 0, outliers: bool = False) -> torch.Tensor:
+    """bf16 [n, k] ~ N(0, 0.02^2) with one planted pattern per (row, segment), cycling through
+    verbatim (two far clusters) / clean / inline zeros+subnormals / inline tiny / verbatim (zero + tiny)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.02
+    segs = -(-k // segment)
+    for r in range(n):
+        for s in range(segs):
+            lo, hi = s * segment, min((s + 1) * segment, k)
+            pattern = ((r * segs + s) * 3 + 2) % 5
+            if pattern == 1:  # inline escape, one shared exponent (2^-30) with different mantissas and signs
+                _plant(w, r, lo, hi, [1.1e-9, -1.5e-9, 1.8e-9], gen)
+            elif pattern == 2:  # verbatim: escapes at 2^-30 and 2^-40
+                _plant(w, r, lo, hi, [1.1e-9, -1.3e-12], gen)
+            elif pattern == 3:  # inline escape with exponent 0: signed zeros and bf16 subnormals
+                _plant(w, r, lo, hi, [0.0, -0.0, 3e-39, -5e-40], gen)
+            elif pattern == 4:  # verbatim: zero beside a tiny normal value
+                _plant(w, r, lo, hi, [0.0, 2e-9], gen)
+            if outliers and (r + s) % 3 == 0:  # far above the bulk: escapes above the 'coverage' window
+                _plant(w, r, lo, hi, [37.0], gen)
+    return w.bfloat16()
+
+
+def make_tensor(n, k, segment, base="max", seed=0):
+    t = encode(make_weight(n, k, segment, seed, outliers=base == "coverage"), segment=segment, base=base)
+    assert (t.xe == VERBATIM).any(), "test weights must hold a verbatim segment"
+    if t.xe.numel() >= 4:
+        inline = (escape_mask(t) & (t.xe != VERBATIM).repeat_interleave(segment, 1)[:, :k]).any()
+        assert inline, "test weights must hold inline escapes"
+    return t
+
+
+def make_x(m, k, dtype, seed=1):
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def check(name, ref_fn, x, t, y):
+    """fp32 x: y within fp32 rounding of the reference. bf16 x: y is the fp32 result rounded once to bf16
+    (relative error <= 2^-9 per element, so the RMS ratio stays below 2^-8 even for a single output)."""
+    if x.dtype == torch.float32:
+        assert_close(name, ref_fn(x, t), y, 1e-5)
+    else:
+        assert_close(name, ref_fn(x.float(), t), y.float(), 2.0**-8)
+
+
+def check_bf16_epilogue(fn, x, t, y):
+    """bf16 x is exact in fp32, so the bf16 call is the fp32 call rounded once (RNE, like torch), bitwise."""
+    if x.dtype == torch.bfloat16:
+        assert torch.equal(y.view(torch.int16), fn(x.float(), t).to(torch.bfloat16).view(torch.int16))
+
+
+CASES = [(1, 1, 64, 128), (3, 7, 300, 128), (8, 33, 1024, 128), (16, 33, 300, 512), (1, 7, 1024, 512),
+         (16, 1, 1024, 128), (3, 33, 64, 512), (8, 7, 300, 512)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("M,N,K,segment", CASES, ids=[f"m{m}-n{n}-k{k}-s{s}" for m, n, k, s in CASES])
+def test_w12n_gemv_matches_reference(M, N, K, segment, dtype):
+    from specpilot.ops.w12n_gemv.triton import w12n_gemv
+
+    t = make_tensor(N, K, segment, seed=M + N + K)
+    x = make_x(M, K, dtype)
+    y = w12n_gemv(x, t)
+    assert y.dtype == dtype and y.shape == (M, N)
+    check("w12n_gemv", w12n_gemv_ref, x, t, y)
+    check_bf16_epilogue(w12n_gemv, x, t, y)
+    if dtype == torch.float32:  # the decoded-weight GEMV, written out
+        assert_close("w12n_gemv vs x @ decode(t).T", x.float() @ decode(t).float().T, y, 1e-5)
+
+
+@pytest.mark.parametrize("block_n,block_k", [(2, 32), (16, 64), (4, 128)])
+def test_w12n_gemv_tiles_inside_segment(block_n, block_k):
+    """Several tiles per segment: the verbatim pool counter must advance once per segment, not per tile."""
+    from specpilot.ops.w12n_gemv.triton import w12n_gemv
+
+    t = make_tensor(9, 600, 256, seed=5)
+    assert ((t.xe == VERBATIM).sum(1) >= 2).any(), "needs a row with two verbatim segments"
+    x = make_x(3, 600, torch.float32)
+    assert_close("w12n_gemv", w12n_gemv_ref(x, t), w12n_gemv(x, t, block_n=block_n, block_k=block_k), 1e-5)
+
+
+def test_w12n_gemv_coverage_base():
+    """'coverage' base: outliers escape above the window (inline high XE, or verbatim beside tiny values)."""
+    from specpilot.ops.w12n_gemv.triton import fp8_gemv, w12n_gemv
+
+    t = make_tensor(7, 300, 128, base="coverage", seed=3)
+    assert ((t.xe > t.base + 14) & (t.xe != VERBATIM)).any(), "needs an inline escape above the window"
+    x = make_x(4, 300, torch.float32)
+    assert_close("w12n_gemv", w12n_gemv_ref(x, t), w12n_gemv(x, t), 1e-5)
+    assert_close("fp8_gemv", fp8_gemv_ref(x, t), fp8_gemv(x, t), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_exact_decode_through_one_hot_rows(dtype):
+    """x = one-hot rows picks weight columns: the kernels must reproduce them bit for bit (fp32 of bf16)."""
+    from specpilot.ops.w12n_gemv.triton import fp8_gemv, w12n_gemv
+
+    K = 300
+    t = make_tensor(33, K, 128, seed=7)
+    w = decode(t).float()
+    v, _ = torch.sort(escape_mask(t).any(0).nonzero().flatten()[:8])  # columns with escapes or verbatim
+    cols = torch.cat((v, torch.tensor([0, 1, 127, 128, 255, 256, 298, 299])))[:16]
+    x = torch.zeros(len(cols), K, dtype=dtype)
+    x[torch.arange(len(cols)), cols] = 1
+    assert torch.equal(w12n_gemv(x, t).float(), w[:, cols].T.to(dtype).float())
+    assert torch.equal(fp8_gemv(x, t).float(), fp8_dequant_ref(t)[:, cols].T.to(dtype).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kernel", ["w12n", "fp8"])
+def test_batch_invariance(kernel, dtype):
+    """Row m of an M = 8 (and M = 16) call equals the M = 1 call on that row, bitwise."""
+    from specpilot.ops.w12n_gemv import triton as kernels
+
+    fn = kernels.w12n_gemv if kernel == "w12n" else kernels.fp8_gemv
+    t = make_tensor(33, 300, 128, seed=11)
+    x = make_x(16, 300, dtype, seed=2)
+    y8, y16 = fn(x[:8], t), fn(x, t)
+    for m in range(8):
+        y1 = fn(x[m:m + 1], t)
+        assert torch.equal(y8[m:m + 1], y1), f"row {m}: M=8 differs from M=1"
+        assert torch.equal(y16[m:m + 1], y1), f"row {m}: M=16 differs from M=1"
+
+
+FP8_CASES = [(1, 7, 300, 128), (8, 33, 1024, 512), (16, 1, 64, 128)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("M,N,K,segment", FP8_CASES, ids=[f"m{m}-n{n}-k{k}-s{s}" for m, n, k, s in FP8_CASES])
+def test_fp8_gemv_matches_reference(M, N, K, segment, dtype):
+    from specpilot.ops.w12n_gemv.triton import fp8_gemv
+
+    t = make_tensor(N, K, segment, seed=M * N + K)
+    x = make_x(M, K, dtype)
+    y = fp8_gemv(x, t)
+    assert y.dtype == dtype and y.shape == (M, N)
+    check("fp8_gemv", fp8_gemv_ref, x, t, y)
+    check_bf16_epilogue(fp8_gemv, x, t, y)
+
+
+def test_fp8_view_is_close_to_exact():
+    """Under the 'max' base the FP8 scan stays within the 3-bit-mantissa truncation of the exact GEMV."""
+    t = make_tensor(33, 1024, 128, seed=13)
+    x = make_x(4, 1024, torch.float32)
+    exact, view = w12n_gemv_ref(x, t), fp8_gemv_ref(x, t)
+    rel = (exact - view).norm() / exact.norm()
+    assert 0 < rel < 0.125, rel
+
+
+def test_nonfinite_weights_in_verbatim_segments():
+    """inf/NaN never escape inline (XE 255 is the verbatim marker): they come from the pool, propagate like torch."""
+    from specpilot.ops.w12n_gemv.triton import w12n_gemv
+
+    w = make_weight(7, 300, 128, seed=17)
+    w[1, 5], w[4, 140], w[4, 141], w[6, 290] = float("inf"), float("nan"), -float("inf"), -float("inf")
+    t = encode(w, segment=128)
+    assert t.xe[1, 0] == t.xe[4, 1] == t.xe[6, 2] == VERBATIM
+    x = make_x(3, 300, torch.float32).abs() + 0.1  # positive x: no inf - inf in the rows with one infinity
+    ref, y = w12n_gemv_ref(x, t), w12n_gemv(x, t)
+    assert torch.equal(torch.isnan(ref), torch.isnan(y)) and torch.equal(torch.isinf(ref), torch.isinf(y))
+    assert torch.isinf(y[:, [1, 6]]).all() and torch.isnan(y[:, 4]).all()
+    finite = torch.isfinite(ref)
+    assert torch.equal(ref[~finite].isnan(), y[~finite].isnan()) and torch.equal(ref[torch.isinf(ref)], y[torch.isinf(y)])
+    assert_close("finite rows", ref[:, [0, 2, 3, 5]], y[:, [0, 2, 3, 5]], 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_w12n_linear_cpu_is_decode_plus_linear(dtype):
+    t = make_tensor(33, 300, 128, seed=19)
+    w = decode(t).to(dtype)
+    x = make_x(32, 300, dtype)
+    assert torch.equal(w12n_linear(x, t), F.linear(x, w))
+    x3 = x.reshape(2, 16, 300)
+    assert torch.equal(w12n_linear(x3, t), F.linear(x3, w))
+    assert torch.equal(w12n_linear(x[:4], t), F.linear(x[:4], w))
+
+
+def test_dispatch_on_cpu_uses_reference():
+    from specpilot.ops.w12n_gemv import fp8_gemv, w12n_gemv
+
+    t = make_tensor(7, 64, 128, seed=23)
+    x = make_x(20, 64, torch.float32)  # M > 16 is fine for the references
+    assert torch.equal(w12n_gemv(x, t), w12n_gemv_ref(x, t))
+    assert torch.equal(fp8_gemv(x, t), fp8_gemv_ref(x, t))
+
+
+def test_rejects_bad_calls():
+    from specpilot.ops.w12n_gemv.triton import w12n_gemv
+
+    t = make_tensor(7, 300, 128, seed=29)
+    with pytest.raises(ValueError, match="M <= 16"):
+        w12n_gemv(make_x(17, 300, torch.float32), t)
+    with pytest.raises(ValueError, match="K=300"):
+        w12n_gemv(make_x(2, 301, torch.float32), t)
+    with pytest.raises(ValueError, match="block_k"):
+        w12n_gemv(make_x(2, 300, torch.float32), t, block_k=256)
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        w12n_gemv(make_x(2, 300, torch.float16), t)
