@@ -22,6 +22,7 @@ import triton.language as tl
 from specpilot.weights.w12n import VERBATIM, W12NTensor
 
 MAX_M = 16
+assert VERBATIM == 255  # the kernel compares XE against the literal 255
 
 
 @triton.jit
@@ -76,12 +77,11 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
                 vw = tl.load(v_ptr + pool_row.to(tl.int64)[:, None] * SEGMENT + (kk + cols0)[None, :],
                              mask=is_v[:, None] & row_ok[:, None], other=0.0)
                 w = tl.where(is_v[:, None], vw.to(tl.float32), w)
-            if EVEN_K:
-                col_ok = cols0 < BLOCK_K
-            else:
-                col_ok = (k0 + cols0) < K
             for m in tl.static_range(M):
-                x = tl.load(x_ptr + m * stride_xm + k0 + cols0, mask=col_ok, other=0.0).to(tl.float32)
+                if EVEN_K:
+                    x = tl.load(x_ptr + m * stride_xm + k0 + cols0).to(tl.float32)
+                else:  # padding columns: x reads 0 (the pad weights decode to finite values, never inf/NaN)
+                    x = tl.load(x_ptr + m * stride_xm + k0 + cols0, mask=k0 + cols0 < K, other=0.0).to(tl.float32)
                 part = tl.sum(w * x[None, :], axis=1)
                 acc = tl.where(m_ids[:, None] == m, acc + part[None, :], acc)
         pool_row += is_v.to(tl.int32)
@@ -89,7 +89,7 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, BASE23, ESC_SCALE,
+def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, BASE23, SCALE,
                      stride_xm, stride_an, stride_ym,
                      M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, OUT_BF16: tl.constexpr):
@@ -106,15 +106,15 @@ def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, BASE23, ESC_SCALE,
         sign = (a & 0x80) << 24
         # normal E4M3 (exponent field = code != 0): value * 2^(base-120) = 2^(base+code-127) * 1.m6m5m4
         normal = sign | (((a & 0x7F) << 20) + BASE23)
-        # subnormal (code 0, the escapes): (m6m5m4 / 8) * 2^-6 * 2^(base-120) = m6m5m4 * 2^(base-129)
-        sub = ((a & 7).to(tl.float32) * ESC_SCALE).to(tl.uint32, bitcast=True) | sign
+        # subnormal (code 0, the escapes): (m6m5m4 / 8) * 2^-6 * 2^(base-120); SCALE = 2^(base-120) is a normal
+        # fp32 for every base, and the product is exact unless it is itself subnormal (base < 3 only)
+        sub = (((a & 7).to(tl.float32) * 0.001953125) * SCALE).to(tl.uint32, bitcast=True) | sign
         w = tl.where((a & 0x78) == 0, sub, normal).to(tl.float32, bitcast=True)
-        if EVEN_K:
-            col_ok = cols0 < BLOCK_K
-        else:
-            col_ok = (k0 + cols0) < K
         for m in tl.static_range(M):
-            x = tl.load(x_ptr + m * stride_xm + k0 + cols0, mask=col_ok, other=0.0).to(tl.float32)
+            if EVEN_K:
+                x = tl.load(x_ptr + m * stride_xm + k0 + cols0).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + m * stride_xm + k0 + cols0, mask=k0 + cols0 < K, other=0.0).to(tl.float32)
             part = tl.sum(w * x[None, :], axis=1)
             acc = tl.where(m_ids[:, None] == m, acc + part[None, :], acc)
     _store_rows(y_ptr, acc, m_ids, rows, (m_ids[:, None] < M) & row_ok[None, :], stride_ym, OUT_BF16)
@@ -173,11 +173,9 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int |
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(t.n, block_n),)](
-        x, t.a, _out(y), t.n, t.k, t.padded_k, t.base << 23, 2.0 ** (t.base - 129),
+        x, t.a, _out(y), t.n, t.k, t.padded_k, t.base << 23, 2.0 ** (t.base - 120),
         x.stride(0), t.a.stride(0), y.stride(0),
         M=M, BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN_K=t.k == t.padded_k, OUT_BF16=y.dtype == torch.bfloat16, num_warps=num_warps)
     return y
 
-
-assert VERBATIM == 255  # the kernel compares XE against the literal 255
