@@ -218,6 +218,8 @@ def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs, torch.compile or Triton GEMV (debugging)")
+    p.add_argument("--weight-format", choices=["bf16", "w12n"], default="bf16",
+                   help="w12n: projections read lossless 12-bit planes (encoded at load; needs --dtype bfloat16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
 
@@ -264,7 +266,8 @@ def run_generation(args, model, tokenizer, load_s: float) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
-    engine = EngineConfig(cuda_graphs=not args.eager, compile_pointwise=not args.eager, decode_gemv=not args.eager)
+    engine = EngineConfig(cuda_graphs=not args.eager, compile_pointwise=not args.eager, decode_gemv=not args.eager,
+                          weight_format=args.weight_format)
     gen = _generator(args, ModelRunner(model, engine), tokenizer)
     stream = None if args.json else _Streamer(tokenizer, params.stop)
     out = gen.generate([prompt_ids], params, on_token=stream.push if stream else None)[0]

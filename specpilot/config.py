@@ -209,12 +209,15 @@ class EngineConfig:
     compile_pointwise: bool = True  # torch.compile the small pointwise helpers (GPU only)
     decode_gemv: bool = True  # batch-1 decode projections on the Triton GEMV instead of cuBLAS (GPU only)
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
+    weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"EngineConfig.device={self.device!r}: use 'auto', 'cpu' or 'cuda'")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}: use 'auto', 'bfloat16', 'float16' or 'float32'")
+        if self.weight_format not in ("bf16", "w12n"):
+            raise ValueError(f"EngineConfig.weight_format={self.weight_format!r}: use 'bf16' or 'w12n'")
         if self.block_attention not in ("sdpa", "tree"):
             raise ValueError(f"EngineConfig.block_attention={self.block_attention!r}: use 'sdpa' or 'tree'")
         if self.max_batch_size < 1:

@@ -146,7 +146,7 @@ class SpecEngine:
         if layers:
             hidden, captured = hidden
             self._features = torch.cat(captured, dim=-1)  # [B, T, K * hidden]
-        return self.runner.model.logits(hidden).argmax(-1)
+        return self.runner.logits(hidden).argmax(-1)
 
     def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
         return accept_greedy(trees, greedy.tolist())

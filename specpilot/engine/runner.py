@@ -26,6 +26,12 @@ class ModelRunner:
         self.compile = engine.compile_pointwise and on_gpu
         self.gemv = engine.decode_gemv and on_gpu
         self.block_kernel = engine.block_attention == "tree"
+        self.weight_format = engine.weight_format
+        if engine.weight_format == "w12n":
+            if self.dtype != torch.bfloat16:
+                raise ValueError(f"weight_format w12n needs a bf16 model (got {self.dtype}); use --dtype bfloat16")
+            if not any(getattr(m, "w12n", None) is not None for m in model.modules()):
+                linear.attach_w12n(model)
         self.prefill_chunk = prefill_chunk
         self.cache: ModelCache | None = None
         self.graphs: dict[int, DecodeGraph] = {}
@@ -43,8 +49,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, meta: BatchMetadata, layers: tuple[int, ...] = ()):
         """One multi-token block (verify, prefill chunk) through the model: hidden states (and captured layers)."""
-        with attention.block_kernel(self.block_kernel):
+        with attention.block_kernel(self.block_kernel), linear.weight_format(self.weight_format):
             return self.model(meta, self.cache, layers)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        with linear.weight_format(self.weight_format):
+            return self.model.logits(hidden)
 
     @torch.inference_mode()
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
@@ -75,7 +86,7 @@ class ModelRunner:
             if layers:
                 hidden, captured = hidden
                 features.append(torch.cat(captured, dim=-1)[0])
-        logits = self.model.logits(hidden[0, -1]).float()
+        logits = self.logits(hidden[0, -1]).float()
         return (logits, torch.cat(features)) if layers else logits
 
     @torch.inference_mode()
@@ -84,7 +95,7 @@ class ModelRunner:
 
         input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
         """
-        with pointwise.compiled(self.compile), linear.decode_gemv(self.gemv):
+        with pointwise.compiled(self.compile), linear.decode_gemv(self.gemv), linear.weight_format(self.weight_format):
             return self._decode(input_ids, positions)
 
     def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,11 @@
-"""Linear: nn.Linear whose single-row products (batch-1 decode) can run the Triton GEMV instead of cuBLAS.
+"""Linear: nn.Linear with a weight-format dispatch and a decode GEMV.
 
-The switch is a region the runner opens around decode steps (EngineConfig.decode_gemv); everywhere else,
-and for any product of more than one row, it is a plain F.linear. The weight format dispatch (W12N) lands
-here too.
+Two regions the runner opens, each a knob of EngineConfig:
+- `weight_format("w12n")`: layers that carry W12N planes (attach_w12n) multiply through them: the fused
+  register-decoding GEMV for up to 16 rows, decode + F.linear beyond. The bf16 weight stays for every other
+  reader, so one model serves both formats side by side.
+- `decode_gemv()`: single-row products (batch-1 decode) run the Triton GEMV instead of cuBLAS.
+Everywhere else it is a plain F.linear.
 """
 
 from __future__ import annotations
@@ -14,8 +17,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.ops.gemv import gemv
+from specpilot.ops.w12n_gemv import w12n_linear
+from specpilot.weights import w12n
 
 _gemv_enabled = False
+_w12n_enabled = False
+
+
+@contextlib.contextmanager
+def weight_format(name: str = "bf16"):
+    global _w12n_enabled
+    previous, _w12n_enabled = _w12n_enabled, name == "w12n"
+    try:
+        yield
+    finally:
+        _w12n_enabled = previous
 
 
 @contextlib.contextmanager
@@ -29,7 +45,26 @@ def decode_gemv(enabled: bool = True):
 
 
 class Linear(nn.Linear):
+    w12n: w12n.W12NTensor | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _w12n_enabled and self.w12n is not None and self.bias is None:
+            return w12n_linear(x, self.w12n)
         if _gemv_enabled and self.bias is None and x.numel() == x.shape[-1]:
             return gemv(x.reshape(1, -1), self.weight).view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
+
+
+def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",)) -> dict:
+    """Encodes every bf16 Linear weight that pays (W12N policy) and attaches the planes on the weight's device;
+    tied weights (an LM head sharing the embedding) are skipped. Returns {name: stats} of the encoded ones."""
+    tied = {id(p) for n, p in model.named_parameters() if any(s in n for s in skip)}
+    report = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear) or module.weight.dtype != torch.bfloat16 or id(module.weight) in tied:
+            continue
+        encoded = w12n.maybe_encode(module.weight.detach())
+        if encoded is not None:
+            module.w12n = encoded
+            report[name] = w12n.stats(encoded)
+    return report
