@@ -254,6 +254,8 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
     hf = hf_view(ours, hf_cfg)
     runner = ModelRunner(ours)
     variants = {"ours": runner, "ours_cublas": ModelRunner(ours, EngineConfig(decode_gemv=False))}
+    if args.w12n:
+        variants["ours_w12n"] = ModelRunner(ours, EngineConfig(weight_format="w12n"))
     cfg = ours.config
     weight_bytes = ours.weight_bytes_per_token()
     kv_per_token = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * cfg.head_dim * 2
@@ -279,6 +281,12 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
         alt.cache, alt.graphs = None, {}
         torch.cuda.empty_cache()
         r["gemv_speedup_vs_cublas"] = r["cublas_variant"]["step_ms_median"] / r["step_ms_median"]
+        if "ours_w12n" in variants and batch <= 16:
+            w = variants["ours_w12n"]
+            r["w12n_variant"] = time_ours(w, batch, ctx, args.steps, cfg.vocab_size)
+            w.cache, w.graphs = None, {}
+            torch.cuda.empty_cache()
+            r["w12n_speedup_vs_bf16"] = r["step_ms_median"] / r["w12n_variant"]["step_ms_median"]
         moved = weight_bytes + batch * (ctx * kv_per_token + state_bytes)
         r["roofline_ms_weights"] = weight_bytes / bandwidth * 1e3
         r["roofline_ms_all_bytes"] = moved / bandwidth * 1e3
@@ -305,6 +313,7 @@ def main() -> None:
     p.add_argument("--hf-tokens", type=int, default=24)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--profile", action="store_true", help="also list kernel time per decode step")
+    p.add_argument("--w12n", action="store_true", help="also time the step with W12N weights (batch <= 16)")
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args()
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]

@@ -1,9 +1,10 @@
 """Linear: nn.Linear with a weight-format dispatch and a decode GEMV.
 
 Two regions the runner opens, each a knob of EngineConfig:
-- `weight_format("w12n")`: layers that carry W12N planes (attach_w12n) multiply through them: the fused
-  register-decoding GEMV for up to 16 rows, decode + F.linear beyond. The bf16 weight stays for every other
-  reader, so one model serves both formats side by side.
+- `weight_format("w12n")`: layers that carry W12N planes (attach_w12n) multiply up to 16 rows (decode steps,
+  small trees) through the fused register-decoding GEMV, where reading fewer bytes pays; larger products stay
+  on cuBLAS with the bf16 weight, which is kept (for them and every other reader), so one model serves both
+  formats side by side. Dropping the bf16 copy to save memory is a later step.
 - `decode_gemv()`: single-row products (batch-1 decode) run the Triton GEMV instead of cuBLAS.
 Everywhere else it is a plain F.linear.
 """
@@ -48,7 +49,7 @@ class Linear(nn.Linear):
     w12n: w12n.W12NTensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _w12n_enabled and self.w12n is not None and self.bias is None:
+        if _w12n_enabled and self.w12n is not None and self.bias is None and x.numel() <= 16 * x.shape[-1]:
             return w12n_linear(x, self.w12n)
         if _gemv_enabled and self.bias is None and x.numel() == x.shape[-1]:
             return gemv(x.reshape(1, -1), self.weight).view(*x.shape[:-1], self.out_features)
