@@ -1,0 +1,182 @@
+"""The benchmark harness: per workload and batch size, AR, "stock" and the given configurations run side by
+side in one process, on the same prompts, after a warm-up; every output is token-forced against the plain
+model; results carry tok/s, speedups, tau, per-depth acceptance and the step-time split.
+
+"stock" is the published baseline's setting: chain verification, bf16, fixed block, no tuning. A
+configuration is `name=key:value;key:value`, keys: tree (chain:D | static:... | dynamic:...) and any
+EngineConfig field (weight_format, block_attention, decode_gemv, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
+from specpilot.config import EngineConfig
+from specpilot.engine.engine import SpecEngine
+from specpilot.engine.generator import Generator
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams
+from specpilot.prompts import load_prompts, resolve_prompt_set
+from specpilot.spec.forcing import ForcingReport, force_check
+from specpilot.spec.tree import TreeSpec
+
+WORKLOADS = {"mt-bench": "mt-bench", "humaneval": "eagle-humaneval", "gsm8k": "eagle-gsm8k",
+             "alpaca": "eagle-alpaca", "cnndm": "eagle-sum", "spec-bench": "spec-bench"}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    tree: str
+    engine: tuple[tuple[str, object], ...] = ()
+
+    @staticmethod
+    def parse(text: str, default_tree: str) -> BenchConfig:
+        name, _, body = text.partition("=")
+        tree, engine = default_tree, []
+        fields = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+        for item in filter(None, body.split(";")):
+            key, sep, value = item.partition(":")
+            if not sep:
+                raise ValueError(f"config {text!r}: items are key:value, got {item!r}")
+            if key == "tree":
+                TreeSpec.parse(value)
+                tree = value
+            elif key in fields:
+                engine.append((key, _coerce(value)))
+            else:
+                raise ValueError(f"config {text!r}: unknown key {key!r} (tree or an EngineConfig field: "
+                                 f"{', '.join(fields)})")
+        return BenchConfig(name, tree, tuple(engine))
+
+
+def _coerce(value: str):
+    if value in ("true", "false"):
+        return value == "true"
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        if chat and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+        else:
+            ids = tokenizer.encode(p.text, add_special_tokens=True)
+        out.append(list(ids))
+    return out
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_generation(make, prompts: list[list[int]], batch: int, params: SamplingParams, device, truth=None):
+    """Generates every prompt in batches; returns (outputs, per-request stats or None, seconds). With `truth`
+    (synthetic acceptance) the engine's oracle gets each group's stock continuations by slot."""
+    outputs, stats = [], []
+    _sync(device)
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        group = prompts[i:i + batch]
+        engine = make()
+        if truth is not None:
+            engine.drafter.truth = {j: truth[i + j] for j in range(len(group))}
+        for res in engine.generate(group, params):
+            result, s = res if isinstance(res, tuple) else (res, None)
+            outputs.append(result.token_ids)
+            stats.append(s)
+    _sync(device)
+    return outputs, stats, time.perf_counter() - t0
+
+
+def summarize(outputs, stats, seconds: float) -> dict:
+    tokens = sum(map(len, outputs))
+    row = {"tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds}
+    real = [s for s in stats if s is not None]
+    if real:
+        steps = sum(s.steps for s in real)
+        row["tau"] = sum(s.emitted for s in real) / max(steps, 1)
+        depth = max(len(s.drafted_per_depth) for s in real)
+        row["drafted_per_depth"] = [sum(s.drafted_per_depth[d] for s in real if d < len(s.drafted_per_depth))
+                                    for d in range(depth)]
+        row["accepted_per_depth"] = [sum(s.accepted_per_depth[d] for s in real if d < len(s.accepted_per_depth))
+                                     for d in range(depth)]
+        row["seconds_split"] = {k: sum(s.seconds[k] for s in real) for k in real[0].seconds}
+    return row
+
+
+def forcing(runner: ModelRunner, prompts, outputs, tolerance: float) -> dict:
+    report = ForcingReport()
+    for i, (p, out) in enumerate(zip(prompts, outputs)):
+        force_check(runner, p, out, report, prompt_index=i)
+    fails = report.failures(tolerance)
+    return {"tokens": report.tokens, "mismatches": len(report.mismatches), "failures": len(fails),
+            "max_margin": report.max_margin, "passed": not fails}
+
+
+def bench(model, tokenizer, make_drafter, workloads: list[str], batch_sizes: list[int], configs: list[BenchConfig],
+          stock_tree: str, max_new_tokens: int, data_dir, limit: int | None, profile: AcceptanceProfile | None,
+          chat: bool = True, tie_tolerance: float = 1e-3, progress=None) -> list[dict]:
+    """All rows of the report: one per workload x batch size x configuration (AR and stock included)."""
+    device = next(model.parameters()).device
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=profile is not None)
+    eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+    stock_runner = ModelRunner(model)
+    rows = []
+    for workload in workloads:
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload {workload!r}: use one of {', '.join(WORKLOADS)}")
+        prompts = encode_prompts(tokenizer, load_prompts(resolve_prompt_set(WORKLOADS[workload], data_dir),
+                                                         limit=limit), chat)
+        for batch in batch_sizes:
+            rows += _bench_one(model, eos, make_drafter, workload, prompts, batch, configs, stock_tree, params,
+                               profile, stock_runner, tie_tolerance, device, progress)
+    return rows
+
+
+def _bench_one(model, eos, make_drafter, workload, prompts, batch, configs, stock_tree, params, profile,
+               stock_runner, tie_tolerance, device, progress) -> list[dict]:
+    ar_make = lambda: Generator(stock_runner, eos)  # noqa: E731
+    run_generation(ar_make, prompts[:1], 1, SamplingParams(max_new_tokens=4), device)  # warm-up
+    ar_out, ar_stats, ar_s = run_generation(ar_make, prompts, batch, params, device)
+    truth = ar_out
+    base = {"workload": workload, "batch": batch, "prompts": len(prompts), "synthetic": profile is not None,
+            "acceptance": f"synthetic:{profile.name}" if profile else "real"}
+    rows = [{**base, "config": "ar", **summarize(ar_out, ar_stats, ar_s), "speedup_vs_ar": 1.0}]
+    stock = BenchConfig("stock", stock_tree)
+    for cfg in [stock] + list(configs):
+        runner = ModelRunner(model, EngineConfig(**dict(cfg.engine)))
+
+        def make(cfg=cfg, runner=runner):
+            drafter = make_drafter()
+            if profile is not None:
+                # requests start at slot 0 in every batch: index the truth by slot within the current group
+                drafter = SyntheticDrafter(drafter, {}, profile, model.config.vocab_size)
+            return SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
+
+        synthetic_truth = truth if profile is not None else None
+        run_generation(make, prompts[:1], 1, SamplingParams(max_new_tokens=4, ignore_eos=True), device,
+                       synthetic_truth)  # warm-up: compile, graphs
+        out, stats, seconds = run_generation(make, prompts, batch, params, device, synthetic_truth)
+        row = {**base, "config": cfg.name, "tree": cfg.tree, "engine": dict(cfg.engine),
+               **summarize(out, stats, seconds)}
+        row["speedup_vs_ar"] = row["tok_per_s"] / rows[0]["tok_per_s"]
+        row["forcing"] = forcing(stock_runner, prompts, out, tie_tolerance)
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+    stock_rate = rows[1]["tok_per_s"]
+    for row in rows:
+        row["speedup_vs_stock"] = row["tok_per_s"] / stock_rate
+    return rows

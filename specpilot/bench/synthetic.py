@@ -1,0 +1,107 @@
+"""Synthetic acceptance: the drafter runs at full cost, but an oracle that knows the stock continuation rewrites
+its proposals to follow a stated acceptance profile. For random-weight targets in real shapes, where real
+acceptance means nothing; every number produced this way is labelled synthetic.
+
+A profile gives, per depth d, the probability that the rank-0 child of a node on the true path is the true
+next token (conditional on its parent being right); a sibling of rank r is right with per_depth[d] *
+sibling_decay**r when the earlier ranks missed. At most one child of a node is right.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpilot.spec.tree import DraftTree, TreeSpec, grow
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    name: str
+    per_depth: tuple[float, ...]
+    sibling_decay: float = 0.5
+    source: str = ""
+
+    @staticmethod
+    def load(name_or_path: str) -> AcceptanceProfile:
+        path = Path(name_or_path)
+        if not path.exists():
+            path = PROFILES_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+            raise ValueError(f"acceptance profile {name_or_path!r}: no such file; shipped profiles: {shipped}")
+        raw = json.loads(path.read_text())
+        per_depth = tuple(float(p) for p in raw.get("per_depth", ()))
+        if not per_depth or not all(0 <= p <= 1 for p in per_depth):
+            raise ValueError(f"{path}: per_depth must be a non-empty list of probabilities")
+        return AcceptanceProfile(raw.get("name", path.stem), per_depth, float(raw.get("sibling_decay", 0.5)),
+                                 raw.get("source", ""))
+
+    def p(self, depth: int, rank: int) -> float:
+        base = self.per_depth[min(depth, len(self.per_depth)) - 1]
+        return base * self.sibling_decay**rank
+
+    def expected_chain_tau(self, depth: int) -> float:
+        tau, run = 1.0, 1.0
+        for d in range(1, depth + 1):
+            run *= self.p(d, 0)
+            tau += run
+        return tau
+
+
+class SyntheticDrafter:
+    """Wraps a drafter: the drafter still runs (its cost is real), but the tree has the spec's full shape and its
+    tokens come from the oracle."""
+
+    def __init__(self, inner, truth: dict[int, list[int]], profile: AcceptanceProfile, vocab_size: int, seed: int = 0):
+        self.inner, self.truth, self.profile, self.vocab = inner, truth, profile, vocab_size
+        self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
+        self.target_layers = tuple(getattr(inner, "target_layers", ()))
+        self.rng = random.Random(seed)
+        self.emitted: dict[int, int] = {}
+
+    def allocate(self, num_slots: int, max_seq_len: int) -> None:
+        self.inner.allocate(num_slots, max_seq_len)
+
+    def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
+        self.inner.start(slot, prompt_ids, features)
+        self.emitted[slot] = 1  # the first token comes from the prefill
+
+    def commit(self, slot: int, accepted: list[int], features=None) -> None:
+        self.inner.commit(slot, accepted, features)
+        self.emitted[slot] += len(accepted) + 1
+
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+        self.inner.propose(slots, roots, spec)
+        return [self._rewrite(shape(spec, root), self.truth[s][self.emitted[s]:]) for s, root in zip(slots, roots)]
+
+    def _rewrite(self, tree: DraftTree, future: list[int]) -> DraftTree:
+        depths = tree.depths
+        tokens, on_path = list(tree.tokens), [True] + [False] * (tree.num_nodes - 1)
+        for parent in range(tree.num_nodes):
+            hit = False
+            for rank, child in enumerate(tree.children(parent)):
+                d = depths[child]
+                truth = future[d - 1] if d - 1 < len(future) else None
+                right = (on_path[parent] and not hit and truth is not None
+                         and self.rng.random() < self.profile.p(d, rank))
+                if right:
+                    tokens[child], on_path[child], hit = truth, True, True
+                else:
+                    tokens[child] = self._wrong(truth)
+        return DraftTree(tuple(tokens), tree.parents)
+
+    def _wrong(self, truth: int | None) -> int:
+        tok = self.rng.randrange(self.vocab)
+        return tok if tok != truth else (tok + 1) % self.vocab
+
+
+def shape(spec: TreeSpec, root: int) -> DraftTree:
+    """The spec's full tree (a dynamic tree as if every expansion scored like its rank); tokens are placeholders."""
+    width = max(max(spec.branching, default=1), spec.top_k)
+    return grow(spec, root, lambda tree, frontier: [(list(range(width)), [-0.1 * r - 0.01 * f for r in range(width)])
+                                                    for f in frontier])

@@ -1,0 +1,55 @@
+"""specpilot bench end to end on a tiny model (CPU): real and synthetic acceptance, JSON, table and plot."""
+
+import json
+
+import pytest
+
+from specpilot.bench.harness import BenchConfig
+from specpilot.bench.synthetic import AcceptanceProfile
+from specpilot.cli import main
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    root = tmp_path / "data"
+    (root / "eagle").mkdir(parents=True)
+    rows = [{"question_id": i, "category": "coding", "turns": [f"def add{i}(a, b):\n    return a + b\n" * 2]}
+            for i in range(3)]
+    (root / "eagle" / "humaneval_question.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (root / "eagle" / "gsm8k_question.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:2]))
+    return root
+
+
+@pytest.mark.parametrize("acceptance", ["real", "synthetic:dflash2-gsm8k"])
+def test_bench_end_to_end(acceptance, checkpoint_factory, data_dir, tmp_path, capsys):
+    path, _ = checkpoint_factory("qwen3")
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--target", str(path), "--drafter", "ngram", "--workloads", "humaneval", "gsm8k",
+               "--data-dir", str(data_dir), "--batch-sizes", "1", "2", "--max-new-tokens", "12",
+               "--configs", "tree=tree:static:2,2", "--stock-tree", "chain:3", "--acceptance", acceptance,
+               "--out", str(out), "--no-chat"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    assert {r["config"] for r in rows} == {"ar", "stock", "tree"} and len(rows) == 2 * 2 * 3
+    assert all(r["forcing"]["passed"] for r in rows if r["config"] != "ar")
+    assert all(r["synthetic"] == (acceptance != "real") for r in rows)
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+    if acceptance != "real":
+        # the oracle follows the profile: tau well above 1 on a chain of 3 (expected about 3.3)
+        assert all(r["tau"] > 2.2 for r in rows if r["config"] == "stock")
+        assert "SYNTHETIC" in capsys.readouterr().out
+
+
+def test_profiles_match_their_published_tau():
+    for name, tau in (("dflash2-gsm8k", 5.46), ("dflash2-mixed", 3.58)):
+        assert AcceptanceProfile.load(name).expected_chain_tau(7) == pytest.approx(tau, abs=0.01)
+    with pytest.raises(ValueError, match="shipped profiles"):
+        AcceptanceProfile.load("nope")
+
+
+def test_config_parsing():
+    cfg = BenchConfig.parse("w=tree:dynamic:4,5,16;weight_format:w12n;decode_gemv:false", "chain:7")
+    assert cfg.tree == "dynamic:4,5,16" and dict(cfg.engine) == {"weight_format": "w12n", "decode_gemv": False}
+    with pytest.raises(ValueError, match="unknown key"):
+        BenchConfig.parse("x=speed:9", "chain:7")
