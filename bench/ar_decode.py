@@ -21,31 +21,15 @@ import time
 import torch
 import transformers
 
-from specpilot.config import EngineConfig, ModelConfig
+from specpilot.bench import shapes
+from specpilot.config import EngineConfig
 from specpilot.engine.runner import ModelRunner
 from specpilot.layers.packed import PackedLinear
 from specpilot.models.loader import build_empty
 
 DEVICE = "cuda"
 
-SHAPES = {
-    "tiny-dense": (transformers.Qwen3Config, dict(
-        architectures=["Qwen3ForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
-    "tiny-hybrid": (transformers.Qwen3_5TextConfig, dict(
-        architectures=["Qwen3_5ForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2)),
-    "Qwen3-8B": (transformers.Qwen3Config, dict(
-        architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=False)),
-    "Qwen3.5-27B": (transformers.Qwen3_5TextConfig, dict(
-        architectures=["Qwen3_5ForCausalLM"], vocab_size=248320, hidden_size=5120, intermediate_size=17408,
-        num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
-        full_attention_interval=4, max_position_embeddings=262144)),
-}
+SHAPES = shapes.SHAPES
 
 
 def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20) -> float:
@@ -66,22 +50,7 @@ def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20) -> float:
 
 
 def random_model(hf_cfg, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
-    cfg = ModelConfig.from_dict(hf_cfg.to_dict())
-    model = build_empty(cfg, torch.device(DEVICE), dtype)
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape, device=DEVICE).uniform_(1, 16, generator=gen).log())
-            elif name.endswith("dt_bias"):
-                p.fill_(1.0)
-            elif p.ndim == 1:
-                # plain norms scale by w (=1), zero-centred ones by 1 + w (w=0), both the trained-like identity
-                zero_centered = cfg.family == "qwen3_5" and "linear_attn.norm" not in name
-                p.fill_(0.0 if zero_centered else 1.0)
-            else:
-                p.normal_(0, 0.02, generator=gen)
-    return model
+    return shapes.random_model(hf_cfg, DEVICE, dtype)
 
 
 def hf_view(ours, hf_cfg):

@@ -71,8 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
     b = sub.add_parser("bench", help="AR vs stock speculation vs configurations on the benchmark workloads")
-    b.add_argument("--target", required=True, help="model directory or Hub repo id")
-    b.add_argument("--drafter", default="ngram", help="draft model / DFlash / EAGLE-3 checkpoint, or ngram")
+    b.add_argument("--target", required=True,
+                   help="model directory or Hub repo id, or random:SHAPE (Qwen3-8B, Qwen3.5-27B: random bf16 weights "
+                        "in the real shape; needs --acceptance synthetic:...)")
+    b.add_argument("--drafter", default="ngram",
+                   help="draft model / DFlash / EAGLE-3 checkpoint, ngram, or random-dflash (random targets)")
     b.add_argument("--workloads", nargs="+", default=["mt-bench", "humaneval", "gsm8k", "alpaca", "cnndm"],
                    help="mt-bench humaneval gsm8k alpaca cnndm spec-bench")
     b.add_argument("--data-dir", default=None, help="prompt data directory (default: SPECPILOT_DATA_DIR)")
@@ -120,8 +123,6 @@ def cmd_bench(args) -> int:
     from specpilot.bench.harness import BenchConfig, bench
     from specpilot.bench.report import plot, table, write_json
     from specpilot.bench.synthetic import AcceptanceProfile
-    from specpilot.models.loader import load_model, load_tokenizer
-    from specpilot.spec.drafters.registry import build_drafter
 
     kind, _, name = args.acceptance.partition(":")
     if kind not in ("real", "synthetic") or (kind == "synthetic" and not name):
@@ -129,10 +130,9 @@ def cmd_bench(args) -> int:
     profile = AcceptanceProfile.load(name) if kind == "synthetic" else None
     configs = [BenchConfig.parse(c, args.stock_tree) for c in args.configs]
     device = _device(args.device)
-    tokenizer = load_tokenizer(args.target)
-    model = load_model(args.target, device, args.dtype)
-    build_drafter(args.drafter, model, tokenizer)  # fail fast on a bad drafter, before any timing
-    rows = bench(model, tokenizer, lambda: build_drafter(args.drafter, model, tokenizer), args.workloads,
+    model, tokenizer, make_drafter = _bench_models(args, device, profile)
+    make_drafter()  # fail fast on a bad drafter, before any timing
+    rows = bench(model, tokenizer, make_drafter, args.workloads,
                  args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit, profile,
                  chat=not args.no_chat, tie_tolerance=args.tie_tolerance,
                  progress=lambda r: err.print(f"[dim]{r['workload']} b{r['batch']} {r['config']}: "
@@ -145,6 +145,31 @@ def cmd_bench(args) -> int:
     Console(highlight=False).print(table(rows))
     err.print(f"wrote {args.out} and {plot_path}")
     return 0 if all(r.get("forcing", {"passed": True})["passed"] for r in rows) else 1
+
+
+def _bench_models(args, device: str, profile):
+    """(target, tokenizer, drafter factory): a checkpoint, or a random-weight model in a real shape."""
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.spec.drafters.registry import build_drafter
+
+    if args.target.startswith("random:"):
+        import torch
+
+        from specpilot.bench.shapes import ByteTokenizer, hf_config, random_dflash, random_model
+
+        if profile is None:
+            raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
+        shape = args.target.partition(":")[2]
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        model = random_model(hf_config(shape), device, dtype)
+        if args.drafter == "random-dflash":
+            return model, ByteTokenizer(), lambda: random_dflash(model, shape)
+        return model, ByteTokenizer(), lambda: build_drafter(args.drafter, model)
+    if args.drafter == "random-dflash":
+        raise ValueError("--drafter random-dflash goes with a random:SHAPE target")
+    tokenizer = load_tokenizer(args.target)
+    model = load_model(args.target, device, args.dtype)
+    return model, tokenizer, lambda: build_drafter(args.drafter, model, tokenizer)
 
 
 def cmd_compress(args) -> int:

@@ -53,3 +53,16 @@ def test_config_parsing():
     assert cfg.tree == "dynamic:4,5,16" and dict(cfg.engine) == {"weight_format": "w12n", "decode_gemv": False}
     with pytest.raises(ValueError, match="unknown key"):
         BenchConfig.parse("x=speed:9", "chain:7")
+
+
+def test_bench_random_real_shape_target(data_dir, tmp_path):
+    """random:SHAPE targets (here the tiny shape) with a random DFlash drafter under synthetic acceptance;
+    real acceptance is refused on random weights."""
+    out = tmp_path / "r.json"
+    args = ["bench", "--target", "random:tiny-dense", "--drafter", "random-dflash", "--workloads", "gsm8k",
+            "--data-dir", str(data_dir), "--max-new-tokens", "10", "--stock-tree", "chain:7", "--out", str(out),
+            "--device", "cpu"]
+    assert main(args + ["--acceptance", "synthetic:dflash2-mixed"]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert all(r["synthetic"] and r.get("forcing", {"passed": True})["passed"] for r in rows)
+    assert main(args + ["--acceptance", "real"]) == 2
