@@ -67,14 +67,17 @@ def test_speculative_equals_autoregressive_hybrid_chain(drafter, checkpoint_fact
 
 
 @pytest.mark.parametrize("tree", ["static:3,2,1", "dynamic:3,4,8"])
-def test_speculative_equals_autoregressive_hybrid_tree(tree, checkpoint_factory):
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_speculative_equals_autoregressive_hybrid_tree(drafter, tree, checkpoint_factory):
     """Trees on a Gated DeltaNet target: tree-masked delta rule + parent-pointer conv in the verify pass, fold
-    commit of the kept path."""
-    target, _ = _models(checkpoint_factory, "qwen3_5")
+    commit of the kept path; the draft LMs are hybrid too (their trees run the same tree path)."""
+    target, draft = _models(checkpoint_factory, "qwen3_5")
     prompts = _prompts()
-    engine = SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse(tree))
+    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse(tree))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
+    if drafter == "self-draft":  # a hybrid drafting trees for itself is always right
+        assert all(s.tau > TreeSpec.parse(tree).depth * 0.7 for _, s in out)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -2,9 +2,10 @@
 
 Per slot the draft cache holds the committed sequence up to the last root. Each step feeds the tokens the
 target accepted since (plus the new root) as one block, then grows the tree: a chain by greedy decode steps,
-a static or dynamic tree level by level (each level re-runs the tree so far under its ancestor mask). Draft
-positions past the committed length are scratch, overwritten by the next feed; recurrent draft models keep
-their state by snapshot and restore around the drafting.
+a static or dynamic tree level by level (each level re-runs the tree so far under its ancestor mask; on a
+recurrent draft model that is the tree-masked delta rule, which writes no state). Draft positions past the
+committed length are scratch, overwritten by the next feed; recurrent draft models keep their state by
+snapshot and restore around chain drafting.
 """
 
 from __future__ import annotations
@@ -39,9 +40,6 @@ class DraftLMDrafter:
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
-        if spec.kind != "chain" and self.model.config.is_hybrid:
-            raise NotImplementedError("tree drafting with a recurrent (hybrid) draft model is not supported yet; "
-                                      "use --tree chain:D")
         return [self._propose_one(slot, root, spec) for slot, root in zip(slots, roots)]
 
     def _propose_one(self, slot: int, root: int, spec: TreeSpec) -> DraftTree:
@@ -92,6 +90,8 @@ class DraftLMDrafter:
         pos = (tree.positions(seen - 1)[1:])[None].to(dev)
         loc = (seen + torch.arange(n))[None].to(dev)
         mask = tree.ancestor_mask()[1:, 1:][None].to(dev)
+        # parents among the non-root nodes: the root itself is committed state (-1)
+        parents = torch.tensor([[p - 1 for p in tree.parents[1:]]], device=dev)
         meta = BatchMetadata(ids, pos, loc, torch.tensor([slot], device=dev), torch.tensor([seen], device=dev), seen,
-                             mask)
+                             mask, parents=parents)
         return self.model.logits(self.model(meta, self.runner.cache))[0].float()
