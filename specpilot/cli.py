@@ -265,10 +265,12 @@ def cmd_train_drafter(args) -> int:
     from specpilot.train.corpus import load_corpus
     from specpilot.train.lm import train_lm
 
-    if args.kind == "eagle3":
-        raise NotImplementedError("training EAGLE-3 heads is not implemented yet; --kind dflash or draft-lm")
     corpus = load_corpus(args.corpus, max_files=args.max_files)
-    if args.kind == "dflash":
+    if args.kind == "eagle3":
+        from specpilot.train.eagle3 import train_eagle3
+
+        report = train_eagle3(corpus, args.target, args.out, _train_config(args), console=err)
+    elif args.kind == "dflash":
         from specpilot.train.dflash import train_dflash
 
         report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,

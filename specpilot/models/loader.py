@@ -113,6 +113,23 @@ def _targets(model: CausalLM) -> dict[str, tuple[str, str | None]]:
     return targets
 
 
+def unpacked_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters under checkpoint names: each packed projection split back into its shards (the
+    inverse of the loader's mapping; used to save trained drafters in their public layouts)."""
+    state, modules = {}, dict(model.named_modules())
+    for name, p in model.named_parameters():
+        parent, kind = name.rsplit(".", 1) if "." in name else ("", name)
+        module = modules.get(parent)
+        if isinstance(module, PackedLinear):
+            owner = parent.rsplit(".", 1)[0]
+            for shard in module.shards:
+                start, rows = module.shard_rows(shard)
+                state[f"{owner}.{shard}.{kind}"] = p[start:start + rows].detach().contiguous()
+        else:
+            state[name] = p.detach().contiguous()
+    return state
+
+
 def _map_key(key: str, prefixes: dict[str, str]) -> str:
     for src in sorted(prefixes, key=len, reverse=True):
         if key.startswith(src):

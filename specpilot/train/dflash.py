@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from specpilot.config import ModelConfig
 from specpilot.layers.metadata import BatchMetadata
-from specpilot.layers.packed import PackedLinear
-from specpilot.models.loader import load_model, load_tokenizer
+from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
 from specpilot.spec.drafters.dflash import DFlashModel, default_target_layers
 from specpilot.train.corpus import Corpus
 from specpilot.train.lm import TrainConfig, batch_at, lr_at, token_stream
@@ -160,30 +159,13 @@ def _init(model: DFlashModel) -> None:
             layer.mlp.down_proj.weight.mul_(1 / math.sqrt(2 * len(model.layers)))
 
 
-def dflash_state_dict(model: DFlashModel) -> dict[str, torch.Tensor]:
-    """Our parameters under the public DFlashDraftModel key names (packed projections split back)."""
-    state = {}
-    modules = dict(model.named_modules())
-    for name, p in model.named_parameters():
-        parent = name.rsplit(".", 1)[0]
-        module = modules.get(parent)
-        if isinstance(module, PackedLinear):
-            owner = parent.rsplit(".", 1)[0]
-            for shard in module.shards:
-                start, rows = module.shard_rows(shard)
-                state[f"{owner}.{shard}.weight"] = p[start:start + rows].detach().contiguous()
-        else:
-            state[name] = p.detach().contiguous()
-    return state
-
-
 def save_dflash(model: DFlashModel, target_cfg: ModelConfig, layers, block: int, mask_id: int, out: Path,
                 report: dict) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    save_file({k: v.float().cpu() for k, v in dflash_state_dict(model).items()}, str(out / "model.safetensors"),
+    save_file({k: v.float().cpu() for k, v in unpacked_state_dict(model).items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": cfg.vocab_size,
               "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,

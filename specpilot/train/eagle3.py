@@ -1,0 +1,131 @@
+"""`specpilot train drafter --kind eagle3`: an EAGLE-3 head trained against a frozen target.
+
+The head reads the outputs of three target layers (EAGLE-3's low / mid / high taps), fused by `fc`, paired with
+the embedding of the next token; at position p it learns token p+2. The draft vocabulary is the corpus's most
+frequent target tokens (d2t / t2d maps). Training runs the drafter's own inference forward (causal over the
+block, a scratch cache per step), so train and serve cannot drift. This is step-0 teacher forcing only: the
+training-time test (unrolling on the head's own outputs) is not done yet, so deeper drafts are weaker than a
+full EAGLE-3 recipe would give. The result is a SafeAILab-layout directory (`LlamaForCausalLMEagle3`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
+from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
+from specpilot.train.corpus import Corpus
+from specpilot.train.dflash import _features
+from specpilot.train.lm import TrainConfig, batch_at, lr_at, token_stream
+
+
+def tap_inputs(num_layers: int) -> tuple[int, int, int]:
+    """Input-of-layer ids of the three taps: EAGLE-3's (2, L//2, L-3), spread out on shallow targets."""
+    if num_layers >= 7:
+        return (2, num_layers // 2, num_layers - 3)
+    return (1, 1 + (num_layers - 1) // 2, num_layers)
+
+
+def head_raw_config(target_cfg, draft_vocab: int, taps) -> dict:
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": target_cfg.hidden_size,
+            "intermediate_size": target_cfg.intermediate_size, "num_attention_heads": target_cfg.num_attention_heads,
+            "num_key_value_heads": target_cfg.num_key_value_heads, "head_dim": target_cfg.head_dim,
+            "rms_norm_eps": target_cfg.rms_norm_eps, "rope_theta": target_cfg.rope.theta,
+            "max_position_embeddings": target_cfg.max_position_embeddings, "vocab_size": target_cfg.vocab_size,
+            "draft_vocab_size": draft_vocab, "num_hidden_layers": 1, "eagle_aux_hidden_state_layer_ids": list(taps)}
+
+
+def draft_vocabulary(tokens: torch.Tensor, vocab: int, size: int) -> torch.Tensor:
+    """The `size` most frequent token ids (ascending), always including the EOS-like ids that occur."""
+    counts = torch.bincount(tokens, minlength=vocab)
+    return counts.topk(min(size, vocab)).indices.sort().values
+
+
+def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig,
+                 draft_vocab_size: int | None = None, console=None) -> dict:
+    out = Path(out)
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    tokenizer = load_tokenizer(str(target_dir))
+    target = load_model(str(target_dir), device, "float32").requires_grad_(False)
+    tcfg = target.config
+    train_ids, held_ids = token_stream(corpus.train, tokenizer), token_stream(corpus.held_out, tokenizer)
+    selected = draft_vocabulary(train_ids, tcfg.vocab_size, draft_vocab_size or min(32000, tcfg.vocab_size)).to(device)
+    taps = tap_inputs(tcfg.num_hidden_layers)
+    raw = head_raw_config(tcfg, selected.numel(), taps)
+    torch.manual_seed(cfg.seed)
+    head = Eagle3Head(_head_config(raw, "train"), tcfg.hidden_size, selected.numel(), False, False).to(device)
+    _init(head, selected, tcfg.vocab_size)
+    drafter = Eagle3Drafter(head, target, eagle3_target_layers(tcfg.num_hidden_layers, taps))
+    to_draft = torch.full((tcfg.vocab_size,), -100, dtype=torch.long, device=device)
+    to_draft[selected] = torch.arange(selected.numel(), device=device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    loss = float("nan")
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss_t, _ = _loss(drafter, target, train_ids, step, cfg.seed, cfg, to_draft, device, train=True)
+        opt.zero_grad(set_to_none=True)
+        loss_t.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        loss = float(loss_t.detach())
+        if console is not None and (step + 1) % max(1, cfg.steps // 20) == 0:
+            console.print(f"step {step + 1}/{cfg.steps} loss {loss:.3f}")
+    with torch.no_grad():
+        held = [_loss(drafter, target, held_ids, i, 12345, cfg, to_draft, device, train=False)
+                for i in range(cfg.eval_batches)]
+    report = {"kind": "eagle3", "draft_vocab_size": selected.numel(), "taps_input_of_layers": list(taps),
+              "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
+              "held_out_top1_accuracy": sum(h[1] for h in held) / len(held), "training_time_test": False,
+              "corpus_files_hash": corpus.files_hash}
+    save_eagle3(head, raw, out, report)
+    return report
+
+
+def _init(head: Eagle3Head, selected: torch.Tensor, vocab: int) -> None:
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name in ("d2t", "t2d"):
+                continue
+            p.fill_(1.0) if p.ndim == 1 else p.normal_(0, 0.02)
+        head.d2t.copy_(selected - torch.arange(selected.numel(), device=selected.device))
+        head.t2d.zero_()
+        head.t2d[selected] = True
+
+
+def _loss(drafter: Eagle3Drafter, target, tokens_all, step: int, seed: int, cfg: TrainConfig, to_draft, device,
+          train: bool):
+    """Teacher-forced step 0: pair (feature_p, token_p+1), predict token_p+2, over whole windows."""
+    tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
+    B, L = tokens.shape
+    with torch.no_grad():
+        features = _features(target, tokens, drafter.target_layers)
+    drafter.cache = None
+    drafter.allocate(B, L)
+    ids = tokens[:, 1:]
+    meta = BatchMetadata.contiguous(ids, torch.zeros(B, dtype=torch.long, device=device),
+                                    torch.arange(B, device=device), 0)
+    with torch.set_grad_enabled(train):
+        h = drafter.forward(meta, drafter.head.fc(features[:, :-1]))
+        logits = drafter.draft_logits(h[:, :-1])  # [B, L-2, draft vocab]
+    labels = to_draft[tokens[:, 2:]]
+    loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
+    hit = (logits.argmax(-1) == labels).float()[labels >= 0].mean()
+    return loss, float(hit)
+
+
+def save_eagle3(head: Eagle3Head, raw: dict, out: Path, report: dict) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: (v if k in ("d2t", "t2d") else v.float()).cpu() for k, v in unpacked_state_dict(head).items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(raw, indent=1))
+    (out / "training.json").write_text(json.dumps(report, indent=1))
