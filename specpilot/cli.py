@@ -11,12 +11,14 @@ import json
 import sys
 import time
 
-from rich.console import Console
 
+from specpilot.bench import commands as bench_commands
+from specpilot.cli_util import err, pick_device
 from specpilot.config import ConfigError, EngineConfig
 from specpilot.models.loader import CheckpointError
+from specpilot.train import commands as train_commands
+from specpilot.weights import commands as weights_commands
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,227 +60,14 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print one JSON object")
     _add_spec_flags(v, drafter_default="ngram")
     v.set_defaults(func=cmd_verify)
-    c = sub.add_parser("compress", help="write a W12N (lossless ~12-bit) copy of a model directory")
-    c.add_argument("src", help="model directory or Hub repo id")
-    c.add_argument("dst", help="new output directory (written to a temporary path, then renamed)")
-    c.add_argument("--format", choices=["w12n"], default="w12n")
-    c.add_argument("--segment", type=int, default=None,
-                   help="escape segment length (weights per row segment); default: chosen per tensor")
-    c.add_argument("--json", action="store_true", help="print the per-tensor report as one JSON object")
-    c.set_defaults(func=cmd_compress)
-    i = sub.add_parser("inspect", help="bits per weight, escape rate and verbatim fraction of a model directory")
-    i.add_argument("dir", help="model directory")
-    i.add_argument("--json", action="store_true")
-    i.set_defaults(func=cmd_inspect)
-    b = sub.add_parser("bench", help="AR vs stock speculation vs configurations on the benchmark workloads")
-    b.add_argument("--target", required=True,
-                   help="model directory or Hub repo id, or random:SHAPE (Qwen3-8B, Qwen3.5-27B: random bf16 weights "
-                        "in the real shape; needs --acceptance synthetic:...)")
-    b.add_argument("--drafter", default="ngram",
-                   help="draft model / DFlash / EAGLE-3 checkpoint, ngram, or random-dflash (random targets)")
-    b.add_argument("--workloads", nargs="+", default=["mt-bench", "humaneval", "gsm8k", "alpaca", "cnndm"],
-                   help="mt-bench humaneval gsm8k alpaca cnndm spec-bench")
-    b.add_argument("--data-dir", default=None, help="prompt data directory (default: SPECPILOT_DATA_DIR)")
-    b.add_argument("--limit", type=int, default=None, help="first N prompts of each workload")
-    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
-    b.add_argument("--max-new-tokens", type=int, default=2048)
-    b.add_argument("--stock-tree", default="chain:7", help="the stock configuration's fixed chain")
-    b.add_argument("--configs", nargs="*", default=[],
-                   help="NAME=tree:SPEC;ENGINE_FIELD:VALUE... e.g. 'tree16=tree:dynamic:4,5,16'")
-    b.add_argument("--acceptance", default="real", help="real, or synthetic:PROFILE (shipped name or JSON path)")
-    b.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
-    b.add_argument("--tie-tolerance", type=float, default=1e-3)
-    b.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    b.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
-    b.add_argument("--out", default="bench.json", help="JSON report path")
-    b.add_argument("--plot", default=None, help="PNG plot path (default: next to the JSON)")
-    b.set_defaults(func=cmd_bench)
-    t = sub.add_parser("train", help="train a tokenizer, a target model or a draft model")
-    tsub = t.add_subparsers(dest="what", required=True)
-    tt = tsub.add_parser("tokenizer", help="byte-level BPE on a corpus")
-    tt.add_argument("--vocab-size", type=int, default=8192)
-    _add_corpus_flags(tt)
-    tt.set_defaults(func=cmd_train_tokenizer)
-    tg = tsub.add_parser("target", help="a dense (Qwen3) or hybrid (Qwen3.5) model from scratch")
-    tg.add_argument("--arch", choices=["dense", "hybrid"], default="dense")
-    _add_lm_flags(tg)
-    tg.set_defaults(func=cmd_train_lm)
-    td = tsub.add_parser("drafter", help="a drafter for a trained target")
-    td.add_argument("--kind", choices=["draft-lm", "dflash", "eagle3"], default="draft-lm")
-    td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
-    td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
-    td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
-    _add_lm_flags(td, tokenizer=False)
-    td.set_defaults(func=cmd_train_drafter)
+    weights_commands.add_parsers(sub)
+    bench_commands.add_parsers(sub)
+    train_commands.add_parsers(sub)
     d = sub.add_parser("demo", help="run generation on the bundled tiny model (random weights for now)")
     _add_generation_flags(d, max_new_tokens=48)
     d.add_argument("--prompt", default="def fibonacci(n):\n", help="prompt text")
     d.set_defaults(func=cmd_demo, drafter="none", tree="chain:4")
     return p
-
-
-def cmd_bench(args) -> int:
-    from pathlib import Path
-
-    from specpilot.bench.harness import BenchConfig, bench
-    from specpilot.bench.report import plot, table, write_json
-    from specpilot.bench.synthetic import AcceptanceProfile
-
-    kind, _, name = args.acceptance.partition(":")
-    if kind not in ("real", "synthetic") or (kind == "synthetic" and not name):
-        raise ValueError(f"--acceptance {args.acceptance!r}: use real or synthetic:PROFILE")
-    profile = AcceptanceProfile.load(name) if kind == "synthetic" else None
-    configs = [BenchConfig.parse(c, args.stock_tree) for c in args.configs]
-    device = _device(args.device)
-    model, tokenizer, make_drafter = _bench_models(args, device, profile)
-    make_drafter()  # fail fast on a bad drafter, before any timing
-    rows = bench(model, tokenizer, make_drafter, args.workloads,
-                 args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit, profile,
-                 chat=not args.no_chat, tie_tolerance=args.tie_tolerance,
-                 progress=lambda r: err.print(f"[dim]{r['workload']} b{r['batch']} {r['config']}: "
-                                              f"{r['tok_per_s']:.1f} tok/s, {r['speedup_vs_ar']:.2f}x AR[/]"))
-    extra = {"target": args.target, "drafter": args.drafter, "acceptance": args.acceptance,
-             "max_new_tokens": args.max_new_tokens, "profile": profile.__dict__ if profile else None}
-    write_json(rows, args.out, extra)
-    plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
-    plot(rows, plot_path)
-    Console(highlight=False).print(table(rows))
-    err.print(f"wrote {args.out} and {plot_path}")
-    return 0 if all(r.get("forcing", {"passed": True})["passed"] for r in rows) else 1
-
-
-def _bench_models(args, device: str, profile):
-    """(target, tokenizer, drafter factory): a checkpoint, or a random-weight model in a real shape."""
-    from specpilot.models.loader import load_model, load_tokenizer
-    from specpilot.spec.drafters.registry import build_drafter
-
-    if args.target.startswith("random:"):
-        import torch
-
-        from specpilot.bench.shapes import ByteTokenizer, hf_config, random_dflash, random_model
-
-        if profile is None:
-            raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
-        shape = args.target.partition(":")[2]
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        model = random_model(hf_config(shape), device, dtype)
-        if args.drafter == "random-dflash":
-            return model, ByteTokenizer(), lambda: random_dflash(model, shape)
-        return model, ByteTokenizer(), lambda: build_drafter(args.drafter, model)
-    if args.drafter == "random-dflash":
-        raise ValueError("--drafter random-dflash goes with a random:SHAPE target")
-    tokenizer = load_tokenizer(args.target)
-    model = load_model(args.target, device, args.dtype)
-    return model, tokenizer, lambda: build_drafter(args.drafter, model, tokenizer)
-
-
-def cmd_compress(args) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from specpilot.weights.compress import compress
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True, disable=args.json) as bar:
-        reports = compress(args.src, args.dst, args.segment, bar)
-    _print_weight_report(reports, args.json, f"wrote {args.dst}")
-    return 0
-
-
-def cmd_inspect(args) -> int:
-    from specpilot.weights.compress import inspect
-
-    _print_weight_report(inspect(args.dir), args.json, str(args.dir))
-    return 0
-
-
-def _print_weight_report(reports, as_json: bool, title: str) -> None:
-    from rich.table import Table
-
-    from specpilot.weights.compress import report_dict, totals
-
-    total = totals(reports)
-    if as_json:
-        print(json.dumps({"total": total, "tensors": [report_dict(r) for r in reports]}))
-        return
-    table = Table(title=title)
-    for col in ("tensor", "shape", "format", "bits/weight", "escapes", "verbatim"):
-        table.add_column(col, justify="left" if col in ("tensor", "format") else "right")
-    for r in reports:
-        table.add_row(r.name, "x".join(map(str, r.shape)), r.fmt, f"{r.bits_per_weight:.3f}",
-                      f"{100 * r.escape_rate:.3f}%", f"{100 * r.verbatim_fraction:.3f}%")
-    table.add_row("total", f"{total['parameters']:,}", f"{total['w12n_tensors']}/{total['tensors']} w12n",
-                  f"{total['bits_per_weight']:.3f}", f"{100 * total['escape_rate']:.3f}%",
-                  f"{100 * total['verbatim_fraction']:.3f}%", style="bold")
-    Console(highlight=False).print(table)
-
-
-def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--corpus", default=None,
-                   help="directory of text/code files or a .jsonl of {\"text\"}; default: this Python's .py files")
-    p.add_argument("--max-files", type=int, default=None, help="use the first N files of the corpus")
-
-
-def _add_lm_flags(p: argparse.ArgumentParser, tokenizer: bool = True) -> None:
-    from specpilot.train.lm import TrainConfig
-
-    _add_corpus_flags(p)
-    if tokenizer:
-        p.add_argument("--tokenizer", required=True, help="directory written by `specpilot train tokenizer`")
-    d = TrainConfig()
-    for name in ("steps", "batch_size", "seq_len", "warmup", "seed", "save_every", "eval_batches"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
-
-
-def _train_config(args):
-    from specpilot.train.lm import TrainConfig
-
-    return TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-                       warmup=args.warmup, seed=args.seed, device=args.device, save_every=args.save_every,
-                       eval_batches=args.eval_batches)
-
-
-def cmd_train_tokenizer(args) -> int:
-    from specpilot.train.corpus import load_corpus
-    from specpilot.train.tokenizer import train_tokenizer
-
-    corpus = load_corpus(args.corpus, max_files=args.max_files)
-    out = train_tokenizer(corpus, args.out, args.vocab_size)
-    err.print(f"tokenizer ({args.vocab_size} tokens) trained on {len(corpus.train)} documents -> {out}")
-    return 0
-
-
-def cmd_train_lm(args) -> int:
-    from specpilot.train.corpus import load_corpus
-    from specpilot.train.lm import train_lm
-
-    corpus = load_corpus(args.corpus, max_files=args.max_files)
-    report = train_lm(corpus, args.tokenizer, args.out, args.arch, _train_config(args), args.resume, err)
-    print(json.dumps(report))
-    return 0
-
-
-def cmd_train_drafter(args) -> int:
-    from specpilot.train.corpus import load_corpus
-    from specpilot.train.lm import train_lm
-
-    corpus = load_corpus(args.corpus, max_files=args.max_files)
-    if args.kind == "eagle3":
-        from specpilot.train.eagle3 import train_eagle3
-
-        report = train_eagle3(corpus, args.target, args.out, _train_config(args), console=err)
-    elif args.kind == "dflash":
-        from specpilot.train.dflash import train_dflash
-
-        report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,
-                              console=err)
-    else:
-        report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
-    print(json.dumps(report))
-    return 0
 
 
 def _add_spec_flags(p: argparse.ArgumentParser, drafter_default: str = "none") -> None:
@@ -303,20 +92,10 @@ def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
 
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available on this machine; use --device cpu")
-    return name
-
-
 def cmd_generate(args) -> int:
     from specpilot.models.loader import load_model, load_tokenizer
 
-    device = _device(args.device)
+    device = pick_device(args.device)
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
@@ -328,7 +107,7 @@ def cmd_demo(args) -> int:
     from specpilot.demo import demo_checkpoint
     from specpilot.models.loader import load_model, load_tokenizer
 
-    device = _device(args.device)
+    device = pick_device(args.device)
     path = demo_checkpoint(err)
     if not args.json:
         err.print("[yellow]specpilot demo: a tiny Qwen3.5-style hybrid model with RANDOM weights; the text is noise "
@@ -397,7 +176,7 @@ def cmd_verify(args) -> int:
     from specpilot.spec.forcing import ForcingReport, force_check
 
     prompts = load_prompts(resolve_prompt_set(args.prompts), limit=args.limit)
-    device = _device(args.device)
+    device = pick_device(args.device)
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
     runner = ModelRunner(model)

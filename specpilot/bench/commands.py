@@ -1,0 +1,89 @@
+"""`specpilot bench`: its flags and its command (the CLI entry of the harness)."""
+
+from __future__ import annotations
+
+
+from rich.console import Console
+
+from specpilot.cli_util import err, pick_device
+
+
+def add_parsers(sub) -> None:
+    b = sub.add_parser("bench", help="AR vs stock speculation vs configurations on the benchmark workloads")
+    b.add_argument("--target", required=True,
+                   help="model directory or Hub repo id, or random:SHAPE (Qwen3-8B, Qwen3.5-27B: random bf16 weights "
+                        "in the real shape; needs --acceptance synthetic:...)")
+    b.add_argument("--drafter", default="ngram",
+                   help="draft model / DFlash / EAGLE-3 checkpoint, ngram, or random-dflash (random targets)")
+    b.add_argument("--workloads", nargs="+", default=["mt-bench", "humaneval", "gsm8k", "alpaca", "cnndm"],
+                   help="mt-bench humaneval gsm8k alpaca cnndm spec-bench")
+    b.add_argument("--data-dir", default=None, help="prompt data directory (default: SPECPILOT_DATA_DIR)")
+    b.add_argument("--limit", type=int, default=None, help="first N prompts of each workload")
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    b.add_argument("--max-new-tokens", type=int, default=2048)
+    b.add_argument("--stock-tree", default="chain:7", help="the stock configuration's fixed chain")
+    b.add_argument("--configs", nargs="*", default=[],
+                   help="NAME=tree:SPEC;ENGINE_FIELD:VALUE... e.g. 'tree16=tree:dynamic:4,5,16'")
+    b.add_argument("--acceptance", default="real", help="real, or synthetic:PROFILE (shipped name or JSON path)")
+    b.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    b.add_argument("--tie-tolerance", type=float, default=1e-3)
+    b.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    b.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
+    b.add_argument("--out", default="bench.json", help="JSON report path")
+    b.add_argument("--plot", default=None, help="PNG plot path (default: next to the JSON)")
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from specpilot.bench.harness import BenchConfig, bench
+    from specpilot.bench.report import plot, table, write_json
+    from specpilot.bench.synthetic import AcceptanceProfile
+
+    kind, _, name = args.acceptance.partition(":")
+    if kind not in ("real", "synthetic") or (kind == "synthetic" and not name):
+        raise ValueError(f"--acceptance {args.acceptance!r}: use real or synthetic:PROFILE")
+    profile = AcceptanceProfile.load(name) if kind == "synthetic" else None
+    configs = [BenchConfig.parse(c, args.stock_tree) for c in args.configs]
+    device = pick_device(args.device)
+    model, tokenizer, make_drafter = _bench_models(args, device, profile)
+    make_drafter()  # fail fast on a bad drafter, before any timing
+    rows = bench(model, tokenizer, make_drafter, args.workloads,
+                 args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit, profile,
+                 chat=not args.no_chat, tie_tolerance=args.tie_tolerance,
+                 progress=lambda r: err.print(f"[dim]{r['workload']} b{r['batch']} {r['config']}: "
+                                              f"{r['tok_per_s']:.1f} tok/s, {r['speedup_vs_ar']:.2f}x AR[/]"))
+    extra = {"target": args.target, "drafter": args.drafter, "acceptance": args.acceptance,
+             "max_new_tokens": args.max_new_tokens, "profile": profile.__dict__ if profile else None}
+    write_json(rows, args.out, extra)
+    plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
+    plot(rows, plot_path)
+    Console(highlight=False).print(table(rows))
+    err.print(f"wrote {args.out} and {plot_path}")
+    return 0 if all(r.get("forcing", {"passed": True})["passed"] for r in rows) else 1
+
+
+def _bench_models(args, device: str, profile):
+    """(target, tokenizer, drafter factory): a checkpoint, or a random-weight model in a real shape."""
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.spec.drafters.registry import build_drafter
+
+    if args.target.startswith("random:"):
+        import torch
+
+        from specpilot.bench.shapes import ByteTokenizer, hf_config, random_dflash, random_model
+
+        if profile is None:
+            raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
+        shape = args.target.partition(":")[2]
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        model = random_model(hf_config(shape), device, dtype)
+        if args.drafter == "random-dflash":
+            return model, ByteTokenizer(), lambda: random_dflash(model, shape)
+        return model, ByteTokenizer(), lambda: build_drafter(args.drafter, model)
+    if args.drafter == "random-dflash":
+        raise ValueError("--drafter random-dflash goes with a random:SHAPE target")
+    tokenizer = load_tokenizer(args.target)
+    model = load_model(args.target, device, args.dtype)
+    return model, tokenizer, lambda: build_drafter(args.drafter, model, tokenizer)

@@ -1,0 +1,98 @@
+"""`specpilot train tokenizer | target | drafter`: flags and commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+from specpilot.cli_util import err
+
+
+def add_parsers(sub) -> None:
+    t = sub.add_parser("train", help="train a tokenizer, a target model or a draft model")
+    tsub = t.add_subparsers(dest="what", required=True)
+    tt = tsub.add_parser("tokenizer", help="byte-level BPE on a corpus")
+    tt.add_argument("--vocab-size", type=int, default=8192)
+    _add_corpus_flags(tt)
+    tt.set_defaults(func=cmd_train_tokenizer)
+    tg = tsub.add_parser("target", help="a dense (Qwen3) or hybrid (Qwen3.5) model from scratch")
+    tg.add_argument("--arch", choices=["dense", "hybrid"], default="dense")
+    _add_lm_flags(tg)
+    tg.set_defaults(func=cmd_train_lm)
+    td = tsub.add_parser("drafter", help="a drafter for a trained target")
+    td.add_argument("--kind", choices=["draft-lm", "dflash", "eagle3"], default="draft-lm")
+    td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
+    td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
+    td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
+    _add_lm_flags(td, tokenizer=False)
+    td.set_defaults(func=cmd_train_drafter)
+
+
+def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--corpus", default=None,
+                   help="directory of text/code files or a .jsonl of {\"text\"}; default: this Python's .py files")
+    p.add_argument("--max-files", type=int, default=None, help="use the first N files of the corpus")
+
+
+def _add_lm_flags(p: argparse.ArgumentParser, tokenizer: bool = True) -> None:
+    from specpilot.train.lm import TrainConfig
+
+    _add_corpus_flags(p)
+    if tokenizer:
+        p.add_argument("--tokenizer", required=True, help="directory written by `specpilot train tokenizer`")
+    d = TrainConfig()
+    for name in ("steps", "batch_size", "seq_len", "warmup", "seed", "save_every", "eval_batches"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+
+
+def _train_config(args):
+    from specpilot.train.lm import TrainConfig
+
+    return TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                       warmup=args.warmup, seed=args.seed, device=args.device, save_every=args.save_every,
+                       eval_batches=args.eval_batches)
+
+
+def cmd_train_tokenizer(args) -> int:
+    from specpilot.train.corpus import load_corpus
+    from specpilot.train.tokenizer import train_tokenizer
+
+    corpus = load_corpus(args.corpus, max_files=args.max_files)
+    out = train_tokenizer(corpus, args.out, args.vocab_size)
+    err.print(f"tokenizer ({args.vocab_size} tokens) trained on {len(corpus.train)} documents -> {out}")
+    return 0
+
+
+def cmd_train_lm(args) -> int:
+    from specpilot.train.corpus import load_corpus
+    from specpilot.train.lm import train_lm
+
+    corpus = load_corpus(args.corpus, max_files=args.max_files)
+    report = train_lm(corpus, args.tokenizer, args.out, args.arch, _train_config(args), args.resume, err)
+    print(json.dumps(report))
+    return 0
+
+
+def cmd_train_drafter(args) -> int:
+    from specpilot.train.corpus import load_corpus
+    from specpilot.train.lm import train_lm
+
+    corpus = load_corpus(args.corpus, max_files=args.max_files)
+    if args.kind == "eagle3":
+        from specpilot.train.eagle3 import train_eagle3
+
+        report = train_eagle3(corpus, args.target, args.out, _train_config(args), console=err)
+    elif args.kind == "dflash":
+        from specpilot.train.dflash import train_dflash
+
+        report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,
+                              console=err)
+    else:
+        report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
+    print(json.dumps(report))
+    return 0
