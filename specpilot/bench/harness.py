@@ -64,16 +64,20 @@ def _coerce(value: str):
         return value
 
 
-def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
-    out = []
-    for p in prompts:
-        if chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-        else:
-            ids = tokenizer.encode(p.text, add_special_tokens=True)
-        out.append(list(ids))
-    return out
+def encode_turn(tokenizer, turns: list[str], answers: list[str], chat: bool) -> list[int]:
+    """The ids of a conversation's next turn: user turns and the model's earlier answers (FastChat style: each
+    answer stays in the context), through the chat template when there is one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        messages = []
+        for i, turn in enumerate(turns):
+            messages.append({"role": "user", "content": turn})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    else:
+        text = "".join(t + (answers[i] if i < len(answers) else "") for i, t in enumerate(turns))
+        ids = tokenizer.encode(text, add_special_tokens=True)
+    return list(ids)
 
 
 def _sync(device) -> None:
@@ -137,21 +141,38 @@ def bench(model, tokenizer, make_drafter, workloads: list[str], batch_sizes: lis
     for workload in workloads:
         if workload not in WORKLOADS:
             raise ValueError(f"workload {workload!r}: use one of {', '.join(WORKLOADS)}")
-        prompts = encode_prompts(tokenizer, load_prompts(resolve_prompt_set(WORKLOADS[workload], data_dir),
-                                                         limit=limit), chat)
+        conversations = load_prompts(resolve_prompt_set(WORKLOADS[workload], data_dir), limit=limit)
         for batch in batch_sizes:
-            rows += _bench_one(model, eos, make_drafter, workload, prompts, batch, configs, stock_tree, params,
-                               profile, stock_runner, tie_tolerance, device, progress)
+            rows += _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs, stock_tree,
+                               params, profile, stock_runner, tie_tolerance, chat, device, progress)
     return rows
 
 
-def _bench_one(model, eos, make_drafter, workload, prompts, batch, configs, stock_tree, params, profile,
-               stock_runner, tie_tolerance, device, progress) -> list[dict]:
+def ar_turns(make, tokenizer, conversations, batch, params, chat: bool, device):
+    """AR over every turn of every conversation (turn k sees the AR answers of turns < k). Returns the flat
+    list of turn prompts, their outputs, stats and total seconds: the other configurations replay the same
+    prompts, which is exact because speculative output equals AR output."""
+    prompts, outputs, stats, seconds = [], [], [], 0.0
+    answers = [[] for _ in conversations]
+    for k in range(max(len(c.turns) for c in conversations)):
+        live = [i for i, c in enumerate(conversations) if len(c.turns) > k]
+        ids = [encode_turn(tokenizer, list(conversations[i].turns[:k + 1]), answers[i], chat) for i in live]
+        out, st, sec = run_generation(make, ids, batch, params, device)
+        for i, o in zip(live, out):
+            answers[i].append(tokenizer.decode(o, skip_special_tokens=True))
+        prompts, outputs, stats, seconds = prompts + ids, outputs + out, stats + st, seconds + sec
+    return prompts, outputs, stats, seconds
+
+
+def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs, stock_tree, params,
+               profile, stock_runner, tie_tolerance, chat, device, progress) -> list[dict]:
     ar_make = lambda: Generator(stock_runner, eos)  # noqa: E731
-    run_generation(ar_make, prompts[:1], 1, SamplingParams(max_new_tokens=4), device)  # warm-up
-    ar_out, ar_stats, ar_s = run_generation(ar_make, prompts, batch, params, device)
+    first = encode_turn(tokenizer, [conversations[0].turns[0]], [], chat)
+    run_generation(ar_make, [first], 1, SamplingParams(max_new_tokens=4), device)  # warm-up
+    prompts, ar_out, ar_stats, ar_s = ar_turns(ar_make, tokenizer, conversations, batch, params, chat, device)
     truth = ar_out
-    base = {"workload": workload, "batch": batch, "prompts": len(prompts), "synthetic": profile is not None,
+    base = {"workload": workload, "batch": batch, "prompts": len(conversations), "turns": len(prompts),
+            "synthetic": profile is not None,
             "acceptance": f"synthetic:{profile.name}" if profile else "real"}
     rows = [{**base, "config": "ar", **summarize(ar_out, ar_stats, ar_s), "speedup_vs_ar": 1.0}]
     stock = BenchConfig("stock", stock_tree)

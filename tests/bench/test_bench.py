@@ -66,3 +66,22 @@ def test_bench_random_real_shape_target(data_dir, tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert all(r["synthetic"] and r.get("forcing", {"passed": True})["passed"] for r in rows)
     assert main(args + ["--acceptance", "real"]) == 2
+
+
+def test_multi_turn_conversations_keep_answers_in_context(checkpoint_factory, tmp_path):
+    """MT-Bench style: turn 2 is generated after turn 1's answer, and every configuration replays those turns."""
+    from specpilot.bench.harness import bench
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.spec.drafters.ngram import NgramDrafter
+
+    path, _ = checkpoint_factory("llama")
+    root = tmp_path / "d"
+    root.mkdir()
+    rows = [{"question_id": 81, "category": "writing", "turns": ["def add(a, b):", "for i in range(3):"]},
+            {"question_id": 82, "category": "math", "turns": ["the quick brown fox"]}]
+    (root / "mt_bench_question.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    model, tok = load_model(str(path), "cpu", "float32"), load_tokenizer(str(path))
+    out = bench(model, tok, NgramDrafter, ["mt-bench"], [1], [], "chain:3", 6, root, None, None)
+    assert all(r["prompts"] == 2 and r["turns"] == 3 for r in out)
+    assert {r["config"] for r in out} == {"ar", "stock"} and all(r["tokens"] == out[0]["tokens"] for r in out)
+    assert out[1]["forcing"]["passed"]
