@@ -210,6 +210,7 @@ class EngineConfig:
     decode_gemv: bool = True  # batch-1 decode projections on the Triton GEMV instead of cuBLAS (GPU only)
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
+    verify_graphs: bool = False  # capture the verify forward per (batch, tree width) (GPU; needs block_attention=tree)
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):
@@ -220,5 +221,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.weight_format={self.weight_format!r}: use 'bf16' or 'w12n'")
         if self.block_attention not in ("sdpa", "tree"):
             raise ValueError(f"EngineConfig.block_attention={self.block_attention!r}: use 'sdpa' or 'tree'")
+        if self.verify_graphs and self.block_attention != "tree":
+            raise ValueError("EngineConfig.verify_graphs needs block_attention='tree' (the SDPA path slices the "
+                             "prefix by a host-side length, which a captured graph cannot follow)")
         if self.max_batch_size < 1:
             raise ValueError(f"EngineConfig.max_batch_size={self.max_batch_size}: must be >= 1")

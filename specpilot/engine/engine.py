@@ -135,26 +135,23 @@ class SpecEngine:
     @torch.inference_mode()
     def verify(self, active: list[_Request], trees: list[DraftTree]) -> torch.Tensor:
         """One target forward over all trees -> greedy tokens [B, T] (device); keeps the drafter's features."""
-        meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device)
+        # with captured verify graphs every step has the tree spec's full width (one graph per batch size)
+        width = self.tree.max_tree_nodes if self.runner.use_verify_graphs else None
+        meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device, width)
         hybrid = self.runner.config.is_hybrid
         # chains update recurrent state in place (snapshot to roll back); trees leave it and stash their terms
         self._snapshot = self.runner.cache.snapshot(meta.slots) if hybrid and meta.block_mask is None else None
         self._tree_commit = hybrid and meta.block_mask is not None
-        layers = tuple(self.drafter.target_layers)
-        hidden = self.runner.forward(meta, layers)
-        self._features = None
-        if layers:
-            hidden, captured = hidden
-            self._features = torch.cat(captured, dim=-1)  # [B, T, K * hidden]
-        return self.runner.logits(hidden).argmax(-1)
+        self._width = meta.input_ids.shape[1]
+        greedy, self._features = self.runner.verify(meta, tuple(self.drafter.target_layers))
+        return greedy
 
     def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
         return accept_greedy(trees, greedy.tolist())
 
     @torch.inference_mode()
     def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:
-        cache, dev = self.runner.cache, self.runner.device
-        width = max(t.num_nodes for t in trees)
+        cache, dev, width = self.runner.cache, self.runner.device, self._width
         for row, (r, acc) in enumerate(zip(active, accepted)):
             path = torch.tensor(acc.path, device=dev)
             if acc.path != tuple(range(len(acc.path))):

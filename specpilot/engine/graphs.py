@@ -1,7 +1,11 @@
-"""DecodeGraph: the AR decode step of a fixed batch captured once as a CUDA graph and replayed per token.
+"""CUDA graphs of the two hot steps, each captured once per shape and replayed.
 
-The graph reads static device buffers (token ids, positions, slots) and writes static logits; positions are
-advanced inside the graph, so a replay needs no host-to-device copy and the step has no host sync.
+DecodeGraph: the AR decode step of a fixed batch. It reads static device buffers (token ids, positions, slots)
+and writes static logits; positions advance inside the graph, so a replay needs no host-to-device copy and the
+step has no host sync.
+VerifyGraph: the verify forward of a fixed (batch, tree width, chain or tree) shape. A replay copies the step's
+BatchMetadata into its static buffers and returns static greedy tokens (and captured features); it needs the
+tree-attention op, whose grid and reads do not depend on the committed lengths.
 """
 
 from __future__ import annotations
@@ -53,3 +57,32 @@ def decode_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slots: tor
     """One causal token per request at its current length (no prefix gather needed: the decode kernel reads the cache)."""
     pos = positions[:, None]
     return BatchMetadata(input_ids[:, None], pos, pos, slots, positions, max_prefix_len=0, kv_len=positions + 1)
+
+
+class VerifyGraph:
+    def __init__(self, run, meta: BatchMetadata, cache, warmup: int = 2):
+        """run(meta) -> (greedy tokens [B, T], features [B, T, F] or None), traced on static copies of meta."""
+        fields = ("input_ids", "positions", "cache_loc", "slots", "prefix_len", "block_mask", "parents")
+        self.static = {f: getattr(meta, f).clone() if getattr(meta, f) is not None else None for f in fields}
+        self.meta = BatchMetadata(**self.static, max_prefix_len=cache.max_seq_len)
+        self.cache = cache
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                run(self.meta)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.tokens, self.features = run(self.meta)
+        # the tree pass stashes its fold terms by assignment, which a replay does not redo: keep this graph's
+        self.stash = dict(cache.tree_stash)
+
+    def replay(self, meta: BatchMetadata):
+        for name, buf in self.static.items():
+            if buf is not None:
+                buf.copy_(getattr(meta, name))
+        self.graph.replay()
+        self.cache.tree_stash.clear()
+        self.cache.tree_stash.update(self.stash)
+        return self.tokens, self.features

@@ -10,7 +10,7 @@ import torch
 
 from specpilot.config import EngineConfig
 from specpilot.engine.cache import ModelCache
-from specpilot.engine.graphs import DecodeGraph, decode_metadata
+from specpilot.engine.graphs import DecodeGraph, VerifyGraph, decode_metadata
 from specpilot.layers import attention, linear, pointwise
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
@@ -27,6 +27,8 @@ class ModelRunner:
         self.gemv = engine.decode_gemv and on_gpu
         self.block_kernel = engine.block_attention == "tree"
         self.weight_format = engine.weight_format
+        self.use_verify_graphs = engine.verify_graphs and on_gpu
+        self.verify_graphs: dict[tuple, VerifyGraph] = {}
         if engine.weight_format == "w12n":
             if self.dtype != torch.bfloat16:
                 raise ValueError(f"weight_format w12n needs a bf16 model (got {self.dtype}); use --dtype bfloat16")
@@ -41,6 +43,7 @@ class ModelRunner:
         c = self.cache
         if c is None or c.num_slots < num_slots or c.max_seq_len < max_seq_len:
             self.graphs.clear()
+            self.verify_graphs.clear()
             self.cache = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -51,6 +54,29 @@ class ModelRunner:
         """One multi-token block (verify, prefill chunk) through the model: hidden states (and captured layers)."""
         with attention.block_kernel(self.block_kernel), linear.weight_format(self.weight_format):
             return self.model(meta, self.cache, layers)
+
+    @torch.inference_mode()
+    def verify(self, meta: BatchMetadata, layers: tuple[int, ...] = ()):
+        """One verify block -> (greedy tokens [B, T] on device, captured features [B, T, F] or None); replayed
+        from a CUDA graph per (batch, width, chain) when EngineConfig.verify_graphs is on."""
+        if not self.use_verify_graphs:
+            return self._verify_eager(meta, layers)
+        key = (meta.input_ids.shape, meta.block_mask is None, layers)
+        graph = self.verify_graphs.get(key)
+        if graph is None:
+            # capture runs the step for real: put back recurrent state a chain pass advanced in place
+            saved = self.cache.snapshot(meta.slots) if self.config.is_hybrid else None
+            graph = self.verify_graphs[key] = VerifyGraph(lambda m: self._verify_eager(m, layers), meta, self.cache)
+            if saved is not None:
+                self.cache.restore(saved)
+        return graph.replay(meta)
+
+    def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):
+        hidden, features = self.forward(meta, layers), None
+        if layers:
+            hidden, captured = hidden
+            features = torch.cat(captured, dim=-1)
+        return self.logits(hidden).argmax(-1), features
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

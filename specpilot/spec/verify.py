@@ -25,10 +25,12 @@ class Acceptance:
         return len(self.path) - 1
 
 
-def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int], device) -> BatchMetadata:
+def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int], device,
+                  width: int | None = None) -> BatchMetadata:
     """The verify block of a batch: nodes stored right after each request's committed prefix, RoPE positions by
-    depth, the ancestor mask; smaller trees are padded with nodes that see only themselves."""
-    B, T = len(trees), max(t.num_nodes for t in trees)
+    depth, the ancestor mask; smaller trees are padded (to `width` if given: a captured graph's fixed size) with
+    nodes that see only themselves."""
+    B, T = len(trees), max([t.num_nodes for t in trees] + [width or 0])
     ids = torch.zeros(B, T, dtype=torch.long)
     pos = torch.zeros(B, T, dtype=torch.long)
     mask = torch.eye(T, dtype=torch.bool).repeat(B, 1, 1)

@@ -209,3 +209,18 @@ def test_tree_attention_op_path_keeps_output_exact(tree, checkpoint_factory):
     runner = ModelRunner(target, EngineConfig(block_attention="tree"))
     out = SpecEngine(runner, DraftLMDrafter(draft), TreeSpec.parse(tree)).generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
+
+
+@pytest.mark.parametrize("name,tree", [("qwen3", "dynamic:3,4,8"), ("qwen3_5", "chain:4"), ("qwen3_5", "static:3,2")])
+def test_fixed_width_verify_blocks_keep_output_exact(name, tree, checkpoint_factory):
+    """What verify graphs change on the host side: every step padded to the tree spec's full width (the graph
+    replay itself is stood in for by the eager forward here; CUDA graphs need a GPU)."""
+    target, draft = _models(checkpoint_factory, name)
+    prompts = _prompts()
+    runner = ModelRunner(target)
+    runner.use_verify_graphs = True
+    runner.verify = lambda meta, layers=(): runner._verify_eager(meta, layers)
+    engine = SpecEngine(runner, NgramDrafter(), TreeSpec.parse(tree))
+    out = engine.generate(prompts, PARAMS)
+    assert engine._width == TreeSpec.parse(tree).max_tree_nodes
+    assert [r.token_ids for r, _ in out] == _reference(target, prompts)
