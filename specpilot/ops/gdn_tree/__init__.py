@@ -15,7 +15,7 @@ __all__ = ["ancestor_mask", "commit_conv", "fold_path", "tree_causal_conv1d", "t
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None):
     """q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T] inclusive ancestor mask; initial_state
-    [B,HV,K,V] fp32 -> (o [B,T,HV,V], fold stash (k [B,T,HV,K], u [B,T,HV,V], G [B,T,HV]))."""
+    [B,HV,K,V] fp32 -> (o [B,T,HV,V], fold stash (k [B,T,H,K] per key head, u [B,T,HV,V], G [B,T,HV]))."""
     if use_triton(v):
         from specpilot.ops.gdn_tree.triton import tree_gated_delta_rule as kernel
 

@@ -31,8 +31,8 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None):
     """q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T] inclusive ancestor mask; initial_state
-    [B,HV,K,V] fp32. Returns (o [B,T,HV,V] in v.dtype, stash) where stash = (k [B,T,HV,K] normalised fp32,
-    u [B,T,HV,V] fp32, G [B,T,HV] fp32) is what fold_path needs. Writes no state."""
+    [B,HV,K,V] fp32. Returns (o [B,T,HV,V] in v.dtype, stash) where stash = (k [B,T,H,K] normalised fp32, per
+    KEY head, u [B,T,HV,V] fp32, G [B,T,HV] fp32) is what fold_path needs. Writes no state."""
     HV = v.shape[2]
     qn, kn = prepare_qk(q, k, HV, scale)
     qh, kh = qn.transpose(1, 2), kn.transpose(1, 2)  # [B,HV,T,K]
@@ -47,14 +47,16 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None):
     eye = torch.eye(A.shape[-1], device=A.device)
     U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
     o = G.exp()[..., None] * (qh @ S0) + ((qh @ kh.transpose(-1, -2)) * D) @ U
-    stash = (kh.transpose(1, 2), U.transpose(1, 2), G.transpose(1, 2))
+    group = HV // k.shape[2]
+    stash = (kn[:, :, ::group].contiguous(), U.transpose(1, 2), G.transpose(1, 2))  # k once per key head
     return o.transpose(1, 2).to(v.dtype), stash
 
 
 def fold_path(initial_state, k, u, G, path: list[int]) -> torch.Tensor:
-    """State after keeping `path` (root first) of one request: initial_state [HV,K,V]; k [T,HV,K]; u [T,HV,V];
-    G [T,HV] (from tree_gated_delta_rule's stash) -> [HV,K,V] fp32. One [K,L] x [L,V] product per head."""
+    """State after keeping `path` (root first) of one request: initial_state [HV,K,V]; k [T,H,K] (per key head);
+    u [T,HV,V]; G [T,HV] (tree_gated_delta_rule's stash) -> [HV,K,V] fp32. One [K,L] x [L,V] product per head."""
     idx = torch.tensor(path, device=k.device)
+    k = k.repeat_interleave(u.shape[1] // k.shape[1], dim=1)  # value head hv reads key head hv // group
     Gp = G[idx]  # [L,HV]
     leaf = Gp[-1]  # [HV]
     w = torch.exp(leaf[None] - Gp)  # [L,HV]

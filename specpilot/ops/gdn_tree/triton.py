@@ -73,13 +73,15 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, o_p
     tl.store(o_ptr + out_rows[:, None] * V + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=ov_mask)
     tl.store(u_ptr + out_rows[:, None] * V + offs_v[None, :], u, mask=ov_mask)
     if i_v == 0:
-        tl.store(kn_ptr + out_rows[:, None] * K + offs_k[None, :], k, mask=row_ok[:, None])
         tl.store(G_ptr + out_rows, G, mask=row_ok)
+        if hv % GROUP == 0:  # k is per key head: one of its value heads writes it
+            key_rows = (b * T + rows) * (HV // GROUP) + h
+            tl.store(kn_ptr + key_rows[:, None] * K + offs_k[None, :], k, mask=row_ok[:, None])
 
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, *, block_v: int = 32, num_warps: int = 4):
     """Same contract as chunk.tree_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T]
-    bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,HV,K], u [B,T,HV,V], G [B,T,HV]))."""
+    bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV]))."""
     B, T, H, K = q.shape
     HV, V = v.shape[-2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0
@@ -91,7 +93,7 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, *, 
     mask = mask.contiguous().view(torch.uint8)
     s0 = initial_state.float().contiguous()
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
-    kn = torch.empty(B, T, HV, K, dtype=torch.float32, device=v.device)
+    kn = torch.empty(B, T, H, K, dtype=torch.float32, device=v.device)
     u = torch.empty(B, T, HV, V, dtype=torch.float32, device=v.device)
     G = torch.empty(B, T, HV, dtype=torch.float32, device=v.device)
     block_v = min(block_v, max(16, triton.next_power_of_2(V)))
