@@ -115,7 +115,55 @@ def cmd_demo(args) -> int:
     t0 = time.perf_counter()
     tokenizer, model = load_tokenizer(str(path)), load_model(str(path), device, args.dtype)
     args.chat = False
-    return run_generation(args, model, tokenizer, time.perf_counter() - t0)
+    if args.json:
+        return demo_json(args, model, tokenizer, time.perf_counter() - t0)
+    run_generation(args, model, tokenizer, time.perf_counter() - t0)
+    spec = demo_speculative(args, model, tokenizer)
+    verdict = "[green]pass[/]" if spec["forcing"]["passed"] else "[bold red]FAIL[/]"
+    err.print(f"speculative ({spec['drafter']}, {spec['tree']}): tau {spec['tau']:.2f} · {spec['speedup_vs_ar']:.2f}x "
+              f"AR · same tokens as AR: {'yes' if spec['identical'] else 'NO'} · token forcing {verdict} "
+              f"({spec['forcing']['tokens']} tokens, {spec['forcing']['mismatches']} mismatches)")
+    return 0 if spec["identical"] and spec["forcing"]["passed"] else 1
+
+
+def demo_json(args, model, tokenizer, load_s: float) -> int:
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as captured:
+        args.json = True
+        run_generation(args, model, tokenizer, load_s)
+    obj = json.loads(captured.getvalue())
+    obj["speculative"] = demo_speculative(args, model, tokenizer)
+    print(json.dumps(obj))
+    return 0 if obj["speculative"]["identical"] and obj["speculative"]["forcing"]["passed"] else 1
+
+
+def demo_speculative(args, model, tokenizer) -> dict:
+    """The same prompt through the speculative engine (n-gram drafter, chain of 4): tau, speedup over AR on this
+    machine, equality with AR and the token-forcing verdict. Greedy, so the check is exact."""
+    from specpilot.engine.engine import SpecEngine
+    from specpilot.engine.generator import Generator
+    from specpilot.engine.runner import ModelRunner
+    from specpilot.engine.sampling import SamplingParams
+    from specpilot.spec.drafters.ngram import NgramDrafter
+    from specpilot.spec.forcing import ForcingReport, force_check
+    from specpilot.spec.tree import TreeSpec
+
+    ids = encode_prompt(tokenizer, args.prompt, False)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    runner = ModelRunner(model)
+    t0 = time.perf_counter()
+    ar = Generator(runner, ()).generate([ids], params)[0]
+    t1 = time.perf_counter()
+    out, stats = SpecEngine(ModelRunner(model), NgramDrafter(), TreeSpec.parse("chain:4")).generate([ids], params)[0]
+    t2 = time.perf_counter()
+    report = ForcingReport()
+    force_check(runner, ids, out.token_ids, report)
+    return {"drafter": "ngram", "tree": "chain:4", "tau": round(stats.tau, 3),
+            "speedup_vs_ar": round((t1 - t0) / (t2 - t1), 3), "identical": out.token_ids == ar.token_ids,
+            "forcing": {"tokens": report.tokens, "mismatches": len(report.mismatches),
+                        "passed": not report.failures(1e-3)}}
 
 
 def run_generation(args, model, tokenizer, load_s: float) -> int:

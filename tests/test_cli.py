@@ -48,6 +48,8 @@ def test_demo_runs(tmp_path, monkeypatch, capsys):
     obj = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(obj["token_ids"]) <= 8
     assert obj["stats"]["architecture"] == "Qwen3_5ForCausalLM"
+    spec = obj["speculative"]
+    assert spec["identical"] and spec["forcing"]["passed"] and spec["forcing"]["tokens"] == 8 and spec["tau"] >= 1
 
 
 def test_verify_json_passes_token_forcing(checkpoint_factory, tmp_path, capsys):
