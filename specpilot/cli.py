@@ -7,9 +7,12 @@ Errors go to stderr with exit status 2 (bad input) or 1 (anything else).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 import time
+from pathlib import Path
 
 
 from specpilot.bench import commands as bench_commands
@@ -19,6 +22,9 @@ from specpilot.models.loader import CheckpointError
 from specpilot.train import commands as train_commands
 from specpilot.weights import commands as weights_commands
 
+
+
+DEMO_PROMPT = 'def read_config(path):\n    """Read a JSON config file and return it as a dict."""\n'
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     weights_commands.add_parsers(sub)
     bench_commands.add_parsers(sub)
     train_commands.add_parsers(sub)
-    d = sub.add_parser("demo", help="run generation on the bundled tiny model (random weights for now)")
-    _add_generation_flags(d, max_new_tokens=48)
-    d.add_argument("--prompt", default="def fibonacci(n):\n", help="prompt text")
-    d.set_defaults(func=cmd_demo, drafter="none", tree="chain:4")
+    d = sub.add_parser("demo", help="code completion on the bundled trained zoo (CPU), plain and speculative")
+    _add_generation_flags(d, max_new_tokens=96)
+    d.add_argument("--prompt", default=DEMO_PROMPT, help="prompt text")
+    d.add_argument("--model", choices=["dense", "hybrid"], default="hybrid", help="the zoo target")
+    d.add_argument("--drafter", dest="demo_drafter", choices=["dflash", "eagle3", "draft-lm", "ngram"],
+                   default="dflash", help="the zoo drafter for the speculative run")
+    d.add_argument("--tree", default="chain:7", help="chain:D | static:C1,C2,... | dynamic:TOPK,DEPTH,NODES")
+    d.set_defaults(func=cmd_demo)
     return p
 
 
@@ -86,7 +96,8 @@ def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs, torch.compile or Triton GEMV (debugging)")
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graphs, torch.compile, Triton GEMV or fused RoPE/K-V store (debugging)")
     p.add_argument("--weight-format", choices=["bf16", "w12n"], default="bf16",
                    help="w12n: projections read lossless 12-bit planes (encoded at load; needs --dtype bfloat16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -104,63 +115,61 @@ def cmd_generate(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from specpilot.demo import demo_checkpoint
+    from specpilot.demo import demo_checkpoint, zoo_dir, zoo_pair
     from specpilot.models.loader import load_model, load_tokenizer
 
     device = pick_device(args.device)
-    path = demo_checkpoint(err)
+    if zoo_dir() is not None:
+        path, drafter = zoo_pair(args.model, args.demo_drafter)
+        note = (f"specpilot demo: the zoo's trained {args.model} target ({path}), greedy code completion; then the "
+                f"same prompt with the {args.demo_drafter} drafter ({args.tree})")
+    else:
+        path, drafter = demo_checkpoint(err), "ngram"
+        note = ("specpilot demo: no trained zoo in this install, so a tiny Qwen3.5-style hybrid with RANDOM weights "
+                "runs instead; its text is noise. It shows the runtime end to end.")
     if not args.json:
-        err.print("[yellow]specpilot demo: a tiny Qwen3.5-style hybrid model with RANDOM weights; the text is noise "
-                  "until the trained zoo lands. It shows the runtime end to end.[/]")
+        err.print(f"[yellow]{note}[/]")
     t0 = time.perf_counter()
     tokenizer, model = load_tokenizer(str(path)), load_model(str(path), device, args.dtype)
-    args.chat = False
+    load_s = time.perf_counter() - t0
+    args.chat, args.drafter = False, "none"  # the streamed part is plain decoding
+    with contextlib.redirect_stdout(io.StringIO()) if args.json else contextlib.nullcontext() as captured:
+        run_generation(args, model, tokenizer, load_s)
+    spec = demo_speculative(args, model, tokenizer, drafter)
+    ok = spec["identical"] and spec["forcing"]["passed"]
     if args.json:
-        return demo_json(args, model, tokenizer, time.perf_counter() - t0)
-    run_generation(args, model, tokenizer, time.perf_counter() - t0)
-    spec = demo_speculative(args, model, tokenizer)
+        print(json.dumps(json.loads(captured.getvalue()) | {"speculative": spec}))
+        return 0 if ok else 1
     verdict = "[green]pass[/]" if spec["forcing"]["passed"] else "[bold red]FAIL[/]"
     err.print(f"speculative ({spec['drafter']}, {spec['tree']}): tau {spec['tau']:.2f} · {spec['speedup_vs_ar']:.2f}x "
               f"AR · same tokens as AR: {'yes' if spec['identical'] else 'NO'} · token forcing {verdict} "
               f"({spec['forcing']['tokens']} tokens, {spec['forcing']['mismatches']} mismatches)")
-    return 0 if spec["identical"] and spec["forcing"]["passed"] else 1
+    return 0 if ok else 1
 
 
-def demo_json(args, model, tokenizer, load_s: float) -> int:
-    import contextlib
-    import io
-
-    with contextlib.redirect_stdout(io.StringIO()) as captured:
-        args.json = True
-        run_generation(args, model, tokenizer, load_s)
-    obj = json.loads(captured.getvalue())
-    obj["speculative"] = demo_speculative(args, model, tokenizer)
-    print(json.dumps(obj))
-    return 0 if obj["speculative"]["identical"] and obj["speculative"]["forcing"]["passed"] else 1
-
-
-def demo_speculative(args, model, tokenizer) -> dict:
-    """The same prompt through the speculative engine (n-gram drafter, chain of 4): tau, speedup over AR on this
-    machine, equality with AR and the token-forcing verdict. Greedy, so the check is exact."""
+def demo_speculative(args, model, tokenizer, drafter_name: str) -> dict:
+    """The same prompt through the speculative engine: tau, speedup over AR on this machine (both timed here,
+    after the streamed run warmed up), equality with AR and the token-forcing verdict. Greedy: the check is exact."""
     from specpilot.engine.engine import SpecEngine
     from specpilot.engine.generator import Generator
     from specpilot.engine.runner import ModelRunner
     from specpilot.engine.sampling import SamplingParams
-    from specpilot.spec.drafters.ngram import NgramDrafter
+    from specpilot.spec.drafters.registry import build_drafter
     from specpilot.spec.forcing import ForcingReport, force_check
     from specpilot.spec.tree import TreeSpec
 
     ids = encode_prompt(tokenizer, args.prompt, False)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
     runner = ModelRunner(model)
+    drafter = build_drafter(drafter_name, model, tokenizer)
     t0 = time.perf_counter()
     ar = Generator(runner, ()).generate([ids], params)[0]
     t1 = time.perf_counter()
-    out, stats = SpecEngine(ModelRunner(model), NgramDrafter(), TreeSpec.parse("chain:4")).generate([ids], params)[0]
+    out, stats = SpecEngine(ModelRunner(model), drafter, TreeSpec.parse(args.tree)).generate([ids], params)[0]
     t2 = time.perf_counter()
     report = ForcingReport()
     force_check(runner, ids, out.token_ids, report)
-    return {"drafter": "ngram", "tree": "chain:4", "tau": round(stats.tau, 3),
+    return {"drafter": Path(drafter_name).name, "tree": args.tree, "tau": round(stats.tau, 3),
             "speedup_vs_ar": round((t1 - t0) / (t2 - t1), 3), "identical": out.token_ids == ar.token_ids,
             "forcing": {"tokens": report.tokens, "mismatches": len(report.mismatches),
                         "passed": not report.failures(1e-3)}}
@@ -174,7 +183,7 @@ def run_generation(args, model, tokenizer, load_s: float) -> int:
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
     engine = EngineConfig(cuda_graphs=not args.eager, compile_pointwise=not args.eager, decode_gemv=not args.eager,
-                          weight_format=args.weight_format)
+                          fused_qk_rope_store=not args.eager, weight_format=args.weight_format)
     gen = _generator(args, ModelRunner(model, engine), tokenizer)
     stream = None if args.json else _Streamer(tokenizer, params.stop)
     out = gen.generate([prompt_ids], params, on_token=stream.push if stream else None)[0]

@@ -1,7 +1,7 @@
-"""The bundled default model of `specpilot demo`: a tiny Qwen3.5-style hybrid with RANDOM weights.
-
-Written once (seeded, a few seconds on CPU) to ~/.cache/specpilot/demo-random through transformers' own
-classes, then loaded through the real loader like any checkpoint. Replaced by the trained zoo later.
+"""What `specpilot demo` runs: the bundled trained zoo (zoo/ in the repository, or $SPECPILOT_ZOO), a target and
+one of its drafters. Without a zoo (an install that did not keep the repository) it falls back to a tiny
+Qwen3.5-style hybrid with RANDOM weights, written once (seeded, a few seconds on CPU) to ~/.cache/specpilot
+through transformers' own classes and said plainly to be noise.
 """
 
 from __future__ import annotations
@@ -12,6 +12,27 @@ import tempfile
 from pathlib import Path
 
 DEMO_VERSION = "1"
+ZOO_ENV = "SPECPILOT_ZOO"
+
+
+def zoo_dir() -> Path | None:
+    """The zoo directory, or None when this install has none."""
+    root = Path(os.environ.get(ZOO_ENV) or Path(__file__).resolve().parents[1] / "zoo")
+    return root if (root / "zoo.json").exists() else None
+
+
+def zoo_pair(target: str, drafter: str) -> tuple[Path, str]:
+    """(target directory, drafter name for build_drafter) of the zoo; `ngram` and `none` pass through."""
+    root = zoo_dir()
+    if root is None:
+        raise FileNotFoundError(f"no trained zoo found (looked in ${ZOO_ENV} and the repository's zoo/); "
+                                "rebuild it with `specpilot train zoo --out zoo`")
+    name = {"draft-lm": "draft-lm"}.get(drafter, f"{target}-{drafter}")
+    if drafter in ("ngram", "none"):
+        return root / target, drafter
+    if not (root / name / "config.json").exists():
+        raise FileNotFoundError(f"{root / name}: not in the zoo")
+    return root / target, str(root / name)
 
 
 def demo_dir() -> Path:

@@ -13,6 +13,12 @@ import torch  # noqa: E402
 from tests.checkpoints import write_checkpoint  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    # token streams, demo checkpoints: never read from or written to the user's own cache during tests
+    os.environ["SPECPILOT_CACHE"] = str(tmp_path_factory.mktemp("specpilot-cache"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(42)

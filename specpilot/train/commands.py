@@ -10,10 +10,12 @@ from specpilot.cli_util import err
 
 
 def add_parsers(sub) -> None:
+    from specpilot.train.zoo import ZOO_MAX_FILES
+
     t = sub.add_parser("train", help="train a tokenizer, a target model or a draft model")
     tsub = t.add_subparsers(dest="what", required=True)
     tt = tsub.add_parser("tokenizer", help="byte-level BPE on a corpus")
-    tt.add_argument("--vocab-size", type=int, default=8192)
+    tt.add_argument("--vocab-size", type=int, default=4096)
     _add_corpus_flags(tt)
     tt.set_defaults(func=cmd_train_tokenizer)
     tg = tsub.add_parser("target", help="a dense (Qwen3) or hybrid (Qwen3.5) model from scratch")
@@ -25,8 +27,20 @@ def add_parsers(sub) -> None:
     td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
     td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
     td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
+    td.add_argument("--draft-vocab-size", type=int, default=None,
+                    help="eagle3: the head's vocabulary (the corpus's most frequent tokens); default: all")
     _add_lm_flags(td, tokenizer=False)
     td.set_defaults(func=cmd_train_drafter)
+    tz = tsub.add_parser("zoo", help="the bundled zoo: tokenizer, two targets, their drafters, then W12N")
+    tz.add_argument("--out", required=True, help="new output directory")
+    tz.add_argument("--work", default=None, help="intermediate checkpoints and logs (default: OUT.work); "
+                    "an interrupted build resumes from the models finished there")
+    tz.add_argument("--corpus", default=None, help="as for `train tokenizer` (default: this Python's .py files)")
+    tz.add_argument("--max-files", type=int, default=ZOO_MAX_FILES, help="corpus files used (a hash-spread subset)")
+    tz.add_argument("--steps-scale", type=float, default=1.0, help="multiply every job's steps (smoke runs)")
+    tz.add_argument("--jobs", type=int, default=8, help="training processes run side by side")
+    tz.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    tz.set_defaults(func=cmd_train_zoo)
 
 
 def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
@@ -64,7 +78,7 @@ def cmd_train_tokenizer(args) -> int:
 
     corpus = load_corpus(args.corpus, max_files=args.max_files)
     out = train_tokenizer(corpus, args.out, args.vocab_size)
-    err.print(f"tokenizer ({args.vocab_size} tokens) trained on {len(corpus.train)} documents -> {out}")
+    err.print(f"tokenizer ({args.vocab_size} tokens) trained on {corpus.source} -> {out}")
     return 0
 
 
@@ -86,7 +100,7 @@ def cmd_train_drafter(args) -> int:
     if args.kind == "eagle3":
         from specpilot.train.eagle3 import train_eagle3
 
-        report = train_eagle3(corpus, args.target, args.out, _train_config(args), console=err)
+        report = train_eagle3(corpus, args.target, args.out, _train_config(args), args.draft_vocab_size, console=err)
     elif args.kind == "dflash":
         from specpilot.train.dflash import train_dflash
 
@@ -95,4 +109,15 @@ def cmd_train_drafter(args) -> int:
     else:
         report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))
+    return 0
+
+
+def cmd_train_zoo(args) -> int:
+    from specpilot.train.zoo import build_zoo
+
+    summary = build_zoo(args.out, args.work, args.corpus, args.max_files, args.steps_scale, args.device, args.jobs,
+                        console=err)
+    print(json.dumps({k: v for k, v in summary.items() if k != "models"} |
+                     {"models": {n: {"bytes": m["bytes"], "parameters": m["parameters"]}
+                                 for n, m in summary["models"].items()}}))
     return 0

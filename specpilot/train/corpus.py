@@ -55,8 +55,8 @@ def load_corpus(source: str | None = None, held_out_percent: int = 2, max_files:
         files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
         label = str(path)
         docs = [(str(f.relative_to(path)), f) for f in files]
-    if max_files is not None:
-        docs = docs[:max_files]
+    if max_files is not None:  # a subset spread over the whole tree, not its alphabetical head
+        docs = sorted(sorted(docs, key=lambda d: _name_hash(d[0]))[:max_files])
     if not docs:
         raise ValueError(f"corpus {label}: no text files found")
     train, held = [], []
@@ -85,8 +85,13 @@ def _from_jsonl(path: Path, held_out_percent: int, max_files: int | None) -> Cor
     return Corpus(str(path), tuple(train), tuple(held), _hash(names))
 
 
+def _name_hash(name: str) -> int:
+    return int(hashlib.sha1(name.encode()).hexdigest()[:8], 16)
+
+
 def _held_out(name: str, percent: int) -> bool:
-    return int(hashlib.sha1(name.encode()).hexdigest()[:8], 16) % 100 < percent
+    # the hash's low digits decide the split, its high ones the max_files subset: the two stay independent
+    return int(hashlib.sha1(name.encode()).hexdigest()[-8:], 16) % 100 < percent
 
 
 def _hash(names: list[str]) -> str:

@@ -3,7 +3,8 @@
 Each training sequence runs through the target once (no grad) for the hidden states of `target_layer_ids`.
 Random anchor positions a are drawn per sequence; the drafter sees the context features of positions < a and
 the block [token_a, MASK x (B-1)], exactly as at inference (the same DFlashModel forward, the context K/V built
-in memory instead of in a cache), and learns the tokens a+1 .. a+B-1 with a loss weighted by position
+in memory instead of in a cache), and learns the target's greedy tokens a+1 .. a+B-1 (each after the true prefix:
+self-distillation, since acceptance asks what the target emits) with a loss weighted by position
 (exp(-(k-1)/gamma): the first draft positions matter most, since acceptance stops at the first miss). The
 target's embedding and LM head stay frozen and are not saved. The result is a z-lab DFlashDraftModel directory.
 """
@@ -23,7 +24,8 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
 from specpilot.spec.drafters.dflash import DFlashModel, default_target_layers
 from specpilot.train.corpus import Corpus
-from specpilot.train.lm import TrainConfig, batch_at, lr_at, token_stream
+from specpilot.train.lm import TrainConfig, batch_at, lr_at, train_device
+from specpilot.train.tokens import corpus_tokens
 
 
 class _ContextKV:
@@ -77,10 +79,9 @@ def position_weights(block: int, gamma: float, device) -> torch.Tensor:
 
 
 def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
-                 num_layers: int = 2, anchors: int = 4, gamma: float = 4.0, console=None) -> dict:
+                 num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, console=None) -> dict:
     out = Path(out)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if cfg.device == "auto" else cfg.device))
+    device = train_device(cfg)
     tokenizer = load_tokenizer(str(target_dir))
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
     if mask_id is None or mask_id == tokenizer.unk_token_id:
@@ -93,7 +94,7 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     model = DFlashModel(draft_config(target.config, num_layers), len(layers)).to(device)
     _init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    train_ids, held_ids = token_stream(corpus.train, tokenizer), token_stream(corpus.held_out, tokenizer)
+    train_ids, held_ids = corpus_tokens(corpus, tokenizer)
     weights = position_weights(block, gamma, device)
     step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device)
     loss, t0 = float("nan"), time.perf_counter()
@@ -115,7 +116,7 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
               "corpus_files_hash": corpus.files_hash, "parameters": sum(p.numel() for p in model.parameters())}
-    save_dflash(model, target.config, layers, block, mask_id, out, report)
+    save_dflash(model, target.config, layers, block, mask_id, out, report, cfg.save_dtype)
     return report
 
 
@@ -123,12 +124,13 @@ def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainCon
     def run(tokens_all, step: int, seed: int):
         tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
         with torch.no_grad():
-            features = _features(target, tokens, layers)
+            features, greedy = _features(target, tokens, layers)
         gen = torch.Generator().manual_seed(seed * 7919 + step)
         a = torch.randint(1, cfg.seq_len - block + 1, (tokens.shape[0], anchors), generator=gen).to(device)
         logits = dflash_forward(model, target, features, tokens, a, block, mask_id)  # [R, block-1, V]
         seq = torch.arange(tokens.shape[0], device=device).repeat_interleave(anchors)
-        labels = tokens[seq[:, None], a.reshape(-1)[:, None] + torch.arange(1, block, device=device)]
+        # position a+k's label: the target's greedy token after the true prefix up to a+k-1
+        labels = greedy[seq[:, None], a.reshape(-1)[:, None] + torch.arange(0, block - 1, device=device)]
         ce = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # [R, block-1]
         first_acc = float((logits[:, 0].argmax(-1) == labels[:, 0]).float().mean())
         return (ce * weights).sum(-1).mean(), first_acc
@@ -136,15 +138,17 @@ def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainCon
     return run
 
 
-def _features(target, tokens, layers) -> torch.Tensor:
+def _features(target, tokens, layers) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the concatenated hidden states of `layers` [B, L, K*H], the target's greedy next token at each position
+    [B, L]): drafters learn what the target would emit (self-distillation), not what the corpus says."""
     from specpilot.engine.cache import ModelCache
 
     B, L = tokens.shape
     cache = ModelCache(target.config, B, L, tokens.device, torch.float32)
     meta = BatchMetadata.contiguous(tokens, torch.zeros(B, dtype=torch.long, device=tokens.device),
                                     torch.arange(B, device=tokens.device), 0)
-    _, captured = target(meta, cache, tuple(layers))
-    return torch.cat(captured, dim=-1)
+    hidden, captured = target(meta, cache, tuple(layers))
+    return torch.cat(captured, dim=-1), target.logits(hidden).argmax(-1)
 
 
 def _init(model: DFlashModel) -> None:
@@ -160,12 +164,12 @@ def _init(model: DFlashModel) -> None:
 
 
 def save_dflash(model: DFlashModel, target_cfg: ModelConfig, layers, block: int, mask_id: int, out: Path,
-                report: dict) -> None:
+                report: dict, save_dtype: str = "bfloat16") -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    save_file({k: v.float().cpu() for k, v in unpacked_state_dict(model).items()}, str(out / "model.safetensors"),
+    save_file({k: v.to(getattr(torch, save_dtype)).cpu() for k, v in unpacked_state_dict(model).items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": cfg.vocab_size,
               "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,

@@ -1,8 +1,8 @@
 """`specpilot train drafter --kind eagle3`: an EAGLE-3 head trained against a frozen target.
 
 The head reads the outputs of three target layers (EAGLE-3's low / mid / high taps), fused by `fc`, paired with
-the embedding of the next token; at position p it learns token p+2. The draft vocabulary is the corpus's most
-frequent target tokens (d2t / t2d maps). Training runs the drafter's own inference forward (causal over the
+the embedding of the next token; at position p it learns the target's greedy token p+2 (self-distillation). The
+draft vocabulary is the corpus's most frequent target tokens (d2t / t2d maps). Training runs the drafter's own inference forward (causal over the
 block, a scratch cache per step), so train and serve cannot drift. This is step-0 teacher forcing only: the
 training-time test (unrolling on the head's own outputs) is not done yet, so deeper drafts are weaker than a
 full EAGLE-3 recipe would give. The result is a SafeAILab-layout directory (`LlamaForCausalLMEagle3`).
@@ -21,7 +21,8 @@ from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_d
 from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
 from specpilot.train.corpus import Corpus
 from specpilot.train.dflash import _features
-from specpilot.train.lm import TrainConfig, batch_at, lr_at, token_stream
+from specpilot.train.lm import TrainConfig, batch_at, lr_at, train_device
+from specpilot.train.tokens import corpus_tokens
 
 
 def tap_inputs(num_layers: int) -> tuple[int, int, int]:
@@ -49,12 +50,11 @@ def draft_vocabulary(tokens: torch.Tensor, vocab: int, size: int) -> torch.Tenso
 def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig,
                  draft_vocab_size: int | None = None, console=None) -> dict:
     out = Path(out)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if cfg.device == "auto" else cfg.device))
+    device = train_device(cfg)
     tokenizer = load_tokenizer(str(target_dir))
     target = load_model(str(target_dir), device, "float32").requires_grad_(False)
     tcfg = target.config
-    train_ids, held_ids = token_stream(corpus.train, tokenizer), token_stream(corpus.held_out, tokenizer)
+    train_ids, held_ids = corpus_tokens(corpus, tokenizer)
     selected = draft_vocabulary(train_ids, tcfg.vocab_size, draft_vocab_size or min(32000, tcfg.vocab_size)).to(device)
     taps = tap_inputs(tcfg.num_hidden_layers)
     raw = head_raw_config(tcfg, selected.numel(), taps)
@@ -85,7 +85,7 @@ def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_top1_accuracy": sum(h[1] for h in held) / len(held), "training_time_test": False,
               "corpus_files_hash": corpus.files_hash}
-    save_eagle3(head, raw, out, report)
+    save_eagle3(head, raw, out, report, cfg.save_dtype)
     return report
 
 
@@ -102,11 +102,11 @@ def _init(head: Eagle3Head, selected: torch.Tensor, vocab: int) -> None:
 
 def _loss(drafter: Eagle3Drafter, target, tokens_all, step: int, seed: int, cfg: TrainConfig, to_draft, device,
           train: bool):
-    """Teacher-forced step 0: pair (feature_p, token_p+1), predict token_p+2, over whole windows."""
+    """Teacher-forced step 0: pair (feature_p, token_p+1), predict the target's greedy token p+2, over windows."""
     tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
     B, L = tokens.shape
     with torch.no_grad():
-        features = _features(target, tokens, drafter.target_layers)
+        features, greedy = _features(target, tokens, drafter.target_layers)
     drafter.cache = None
     drafter.allocate(B, L)
     ids = tokens[:, 1:]
@@ -115,17 +115,17 @@ def _loss(drafter: Eagle3Drafter, target, tokens_all, step: int, seed: int, cfg:
     with torch.set_grad_enabled(train):
         h = drafter.forward(meta, drafter.head.fc(features[:, :-1]))
         logits = drafter.draft_logits(h[:, :-1])  # [B, L-2, draft vocab]
-    labels = to_draft[tokens[:, 2:]]
+    labels = to_draft[greedy[:, 1:-1]]  # the target's greedy token at p+2 (self-distillation)
     loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
     hit = (logits.argmax(-1) == labels).float()[labels >= 0].mean()
     return loss, float(hit)
 
 
-def save_eagle3(head: Eagle3Head, raw: dict, out: Path, report: dict) -> None:
+def save_eagle3(head: Eagle3Head, raw: dict, out: Path, report: dict, save_dtype: str = "bfloat16") -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: (v if k in ("d2t", "t2d") else v.float()).cpu() for k, v in unpacked_state_dict(head).items()}
+    state = {k: (v if k in ("d2t", "t2d") else v.to(getattr(torch, save_dtype))).cpu() for k, v in unpacked_state_dict(head).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(raw, indent=1))
     (out / "training.json").write_text(json.dumps(report, indent=1))

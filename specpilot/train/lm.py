@@ -20,18 +20,20 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specpilot.train.corpus import Corpus
+from specpilot.train.tokens import corpus_tokens
 
 PRESETS = {
-    # about 10-20M parameters with an 8k vocabulary: the bundled zoo's targets
-    "dense": dict(arch="Qwen3ForCausalLM", hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
-                  num_attention_heads=6, num_key_value_heads=2, head_dim=64),
-    "hybrid": dict(arch="Qwen3_5ForCausalLM", hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
-                   num_attention_heads=6, num_key_value_heads=2, head_dim=64, linear_num_key_heads=4,
-                   linear_num_value_heads=8, linear_key_head_dim=48, linear_value_head_dim=48,
+    # the bundled zoo's targets (~6M parameters with a 4k vocabulary): sized so that both targets, their drafters
+    # and the shared draft LM fit the repository's 32 MB budget for committed weights in W12N
+    "dense": dict(arch="Qwen3ForCausalLM", hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "hybrid": dict(arch="Qwen3_5ForCausalLM", hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                   linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
                    full_attention_interval=4),
-    # a draft LM: a quarter of the depth and width
-    "draft": dict(arch="Qwen3ForCausalLM", hidden_size=192, intermediate_size=512, num_hidden_layers=2,
-                  num_attention_heads=3, num_key_value_heads=1, head_dim=64),
+    # a draft LM: a quarter of the depth, half the width
+    "draft": dict(arch="Qwen3ForCausalLM", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=64),
 }
 
 
@@ -47,6 +49,15 @@ class TrainConfig:
     device: str = "auto"
     save_every: int = 500
     eval_batches: int = 8
+    save_dtype: str = "bfloat16"  # the released weights (training keeps fp32 masters; resume checkpoints too)
+
+
+def train_device(cfg: TrainConfig) -> torch.device:
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    if device.type == "cuda":  # the fp32 parts (drafter training, frozen-target features) may use TF32 tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = True
+    return device
 
 
 def hf_config(preset: str | dict, vocab_size: int, eos_id: int, max_len: int):
@@ -57,15 +68,6 @@ def hf_config(preset: str | dict, vocab_size: int, eos_id: int, max_len: int):
     cls = transformers.Qwen3Config if arch == "Qwen3ForCausalLM" else transformers.Qwen3_5TextConfig
     return cls(vocab_size=vocab_size, max_position_embeddings=max(max_len, 2048), eos_token_id=eos_id,
                tie_word_embeddings=True, architectures=[arch], rope_theta=10000.0, **spec)
-
-
-def token_stream(corpus_docs, tokenizer) -> torch.Tensor:
-    eos = tokenizer.eos_token_id
-    ids: list[int] = []
-    for doc in corpus_docs:
-        ids.extend(tokenizer.encode(doc, add_special_tokens=False))
-        ids.append(eos)
-    return torch.tensor(ids, dtype=torch.long)
 
 
 def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, seq_len: int) -> torch.Tensor:
@@ -89,9 +91,8 @@ def train_lm(corpus: Corpus, tokenizer_dir: str | Path, out: str | Path, preset:
 
     out = Path(out)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if cfg.device == "auto" else cfg.device))
-    train_ids, held_ids = token_stream(corpus.train, tokenizer), token_stream(corpus.held_out, tokenizer)
+    device = train_device(cfg)
+    train_ids, held_ids = corpus_tokens(corpus, tokenizer)
     if len(train_ids) <= cfg.seq_len or len(held_ids) <= cfg.seq_len:
         raise ValueError(f"corpus too small for seq_len {cfg.seq_len}: {len(train_ids)} train / {len(held_ids)} "
                          "held-out tokens")
@@ -101,7 +102,7 @@ def train_lm(corpus: Corpus, tokenizer_dir: str | Path, out: str | Path, preset:
               "steps": cfg.steps, "train_tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "final_loss": loss,
               "held_out_loss": evaluate(model, held_ids, cfg, device), "corpus": corpus.source,
               "corpus_files_hash": corpus.files_hash, "config": asdict(cfg)}
-    _save_final(model, tokenizer_dir, out, report)
+    _save_final(model, tokenizer_dir, out, report, cfg.save_dtype)
     return report
 
 
@@ -188,8 +189,8 @@ def _load_optimizer(opt, model, file: Path, step: int) -> None:
                             "exp_avg_sq": state[f"{name}.exp_avg_sq"].to(p.device)}
 
 
-def _save_final(model, tokenizer_dir, out: Path, report: dict) -> None:
-    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
+def _save_final(model, tokenizer_dir, out: Path, report: dict, save_dtype: str) -> None:
+    model.to(getattr(torch, save_dtype)).save_pretrained(out, safe_serialization=True)
     for f in Path(tokenizer_dir).iterdir():
         if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
             shutil.copy2(f, out / f.name)

@@ -26,7 +26,7 @@ from specpilot.weights import w12n
 MANIFEST = "w12n.json"
 SHARD_BYTES = 4 << 30
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-          "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+          "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "training.json")
 KEEP_BF16 = ("embed_tokens",)  # gathered by row: a GEMV format does not pay there
 
 

@@ -59,7 +59,7 @@ def test_training_lowers_the_loss_and_loads_everywhere(arch, corpus_dir, tokeniz
                          TrainConfig(**{**CFG.__dict__, "steps": 1}))
     assert report["held_out_loss"] < untrained["held_out_loss"] - 0.3
     ours = load_model(str(tmp_path / "m"), "cpu", "float32")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "m")).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.float32).eval()
     ids = torch.randint(0, 300, (1, 20))
     cache = ModelCache(ours.config, 1, 24, "cpu", torch.float32)
     with torch.no_grad():

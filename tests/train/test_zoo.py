@@ -1,0 +1,56 @@
+"""`specpilot train zoo` end to end on CPU with the recipe shrunk to a few steps of tiny batches: every job runs
+as its own process, the zoo comes out W12N with a summary, loads through our loader and drives the demo."""
+
+import json
+
+import pytest
+
+from specpilot.cli import main
+from specpilot.train import zoo
+
+
+def _tiny(job: zoo.Job) -> zoo.Job:
+    args = list(job.args)
+    for flag, value in (("--batch-size", "2"), ("--seq-len", "32"), ("--warmup", "1")):
+        args[args.index(flag) + 1] = value
+    return zoo.Job(job.name, tuple(args) + ("--eval-batches", "1", "--save-every", "1000"), 2)
+
+
+@pytest.fixture(scope="module")
+def tiny_zoo(tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus")
+    for i in range(150):  # enough files that the 2% held-out split is not empty
+        (corpus / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" * 4)
+    out = tmp_path_factory.mktemp("z") / "zoo"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(zoo, "ZOO_RECIPE", tuple(tuple(_tiny(j) for j in stage) for stage in zoo.ZOO_RECIPE))
+    mp.setattr(zoo, "VOCAB_SIZE", 300)
+    try:
+        summary = zoo.build_zoo(out, corpus=str(corpus), max_files=None, device="cpu", jobs=4)
+    finally:
+        mp.undo()
+    return out, summary
+
+
+def test_zoo_holds_every_model_in_w12n(tiny_zoo):
+    out, summary = tiny_zoo
+    names = {"dense", "hybrid", "draft-lm", "dense-dflash", "dense-eagle3", "hybrid-dflash", "hybrid-eagle3"}
+    assert set(summary["models"]) == names
+    assert json.loads((out / "zoo.json").read_text())["total_bytes"] == summary["total_bytes"]
+    for name in names:
+        assert (out / name / "w12n.json").exists() and (out / name / "training.json").exists()
+    assert not list(out.parent.glob(".zoo.tmp*"))
+
+
+def test_demo_runs_on_the_zoo(tiny_zoo, monkeypatch, capsys):
+    out, _ = tiny_zoo
+    monkeypatch.setenv("SPECPILOT_ZOO", str(out))
+    for model, drafter in (("hybrid", "dflash"), ("dense", "eagle3")):
+        rc = main(["demo", "--model", model, "--drafter", drafter, "--max-new-tokens", "10", "--json"])
+        spec = json.loads(capsys.readouterr().out)["speculative"]
+        assert rc == 0 and spec["identical"] and spec["forcing"]["passed"] and spec["forcing"]["tokens"] == 10
+
+
+def test_an_existing_output_is_refused(tiny_zoo):
+    with pytest.raises(FileExistsError):
+        zoo.build_zoo(tiny_zoo[0])
