@@ -223,6 +223,7 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
     hf = hf_view(ours, hf_cfg)
     runner = ModelRunner(ours)
     variants = {"ours": runner, "ours_cublas": ModelRunner(ours, EngineConfig(decode_gemv=False))}
+    variants["ours_unfused"] = ModelRunner(ours, EngineConfig(fused_qk_rope_store=False))
     if args.w12n:
         variants["ours_w12n"] = ModelRunner(ours, EngineConfig(weight_format="w12n"))
     cfg = ours.config
@@ -250,6 +251,12 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
         alt.cache, alt.graphs = None, {}
         torch.cuda.empty_cache()
         r["gemv_speedup_vs_cublas"] = r["cublas_variant"]["step_ms_median"] / r["step_ms_median"]
+        # the same step with q/k norm + RoPE + K/V store unfused (EngineConfig.fused_qk_rope_store), side by side
+        alt = variants["ours_unfused"]
+        r["unfused_variant"] = time_ours(alt, batch, ctx, args.steps, cfg.vocab_size)
+        alt.cache, alt.graphs = None, {}
+        torch.cuda.empty_cache()
+        r["fusion_speedup"] = r["unfused_variant"]["step_ms_median"] / r["step_ms_median"]
         if "ours_w12n" in variants and batch <= 16:
             w = variants["ours_w12n"]
             r["w12n_variant"] = time_ours(w, batch, ctx, args.steps, cfg.vocab_size)

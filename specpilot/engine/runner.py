@@ -25,6 +25,7 @@ class ModelRunner:
         self.use_graphs = engine.cuda_graphs and on_gpu
         self.compile = engine.compile_pointwise and on_gpu
         self.gemv = engine.decode_gemv and on_gpu
+        self.fused_rope = engine.fused_qk_rope_store and on_gpu
         self.block_kernel = engine.block_attention == "tree"
         self.weight_format = engine.weight_format
         self.use_verify_graphs = engine.verify_graphs and on_gpu
@@ -121,7 +122,8 @@ class ModelRunner:
 
         input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
         """
-        with pointwise.compiled(self.compile), linear.decode_gemv(self.gemv), linear.weight_format(self.weight_format):
+        with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv), linear.weight_format(self.weight_format),
+              attention.fused_qk_rope_store(self.fused_rope)):
             return self._decode(input_ids, positions)
 
     def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 One block of T tokens per request: q/k/v from one packed projection, optional per-head q/k norm, RoPE at the
 given positions, K/V written into the slot at `cache_loc`, then attention over the committed prefix plus the
-block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel.
+block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel, and inside the
+runner's decode region its norm, RoPE and K/V store run as one kernel (ops/qk_norm_rope_store).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.norm import RMSNorm
 from specpilot.layers.packed import PackedLinear
 from specpilot.ops.decode_attention import decode_attention
+from specpilot.ops.qk_norm_rope_store import qk_norm_rope_store
 from specpilot.ops.store_kv import store_kv
 from specpilot.ops.tree_attention import tree_attention
 
 _block_kernel = False
+_fused_decode = False
 
 
 @contextlib.contextmanager
@@ -36,6 +39,19 @@ def block_kernel(enabled: bool = True):
         yield
     finally:
         _block_kernel = previous
+
+
+@contextlib.contextmanager
+def fused_qk_rope_store(enabled: bool = True):
+    """Inside this region a decode step (one causal token per request) normalises and rotates q and k and stores
+    k and v in one kernel, instead of the pointwise helper then store_kv (EngineConfig.fused_qk_rope_store). The
+    runner opens it for decode steps only; prefill and verify blocks keep the unfused path."""
+    global _fused_decode
+    previous, _fused_decode = _fused_decode, enabled
+    try:
+        yield
+    finally:
+        _fused_decode = previous
 
 
 class Attention(nn.Module):
@@ -67,26 +83,39 @@ class Attention(nn.Module):
         else:
             q = q.view(B, T, H, D)
         k, v = k.view(B, T, KVH, D), v.view(B, T, KVH, D)
-        if self.q_norm is not None:
-            q, k = pw.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps,
-                                   self.q_norm.zero_centered)
+        q_weight, k_weight, eps, zero_centered = self._norms()
+        if _fused_decode and meta.is_decode:
+            q = qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps, zero_centered, kv[0], kv[1],
+                                   meta.slots, meta.cache_loc)
+            out = decode(q, kv, meta, self.scale)
         else:
-            q, k = pw.qk_norm_rope(q, k, None, None, cos, sin, 0.0, False)
-        out = attend(q, k, v, kv, meta, self.scale)
+            q, k = pw.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, zero_centered)
+            out = attend(q, k, v, kv, meta, self.scale)
         if gate is not None:
             out = pw.sigmoid_gate(out, gate)
         return self.o_proj(out.reshape(B, T, H * D))
+
+    def _norms(self):
+        """(q weight, k weight, eps, zero-centred) of the per-head norms; None weights when the model has none."""
+        if self.q_norm is None:
+            return None, None, 0.0, False
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered
 
 
 def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, T, KVH, D] of the new block -> [B, T, H, D]; writes the block into the cache."""
     store_kv(k, v, kv[0], kv[1], meta.slots, meta.cache_loc)
     if meta.is_decode:
-        kv_len = meta.kv_len if meta.kv_len is not None else meta.prefix_len + 1
-        return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
+        return decode(q, kv, meta, scale)
     if _block_kernel:
         return tree_attention(q, kv[0], kv[1], meta.slots, meta.prefix_len, meta.cache_loc, meta.block_mask, scale)
     return block_attention(q, k, v, kv, meta, scale)
+
+
+def decode(q, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
+    """q [B, 1, H, D] of one causal token per request, whose K/V are already stored -> [B, 1, H, D]."""
+    kv_len = meta.kv_len if meta.kv_len is not None else meta.prefix_len + 1
+    return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
 
 
 def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
