@@ -5,8 +5,12 @@ weights (HF parameters are views of ours), against the roofline = bytes a decode
 device copy bandwidth. Correctness first: our prefill logits and decode logits are compared with HF's.
 
     PYTHONPATH=. python3 bench/ar_decode.py --out bench/results/ar_decode_h200.json
+    PYTHONPATH=. python3 bench/ar_decode.py --out /tmp/ar.json --device cpu --shapes tiny-dense tiny-hybrid \
+        --configs 1x16 2x16 --steps 3 --hf-tokens 3 --w12n --profile   # dry run
 
-Prints a table last and writes the full JSON (GPU, commit, command, every timing).
+Prints a table last and writes the full JSON (GPU, commit, command, every timing), again after every
+measurement; each measurement runs inside its own try/except (an error is recorded and the rest goes on).
+With --w12n, the W12N step's logits are first compared with the bf16 step's (same weights, bit-exact decode).
 """
 
 from __future__ import annotations
@@ -14,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
 import transformers
 
+from bench.common import Report, attempt, failed, run_record, sync
 from specpilot.bench import shapes
 from specpilot.config import EngineConfig
 from specpilot.engine.runner import ModelRunner
@@ -30,23 +33,49 @@ from specpilot.models.loader import build_empty
 DEVICE = "cuda"
 
 SHAPES = shapes.SHAPES
+BASE: dict = {}  # EngineConfig fields under every runner (--no-fused-prologue)
 
 
-def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20) -> float:
+def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20, device: str | None = None) -> float:
     """Bytes read + written per second by a large device-to-device copy (median)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
+    device = device or DEVICE
+    if device != "cuda":
+        nbytes = min(nbytes, 64 << 20)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     times = []
     for i in range(reps + 3):
-        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
+        if device == "cuda":
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            seconds = time.perf_counter() - t0
         if i >= 3:
-            times.append(start.elapsed_time(end) / 1e3)
+            times.append(seconds)
     del src, dst
     return 2 * nbytes / statistics.median(times)
+
+
+class _Stamp:
+    """A point on the device timeline: a CUDA event on the GPU, the wall clock on the CPU."""
+
+    def __init__(self):
+        self.event = torch.cuda.Event(True) if DEVICE == "cuda" else None
+        if self.event is not None:
+            self.event.record()
+        else:
+            self.t = time.perf_counter()
+
+    def ms_since(self, start: _Stamp) -> float:
+        if self.event is not None:
+            return start.event.elapsed_time(self.event)
+        return (self.t - start.t) * 1e3
 
 
 def random_model(hf_cfg, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
@@ -82,7 +111,7 @@ def time_ours(runner, batch: int, ctx: int, steps: int, vocab: int) -> dict:
     prompts = torch.randint(0, vocab, (batch, ctx), device=DEVICE)
     t0 = time.perf_counter()
     logits = torch.stack([runner.prefill(i, prompts[i].tolist()) for i in range(batch)])
-    torch.cuda.synchronize()
+    sync(DEVICE)
     prefill_s = time.perf_counter() - t0
     tokens = logits.argmax(-1)
     positions = torch.full((batch,), ctx, dtype=torch.long, device=DEVICE)
@@ -90,17 +119,15 @@ def time_ours(runner, batch: int, ctx: int, steps: int, vocab: int) -> dict:
         tokens = runner.decode(tokens, positions).argmax(-1)
     per_step = []
     for _ in range(steps):
-        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-        start.record()
+        start = _Stamp()
         tokens = runner.decode(tokens, positions).argmax(-1)
-        end.record()
-        per_step.append((start, end))
-    torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) for s, e in per_step]
+        per_step.append((start, _Stamp()))
+    sync(DEVICE)
+    ms = [e.ms_since(s) for s, e in per_step]
     t0 = time.perf_counter()
     for _ in range(steps):
         tokens = runner.decode(tokens, positions).argmax(-1)
-    torch.cuda.synchronize()
+    sync(DEVICE)
     loop_s = (time.perf_counter() - t0) / steps
     return {"batch": batch, "ctx": ctx, "prefill_s": prefill_s, "step_ms_median": statistics.median(ms),
             "step_ms_p10": sorted(ms)[len(ms) // 10], "loop_step_ms": loop_s * 1e3,
@@ -112,10 +139,10 @@ def time_hf(hf, ctx: int, new_tokens: int, vocab: int) -> dict:
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
     def run(n):
-        torch.cuda.synchronize()
+        sync(DEVICE)
         t0 = time.perf_counter()
         hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        torch.cuda.synchronize()
+        sync(DEVICE)
         return time.perf_counter() - t0
 
     run(2)
@@ -173,7 +200,7 @@ def check_fp32_few_layers(name: str) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     ours = random_model(hf_cfg, torch.float32)
     hf = hf_view(ours, hf_cfg)
-    result = {"fp32": check_correctness(ours, hf, ModelRunner(ours), hf_cfg.vocab_size)}
+    result = {"fp32": check_correctness(ours, hf, ModelRunner(ours, EngineConfig(**BASE)), hf_cfg.vocab_size)}
     ids = torch.randint(0, hf_cfg.vocab_size, (1, 64), device=DEVICE)
     forced = torch.randint(0, hf_cfg.vocab_size, (8,)).tolist()
     truth = hf_logits(hf, ids, forced)
@@ -182,11 +209,16 @@ def check_fp32_few_layers(name: str) -> dict:
         for p16, p32 in zip(ours16.parameters(), ours.parameters()):
             p16.copy_(p32)
     hf16 = hf_view(ours16, hf_cfg)
-    result["bf16_ours_vs_fp32"] = compare(ours_logits(ModelRunner(ours16), ids, forced), truth)
+    result["bf16_ours_vs_fp32"] = compare(ours_logits(ModelRunner(ours16, EngineConfig(**BASE)), ids, forced), truth)
     result["bf16_hf_vs_fp32"] = compare(hf_logits(hf16, ids, forced), truth)
     del hf, ours, hf16, ours16
-    torch.cuda.empty_cache()
+    _empty_cache()
     return result
+
+
+def _empty_cache() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
 
 
 def profile_step(runner, vocab: int, steps: int = 5) -> dict:
@@ -199,33 +231,50 @@ def profile_step(runner, vocab: int, steps: int = 5) -> dict:
     use_graphs, runner.use_graphs = runner.use_graphs, False
     for _ in range(3):
         tokens = runner.decode(tokens, positions).argmax(-1)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    sync(DEVICE)
+    cuda = DEVICE == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             tokens = runner.decode(tokens, positions).argmax(-1)
-        torch.cuda.synchronize()
+        sync(DEVICE)
     runner.use_graphs = use_graphs
     rows = {}
     for e in prof.key_averages():
-        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
-            rows[e.key] = (e.self_device_time_total / steps, e.count / steps)
+        t = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if (e.device_type.name == "CUDA" or not cuda) and t > 0:
+            rows[e.key] = (t / steps, e.count / steps)
     top = sorted(rows.items(), key=lambda kv: -kv[1][0])
     return {"kernel_us_per_step": sum(v[0] for v in rows.values()), "kernels_per_step": sum(v[1] for v in rows.values()),
             "top": [(k[:90], round(t, 1), c) for k, (t, c) in top[:25]]}
 
 
-def bench_shape(name: str, args, bandwidth: float) -> dict:
+def check_w12n(runner, w12n_runner, vocab: int, steps: int = 8) -> dict:
+    """The W12N step against the bf16 step on the same (bit-exact) weights: logits of a prefill and of decode
+    steps with the same forced tokens. They differ only by accumulation order in the projections."""
+    ids = torch.randint(0, vocab, (1, 64), device=DEVICE)
+    forced = torch.randint(0, vocab, (steps,)).tolist()
+    return compare(ours_logits(w12n_runner, ids, forced), ours_logits(runner, ids, forced))
+
+
+def _release(runner) -> None:
+    runner.cache, runner.graphs = None, {}
+    _empty_cache()
+
+
+def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
     config_cls, kw = SHAPES[name]
-    result_fp32 = check_fp32_few_layers(name)
-    print(name, "fp32 4-layer correctness", result_fp32, flush=True)
+    result = {"shape": name}
+    report["shapes"].append(result)
+    result["correctness_fp32_4_layers"] = attempt(f"{name} fp32 check", check_fp32_few_layers, name)
+    print(name, "fp32 4-layer correctness", result["correctness_fp32_4_layers"], flush=True)
+    report.save()
     hf_cfg = config_cls(**kw)
     ours = random_model(hf_cfg)
-    hf = hf_view(ours, hf_cfg)
-    runner = ModelRunner(ours)
-    variants = {"ours": runner, "ours_cublas": ModelRunner(ours, EngineConfig(decode_gemv=False))}
-    variants["ours_unfused"] = ModelRunner(ours, EngineConfig(fused_qk_rope_store=False))
-    if args.w12n:
-        variants["ours_w12n"] = ModelRunner(ours, EngineConfig(weight_format="w12n"))
+    hf = attempt(f"{name} transformers view", hf_view, ours, hf_cfg)
+    runner = ModelRunner(ours, EngineConfig(**BASE))
+    alt = ModelRunner(ours, EngineConfig(**{**BASE, "decode_gemv": False}))  # cuBLAS for every projection
+    # q/k norm-RoPE and K/V store unfused (the main runner already is with --no-fused-prologue)
+    unfused = ModelRunner(ours, EngineConfig(fused_qk_rope_store=False)) if not BASE else None
     cfg = ours.config
     weight_bytes = ours.weight_bytes_per_token()
     kv_per_token = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * cfg.head_dim * 2
@@ -234,52 +283,86 @@ def bench_shape(name: str, args, bandwidth: float) -> dict:
         conv = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
         ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
         state_bytes = cfg.num_linear_layers * 2 * (ssm + conv * (cfg.linear_conv_kernel_dim - 1) * 2)  # read + write
-    result = {"shape": name, "params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_step": weight_bytes,
-              "kv_bytes_per_token": kv_per_token, "state_bytes_per_step_per_seq": state_bytes}
-    result["correctness_fp32_4_layers"] = result_fp32
-    result["correctness_bf16"] = check_correctness(ours, hf, runner, cfg.vocab_size)
+    result.update({"params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_step": weight_bytes,
+                   "kv_bytes_per_token": kv_per_token, "state_bytes_per_step_per_seq": state_bytes})
+    if not failed(hf):
+        result["correctness_bf16"] = attempt(f"{name} bf16 check", check_correctness, ours, hf, runner,
+                                             cfg.vocab_size)
+    else:
+        result["correctness_bf16"] = hf
     print(name, "bf16 correctness", result["correctness_bf16"], flush=True)
+    report.save()
+    w12n = None
+    if args.w12n:
+        t0 = time.perf_counter()
+        w = attempt(f"{name} W12N encode", ModelRunner, ours, EngineConfig(**{**BASE, "weight_format": "w12n"}))
+        result["w12n_encode_s"] = time.perf_counter() - t0
+        if failed(w):
+            result["correctness_w12n_vs_bf16"] = w
+            for m in ours.modules():  # planes attached before the failure (e.g. out of memory)
+                if getattr(m, "w12n", None) is not None:
+                    m.w12n = None
+            _empty_cache()
+        else:
+            w12n = w
+            result["correctness_w12n_vs_bf16"] = attempt(f"{name} W12N check", check_w12n, runner, w12n,
+                                                         cfg.vocab_size)
+            _release(w12n)
+            _release(runner)
+        print(name, "W12N vs bf16", result["correctness_w12n_vs_bf16"], flush=True)
+        report.save()
     if args.profile:
-        result["profile_b1_ctx512"] = profile_step(runner, cfg.vocab_size)
-        print(name, json.dumps(result["profile_b1_ctx512"], indent=0), flush=True)
-    runs = []
+        result["profile_b1_ctx512"] = attempt(f"{name} profile", profile_step, runner, cfg.vocab_size)
+        print(name, json.dumps(result["profile_b1_ctx512"], indent=0)[:3000], flush=True)
+        report.save()
+    runs = result["runs"] = []
     for batch, ctx in args.configs:
-        r = time_ours(runner, batch, ctx, args.steps, cfg.vocab_size)
+        r = {"batch": batch, "ctx": ctx}
+        runs.append(r)
+        main = attempt(f"{name} {batch}x{ctx} ours", time_ours, runner, batch, ctx, args.steps, cfg.vocab_size)
+        r.update(main)
+        report.save()
         # the same step with cuBLAS for every projection, side by side (caches freed between the two)
-        alt = variants["ours_cublas"]
-        r["cublas_variant"] = time_ours(alt, batch, ctx, args.steps, cfg.vocab_size)
-        alt.cache, alt.graphs = None, {}
-        torch.cuda.empty_cache()
-        r["gemv_speedup_vs_cublas"] = r["cublas_variant"]["step_ms_median"] / r["step_ms_median"]
-        # the same step with q/k norm + RoPE + K/V store unfused (EngineConfig.fused_qk_rope_store), side by side
-        alt = variants["ours_unfused"]
-        r["unfused_variant"] = time_ours(alt, batch, ctx, args.steps, cfg.vocab_size)
-        alt.cache, alt.graphs = None, {}
-        torch.cuda.empty_cache()
-        r["fusion_speedup"] = r["unfused_variant"]["step_ms_median"] / r["step_ms_median"]
-        if "ours_w12n" in variants and batch <= 16:
-            w = variants["ours_w12n"]
-            r["w12n_variant"] = time_ours(w, batch, ctx, args.steps, cfg.vocab_size)
-            w.cache, w.graphs = None, {}
-            torch.cuda.empty_cache()
-            r["w12n_speedup_vs_bf16"] = r["step_ms_median"] / r["w12n_variant"]["step_ms_median"]
+        r["cublas_variant"] = attempt(f"{name} {batch}x{ctx} cuBLAS", time_ours, alt, batch, ctx, args.steps,
+                                      cfg.vocab_size)
+        _release(alt)
+        ok = "step_ms_median" in r
+        if ok and "step_ms_median" in r["cublas_variant"]:
+            r["gemv_speedup_vs_cublas"] = r["cublas_variant"]["step_ms_median"] / r["step_ms_median"]
+        # the same step without the fused decode prologue (EngineConfig.fused_qk_rope_store), side by side
+        if unfused is not None:
+            r["unfused_variant"] = attempt(f"{name} {batch}x{ctx} unfused", time_ours, unfused, batch, ctx,
+                                           args.steps, cfg.vocab_size)
+            _release(unfused)
+            if ok and "step_ms_median" in r["unfused_variant"]:
+                r["fusion_speedup"] = r["unfused_variant"]["step_ms_median"] / r["step_ms_median"]
+        if w12n is not None and batch <= 16:
+            r["w12n_variant"] = attempt(f"{name} {batch}x{ctx} W12N", time_ours, w12n, batch, ctx, args.steps,
+                                        cfg.vocab_size)
+            _release(w12n)
+            if ok and "step_ms_median" in r["w12n_variant"]:
+                r["w12n_speedup_vs_bf16"] = r["step_ms_median"] / r["w12n_variant"]["step_ms_median"]
         moved = weight_bytes + batch * (ctx * kv_per_token + state_bytes)
         r["roofline_ms_weights"] = weight_bytes / bandwidth * 1e3
         r["roofline_ms_all_bytes"] = moved / bandwidth * 1e3
-        r["fraction_of_roofline_weights"] = r["roofline_ms_weights"] / r["step_ms_median"]
-        r["fraction_of_roofline_all_bytes"] = r["roofline_ms_all_bytes"] / r["step_ms_median"]
-        if batch == 1 and not args.skip_hf:
-            r["hf"] = time_hf(hf, ctx, args.hf_tokens, cfg.vocab_size)
-            r["speedup_vs_hf"] = r["hf"]["step_ms"] / r["step_ms_median"]
-        print(name, json.dumps(r), flush=True)
-        runs.append(r)
-    result["runs"] = runs
-    del hf, runner, ours
-    torch.cuda.empty_cache()
+        if ok:
+            r["fraction_of_roofline_weights"] = r["roofline_ms_weights"] / r["step_ms_median"]
+            r["fraction_of_roofline_all_bytes"] = r["roofline_ms_all_bytes"] / r["step_ms_median"]
+        report.save()
+        if batch == 1 and not args.skip_hf and not failed(hf):
+            r["hf"] = attempt(f"{name} {batch}x{ctx} HF generate", time_hf, hf, ctx, args.hf_tokens,
+                              cfg.vocab_size)
+            if ok and "step_ms" in r["hf"]:
+                r["speedup_vs_hf"] = r["hf"]["step_ms"] / r["step_ms_median"]
+        print(name, json.dumps(r)[:1500], flush=True)
+        report.save()
+    del hf, runner, alt, unfused, w12n, ours
+    _empty_cache()
     return result
 
 
 def main() -> None:
+    global DEVICE
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=["Qwen3-8B", "Qwen3.5-27B"])
@@ -290,28 +373,43 @@ def main() -> None:
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--profile", action="store_true", help="also list kernel time per decode step")
     p.add_argument("--w12n", action="store_true", help="also time the step with W12N weights (batch <= 16)")
+    p.add_argument("--no-fused-prologue", action="store_true",
+                   help="every runner with EngineConfig(fused_qk_rope_store=False) (if the fused kernel fails)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args()
+    DEVICE = args.device
+    if args.no_fused_prologue:
+        BASE["fused_qk_rope_store"] = False
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
     torch.manual_seed(0)
-    bandwidth = copy_bandwidth()
-    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "commit": commit or "unknown", "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "copy_bandwidth_bytes_per_s": bandwidth, "shapes": []}
+    report = Report(args.out, {**run_record(DEVICE, args.commit), "engine_base": dict(BASE), "shapes": []})
+    bandwidth = attempt("copy bandwidth", copy_bandwidth)
+    if failed(bandwidth):
+        report["copy_bandwidth_error"] = bandwidth
+        bandwidth = 4.2e12  # the H200's usual figure, so that the rooflines still print
+    report["copy_bandwidth_bytes_per_s"] = bandwidth
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     for name in args.shapes:
-        out["shapes"].append(bench_shape(name, args, bandwidth))
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        r = attempt(f"shape {name}", bench_shape, name, args, bandwidth, report)
+        if failed(r):
+            report["shapes"][-1]["error"] = r["error"]
+        report.save()
+
+    def f(d, key, fmt):
+        v = d.get(key) if isinstance(d, dict) else None
+        return format(v, fmt) if isinstance(v, (int, float)) else format("-", fmt.split(".")[0].rstrip("f") + "s")
+
     print(f"\n{'shape':12} {'B':>3} {'ctx':>5} {'ms/step':>8} {'tok/s':>8} {'%roof(w)':>8} {'%roof(all)':>10} "
-          f"{'cuBLAS ms':>9} {'HF tok/s':>8}")
-    for s in out["shapes"]:
-        for r in s["runs"]:
-            hf = r.get("hf", {}).get("tok_per_s", float("nan"))
-            print(f"{s['shape']:12} {r['batch']:>3} {r['ctx']:>5} {r['step_ms_median']:8.2f} {r['tok_per_s']:8.1f} "
-                  f"{100 * r['fraction_of_roofline_weights']:7.1f}% {100 * r['fraction_of_roofline_all_bytes']:9.1f}% "
-                  f"{r['cublas_variant']['step_ms_median']:9.2f} {hf:8.1f}")
+          f"{'cuBLAS ms':>9} {'W12N ms':>8} {'HF tok/s':>8}")
+    for s in report["shapes"]:
+        for r in s.get("runs", []):
+            roof_w = 100 * r["fraction_of_roofline_weights"] if "fraction_of_roofline_weights" in r else None
+            roof_a = 100 * r["fraction_of_roofline_all_bytes"] if "fraction_of_roofline_all_bytes" in r else None
+            print(f"{s['shape']:12} {r['batch']:>3} {r['ctx']:>5} {f(r, 'step_ms_median', '8.2f')} "
+                  f"{f(r, 'tok_per_s', '8.1f')} {f({'x': roof_w}, 'x', '7.1f')}% {f({'x': roof_a}, 'x', '9.1f')}% "
+                  f"{f(r.get('cublas_variant'), 'step_ms_median', '9.2f')} "
+                  f"{f(r.get('w12n_variant'), 'step_ms_median', '8.2f')} {f(r.get('hf'), 'tok_per_s', '8.1f')}")
 
 
 if __name__ == "__main__":

@@ -1,34 +1,43 @@
 """Tree verification on a hybrid (Gated DeltaNet) target: verify cost vs tree size, GDN tree-kernel time per
 layer, commit time and extra memory per request, on random bf16 weights in the Qwen3.5-27B shape.
 
-Correctness first: on the real shape cut to 4 layers in fp32, the verify logits of a random tree equal those of
-each node's own chain (prefill of prompt + path), and the committed state after folding a kept path equals a
-prefill of prompt + path. Then, at full depth in bf16, for N in 1, 8, 16, 32, 64 nodes at batch 1 and 8:
-t(verify N)/t(verify 1), the commit time against the step, the tree kernel alone per layer at 64 nodes, and
-the bytes stashed per request (the only memory a tree adds: no [HV, K, V] state per node).
+Correctness first: the Triton GDN tree kernel against the torch tree form at the layer's real heads (if it
+fails, the rest runs on the torch form, labelled "gdn_tree_impl"); then, on the real shape cut to 4 layers in
+fp32, the verify logits of a random tree equal those of each node's own chain (prefill of prompt + path), and
+the committed state after folding a kept path equals a prefill of prompt + path. Then, at full depth in bf16,
+for N in 1, 8, 16, 32, 64 nodes at batch 1 and 8: t(verify N)/t(verify 1) (wall clock of an eager verify
+forward, synchronised), the commit time against the step, the tree kernel alone per layer at 64 nodes (GPU
+time from torch.profiler, and the torch form beside it), and the bytes stashed per request (the only memory
+a tree adds: no [HV, K, V] state per node). N = 1 is a chain: it updates the state in place (no stash).
 
     PYTHONPATH=. python3 bench/hybrid_tree.py --out bench/results/hybrid_tree_h200.json
+    PYTHONPATH=. python3 bench/hybrid_tree.py --out /tmp/ht.json --device cpu --shape tiny-hybrid \
+        --sizes 1 4 8 --configs 1x32 2x16 --reps 2   # dry run
+
+Every section runs inside its own try/except (errors are recorded in the JSON), and the JSON is written again
+after each section.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
-import transformers
 
 import bench.ar_decode as ar
+import specpilot.ops.gdn_tree as gdn_tree_op
+from bench.common import Report, attempt, failed, kernel_crashed, run_record
 from bench.verify_cost import random_tree
+from specpilot.config import ModelConfig
 from specpilot.engine.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.ops.gated_delta_rule import gdn_gating
-from specpilot.ops.gdn_tree import ancestor_mask, tree_gated_delta_rule
+from specpilot.ops.gdn_tree import ancestor_mask, chunk, tree_gated_delta_rule
 from specpilot.spec.verify import tree_metadata
 
 
@@ -48,6 +57,29 @@ def _median_s(fn, reps: int) -> float:
         _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def check_gdn_kernel(cfg) -> dict:
+    """The Triton tree delta rule vs the torch tree form at this model's heads, trees of 8 and 64 nodes."""
+    from bench.kernel_check import check_gdn_tree
+
+    if ar.DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return {"skipped": "Triton on the CPU needs TRITON_INTERPRET=1"}
+    dtype = torch.bfloat16 if ar.DEVICE == "cuda" else torch.float32
+    out = {}
+    for T in (8, 64):
+        out[f"T{T}"] = attempt(f"gdn kernel check T={T}", check_gdn_tree, ar.DEVICE, dtype, B=2, T=T,
+                               H=cfg.linear_num_key_heads, HV=cfg.linear_num_value_heads,
+                               K=cfg.linear_key_head_dim, V=cfg.linear_value_head_dim)
+    runs = [r for r in out.values() if "tol" in r]
+    out["max_rel_rms_err"] = max((r["rel_rms_err"] for r in runs), default=None)
+    out["ok"] = len(runs) == 2 and all(r["rel_rms_err"] <= r["tol"] and not r["nan"] for r in runs)
+    return out
+
+
+def use_torch_tree_form() -> None:
+    """From now on the GDN tree op runs its torch form (chunk.py) on the GPU too."""
+    gdn_tree_op.use_triton = lambda x: False
 
 
 @torch.inference_mode()
@@ -82,45 +114,82 @@ def check_fp32(shape: str, rng: random.Random) -> dict:
         runner.cache.ssm.copy_(state[0])
         runner.cache.conv.copy_(state[1])
         runner.forward(meta)  # restores the stash for the next path
+    del model, runner
+    if ar.DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return {"paths": len(paths), "logits_rel_err_max": worst, "fold_state_rel_err_max": fold_err}
 
 
 @torch.inference_mode()
-def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.Random) -> dict:
-    vocab, dev = model.config.vocab_size, ar.DEVICE
+def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.Random, report: Report) -> dict:
+    vocab = model.config.vocab_size
     runner = ModelRunner(model)
     runner.allocate(batch, ctx + max(sizes) + 8)
     for b in range(batch):
         runner.prefill(b, [rng.randrange(vocab) for _ in range(ctx)])
-    out = {"batch": batch, "ctx": ctx, "sizes": sizes, "verify_s": [], "commit_s": [], "stash_bytes_per_request": []}
+    out = {"batch": batch, "ctx": ctx, "sizes": [], "verify_s": [], "commit_s": [], "stash_bytes_per_request": [],
+           "errors": {}}
+    report["runs"].append(out)
     saved = runner.cache.ssm.clone(), runner.cache.conv.clone()
     for n in sizes:
-        trees = [random_tree(n, vocab, rng) for _ in range(batch)]
-        meta = tree_metadata(trees, [ctx] * batch, list(range(batch)), dev)
-        out["verify_s"].append(_median_s(lambda: model.logits(runner.forward(meta)), reps))
-        out["stash_bytes_per_request"].append(runner.cache.tree_stash_bytes() / batch)
-        # commit the deepest path of each tree: K/V compaction of the attention layers + the recurrent fold
-        paths = [max(t.paths(), key=len) for t in trees]
-        runner.forward(meta)
-        _sync()
-        t0 = time.perf_counter()
-        for b, path in enumerate(paths):
-            runner.cache.keep(b, ctx + torch.tensor(path, device=dev), ctx)
-        runner.cache.commit_tree(list(range(batch)), list(range(batch)), paths)
-        _sync()
-        out["commit_s"].append(time.perf_counter() - t0)
-        runner.cache.ssm.copy_(saved[0])
-        runner.cache.conv.copy_(saved[1])
-    t1 = out["verify_s"][0]
-    out["verify_ratio"] = [t / t1 for t in out["verify_s"]]
-    out["commit_fraction_of_step"] = [c / (v + c) for v, c in zip(out["verify_s"], out["commit_s"])]
+        r = attempt(f"hybrid b{batch} n{n}", _one_size, model, runner, batch, ctx, n, reps, rng, saved)
+        if failed(r):
+            out["errors"][str(n)] = r["error"]
+            continue
+        out["sizes"].append(n)
+        for key in ("verify_s", "commit_s", "stash_bytes_per_request"):
+            out[key].append(r[key])
+        report.save()
+    if out["sizes"]:
+        t1 = out["verify_s"][0]
+        out["verify_ratio"] = [t / t1 for t in out["verify_s"]]
+        out["commit_fraction_of_step"] = [c / (v + c) for v, c in zip(out["verify_s"], out["commit_s"])]
+    report.save()
+    runner.cache = None
     return out
 
 
+def _one_size(model, runner, batch, ctx, n, reps, rng, saved) -> dict:
+    vocab, dev = model.config.vocab_size, ar.DEVICE
+    trees = [random_tree(n, vocab, rng) for _ in range(batch)]
+    meta = tree_metadata(trees, [ctx] * batch, list(range(batch)), dev)
+    verify_s = _median_s(lambda: model.logits(runner.forward(meta)), reps)
+    stash = runner.cache.tree_stash_bytes() / batch
+    # commit the deepest path of each tree: K/V compaction of the attention layers + the recurrent fold
+    paths = [max(t.paths(), key=len) for t in trees]
+    runner.forward(meta)
+    _sync()
+    t0 = time.perf_counter()
+    for b, path in enumerate(paths):
+        runner.cache.keep(b, ctx + torch.tensor(path, device=dev), ctx)
+    runner.cache.commit_tree(list(range(batch)), list(range(batch)), paths)
+    _sync()
+    commit_s = time.perf_counter() - t0
+    runner.cache.ssm.copy_(saved[0])
+    runner.cache.conv.copy_(saved[1])
+    return {"verify_s": verify_s, "commit_s": commit_s, "stash_bytes_per_request": stash}
+
+
+def _kernel_ms(fn, reps: int) -> dict:
+    """GPU time per call from torch.profiler (kernels only: launch latency excluded), and wall per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    wall = _median_s(fn, reps) * 1e3
+    if ar.DEVICE != "cuda":
+        return {"wall_ms": wall}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    busy = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return {"wall_ms": wall, "gpu_ms": busy / 1e3 / reps}
+
+
 def kernel_per_layer(model, nodes: int, batch: int, reps: int, rng: random.Random) -> dict:
-    """The tree delta-rule kernel alone, at the layer's real shapes."""
+    """The tree delta-rule op alone, at the layer's real shapes (and the torch form beside it)."""
     cfg, dev = model.config, ar.DEVICE
-    H, HV, K, V = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
     dt = next(model.parameters()).dtype
     q, k = (torch.randn(batch, nodes, H, K, device=dev, dtype=dt) for _ in range(2))
     v = torch.randn(batch, nodes, HV, V, device=dev, dtype=dt)
@@ -129,8 +198,14 @@ def kernel_per_layer(model, nodes: int, batch: int, reps: int, rng: random.Rando
     parents = torch.tensor([list(random_tree(nodes, 10, rng).parents) for _ in range(batch)], device=dev)
     mask = ancestor_mask(parents)
     S0 = torch.randn(batch, HV, K, V, device=dev) * 0.1
-    s = _median_s(lambda: tree_gated_delta_rule(q, k, v, g, beta, mask, S0), reps)
-    return {"nodes": nodes, "batch": batch, "seconds": s}
+    out = {"nodes": nodes, "batch": batch}
+    out["op"] = attempt(f"gdn op b{batch}", _kernel_ms, lambda: tree_gated_delta_rule(q, k, v, g, beta, mask, S0),
+                        reps)
+    out["torch_form"] = attempt(f"gdn torch form b{batch}", _kernel_ms,
+                                lambda: chunk.tree_gated_delta_rule(q, k, v, g, beta, mask, S0), reps)
+    op = out["op"]
+    out["seconds"] = None if failed(op) else op.get("gpu_ms", op["wall_ms"]) / 1e3
+    return out
 
 
 def main() -> None:
@@ -145,24 +220,44 @@ def main() -> None:
     args = p.parse_args()
     ar.DEVICE = args.device
     rng = random.Random(0)
-    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"gpu": torch.cuda.get_device_name() if ar.DEVICE == "cuda" else "cpu", "torch": torch.__version__,
-           "transformers": transformers.__version__, "commit": commit, "command": " ".join(sys.argv),
-           "date": time.strftime("%Y-%m-%d"), "shape": args.shape}
-    out["correctness_fp32_4_layers"] = check_fp32(args.shape, rng)
-    print("fp32 check", out["correctness_fp32_4_layers"], flush=True)
+    torch.manual_seed(0)
+    report = Report(args.out, {**run_record(ar.DEVICE, args.commit), "shape": args.shape, "runs": []})
     config_cls, kw = ar.SHAPES[args.shape]
+    cfg = ModelConfig.from_dict(config_cls(**kw).to_dict())
+    crashed = kernel_crashed("gdn_tree")
+    check = {"skipped": crashed} if crashed else check_gdn_kernel(cfg)
+    report["gdn_kernel_check"] = check
+    print("gdn kernel check", json.dumps(check)[:600], flush=True)
+    if ar.DEVICE == "cuda" and not check.get("ok"):
+        use_torch_tree_form()
+        report["gdn_tree_impl"] = "torch form (chunk.py): the Triton kernel failed its check"
+    else:
+        report["gdn_tree_impl"] = "triton" if ar.DEVICE == "cuda" else "torch form (CPU)"
+    report["correctness_fp32_4_layers"] = attempt("fp32 check", check_fp32, args.shape, rng)
+    print("fp32 check", report["correctness_fp32_4_layers"], flush=True)
     model = ar.random_model(config_cls(**kw))
-    out["runs"] = []
-    for c in args.configs:
-        batch, ctx = map(int, c.split("x"))
-        out["runs"].append(sweep(model, batch, ctx, args.sizes, args.reps, rng))
-        print(json.dumps({k: out["runs"][-1][k] for k in ("batch", "verify_ratio", "commit_fraction_of_step")}),
+    c = model.config
+    # what a state snapshot per node would cost (the fold avoids it), for scale
+    report["state_bytes_per_node_if_snapshotted"] = (c.num_linear_layers * c.linear_num_value_heads
+                                                     * c.linear_key_head_dim * c.linear_value_head_dim * 4)
+    for conf in args.configs:
+        batch, ctx = map(int, conf.split("x"))
+        r = attempt(f"sweep {conf}", sweep, model, batch, ctx, args.sizes, args.reps, rng, report)
+        if failed(r):
+            report["runs"].append({"batch": batch, "ctx": ctx, **r})
+            continue
+        print(json.dumps({k: r.get(k) for k in ("batch", "verify_ratio", "commit_fraction_of_step", "errors")}),
               flush=True)
-    out["tree_kernel_per_layer"] = [kernel_per_layer(model, max(args.sizes), b, args.reps, rng) for b in (1, 8)]
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(json.dumps(out["tree_kernel_per_layer"]))
+        if ar.DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    report["tree_kernel_per_layer"] = [attempt(f"kernel b{b}", kernel_per_layer, model, max(args.sizes), b,
+                                               args.reps, rng) for b in (1, 8)]
+    print(json.dumps(report["tree_kernel_per_layer"])[:1500])
+    print(f"\n{'B':>3} {'N':>4} {'verify ms':>9} {'ratio':>6} {'commit ms':>9} {'stash MiB/req':>13}")
+    for r in report["runs"]:
+        for i, n in enumerate(r.get("sizes", [])):
+            print(f"{r['batch']:>3} {n:>4} {1e3 * r['verify_s'][i]:9.2f} {r['verify_ratio'][i]:6.2f} "
+                  f"{1e3 * r['commit_s'][i]:9.2f} {r['stash_bytes_per_request'][i] / 2**20:13.2f}")
 
 
 if __name__ == "__main__":

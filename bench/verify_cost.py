@@ -1,37 +1,45 @@
-"""Cost of verifying N tree tokens in one target forward, relative to one token: t(N) / t(1).
+"""Cost of verifying N tree tokens in one target forward, relative to one token: t(N) / t(1); and the host
+overhead of a speculative step at batch 1.
 
 Random-weight bf16 target in a real shape (Qwen3-8B by default) at batch 1 and 8, contexts 512 and 4096.
 Each request verifies a random tree of N nodes (topological, depth <= 8) under its ancestor mask. Both
 block-attention paths run side by side: "sdpa" (masked SDPA over the gathered prefix + block) and "tree" (the
 tree-attention op). Times are medians of CUDA-event-timed forwards after warm-up. Correctness first: the
-two paths' logits agree, and the tree path matches the SDPA path on every node.
+tree-attention kernel against its reference at this shape's heads, then per N the two paths' logits.
+
+Host overhead (issue 3: at most 5% of a step at batch 1): a SpecEngine step (schedule, propose, verify,
+accept, commit, emit) with a drafter that proposes the tree spec's full shape at no device cost, at batch 1
+and context 512, timed by wall clock (synchronised after each step) and, over the same number of steps, its
+GPU busy time (sum of kernel and copy durations from torch.profiler). overhead = 1 - busy / wall: the share
+of the step the GPU waits for the host. The verify call alone is measured the same way. Variants: eager SDPA,
+eager tree attention, and verify CUDA graphs (EngineConfig(verify_graphs=True, block_attention="tree")).
 
     PYTHONPATH=. python3 bench/verify_cost.py --out bench/results/verify_cost_h200.json
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/verify_cost.py --out /tmp/vc.json --device cpu \
+        --shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3   # dry run
 
-Also recorded: the wall time per SpecEngine step at batch 1 (chain of 4, an n-gram drafter on a repetitive
-prompt) and its split by component (each component synchronised). Not yet a clean host-overhead figure: that
-needs the verify forward captured as a CUDA graph, so that its launches stop counting as host time.
+Every measurement runs inside its own try/except (an error is recorded in the JSON and the rest goes on), and
+the JSON is written again after each section.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
-import transformers
 
 from bench.ar_decode import SHAPES, random_model
+from bench.common import Report, attempt, failed, kernel_crashed, run_record, sync
+from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
-from specpilot.spec.drafters.ngram import NgramDrafter
 from specpilot.spec.tree import DraftTree, TreeSpec
 from specpilot.spec.verify import tree_metadata
 
@@ -50,8 +58,7 @@ def random_tree(n: int, vocab: int, rng: random.Random) -> DraftTree:
 
 
 def _sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
+    sync(DEVICE)
 
 
 def time_forward(runner, meta, reps: int) -> float:
@@ -77,8 +84,28 @@ def time_forward(runner, meta, reps: int) -> float:
     return statistics.median(times)
 
 
+def check_tree_kernel(cfg) -> dict:
+    """The Triton tree-attention kernel vs its reference at this model's heads (small batch, odd sizes)."""
+    from bench.kernel_check import check_tree_attention
+
+    if DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return {"skipped": "Triton on the CPU needs TRITON_INTERPRET=1"}
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    out = {}
+    for kind, prefixes, lens in (("tree", [61, 3], [9, 5]), ("causal", [37], [8])):
+        out[kind] = attempt(f"tree kernel check {kind}", check_tree_attention, DEVICE, dtype, B=len(lens),
+                            H=cfg.num_attention_heads, KVH=cfg.num_key_value_heads, D=cfg.head_dim,
+                            prefixes=prefixes, lens=lens, kind=kind)
+    errs = [r["rel_rms_err"] for r in out.values() if "rel_rms_err" in r]
+    out["max_rel_rms_err"] = max(errs) if errs else None
+    out["ok"] = len(errs) == 2 and all(r["rel_rms_err"] <= r["tol"] and not r["nan"] for r in out.values()
+                                       if isinstance(r, dict) and "tol" in r)
+    return out
+
+
 @torch.inference_mode()
-def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.Random) -> dict:
+def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.Random, paths: list[str],
+          report: Report) -> dict:
     vocab = model.config.vocab_size
     runners = {name: ModelRunner(model, EngineConfig(block_attention=name)) for name in ("sdpa", "tree")}
     shared = runners["sdpa"]
@@ -86,33 +113,150 @@ def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.
     for b in range(batch):
         shared.prefill(b, [rng.randrange(vocab) for _ in range(ctx)])
     runners["tree"].cache = shared.cache  # the same committed prefix for both paths
-    out = {"batch": batch, "ctx": ctx, "sizes": sizes, "sdpa_s": [], "tree_s": [], "max_rel_diff": []}
+    out = {"batch": batch, "ctx": ctx, "sizes": sizes, "sdpa_s": [], "tree_s": [], "max_rel_diff": [], "errors": {}}
+    report["runs"].append(out)
     for n in sizes:
         trees = [random_tree(n, vocab, rng) for _ in range(batch)]
         meta = tree_metadata(trees, [ctx] * batch, list(range(batch)), DEVICE)
-        a = model.logits(runners["sdpa"].forward(meta)).float()
-        b = model.logits(runners["tree"].forward(meta)).float()
-        out["max_rel_diff"].append(((a - b).norm() / a.norm()).item())
+        logits = {}
+        for name in paths:
+            r = attempt(f"b{batch} ctx{ctx} n{n} {name} logits",
+                        lambda name=name: model.logits(runners[name].forward(meta)).float())
+            logits[name] = None if failed(r) else r
+            if failed(r):
+                out["errors"][f"{name}_n{n}"] = r["error"]
+        a, b = logits.get("sdpa"), logits.get("tree")
+        out["max_rel_diff"].append(((a - b).norm() / a.norm()).item() if a is not None and b is not None else None)
+        del logits, a, b
         for name in ("sdpa", "tree"):
-            out[f"{name}_s"].append(time_forward(runners[name], meta, reps))
+            r = attempt(f"b{batch} ctx{ctx} n{n} {name} timing", time_forward, runners[name], meta, reps) \
+                if name in paths and f"{name}_n{n}" not in out["errors"] else None
+            if failed(r):
+                out["errors"][f"{name}_n{n}_timing"] = r["error"]
+                r = None
+            out[f"{name}_s"].append(r)
+        report.save()
     for name in ("sdpa", "tree"):
-        t1 = out[f"{name}_s"][0]
-        out[f"{name}_ratio"] = [t / t1 for t in out[f"{name}_s"]]
+        t = out[f"{name}_s"]
+        out[f"{name}_ratio"] = [x / t[0] if x is not None and t[0] else None for x in t]
+    report.save()
+    runners["tree"].cache = None
+    shared.cache = None
     return out
 
 
-def host_overhead(model, steps: int, rng: random.Random) -> dict:
-    """Wall time per SpecEngine step and its component split (batch 1, chain:4)."""
-    base = [rng.randrange(model.config.vocab_size) for _ in range(64)]
-    runner = ModelRunner(model)
-    engine = SpecEngine(runner, NgramDrafter(), TreeSpec.parse("chain:4"))
-    engine.generate([base * 4], SamplingParams(max_new_tokens=8))  # warm-up
-    t0 = time.perf_counter()
-    results = engine.generate([base * 4], SamplingParams(max_new_tokens=steps))
-    wall = time.perf_counter() - t0
-    stats = results[0][1]
-    return {"steps": stats.steps, "wall_s_per_step": wall / max(stats.steps, 1), "seconds": stats.seconds,
-            "tau": stats.tau}
+class FullTreeDrafter:
+    """Proposes the tree spec's full shape with random tokens, at no device cost: a step is then the engine's
+    own work (verify, accept, commit, emit) plus a trivial draft."""
+
+    name = "full-tree"
+    target_layers = ()
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.vocab, self.rng, self.parents = vocab, random.Random(seed), {}
+
+    def allocate(self, num_slots: int, max_seq_len: int) -> None:
+        pass
+
+    def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
+        pass
+
+    def commit(self, slot: int, accepted: list[int], features=None) -> None:
+        pass
+
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+        key = str(spec)
+        if key not in self.parents:
+            self.parents[key] = full_shape(spec, 0).parents
+        par = self.parents[key]
+        return [DraftTree((root,) + tuple(self.rng.randrange(self.vocab) for _ in par[1:]), par) for root in roots]
+
+
+def _busy_ms(prof, steps: int) -> float:
+    """Device time per step from a torch.profiler run: kernels and copies (CPU op self time on the CPU)."""
+    total = 0.0
+    for e in prof.key_averages():
+        if DEVICE == "cuda":
+            if e.device_type.name == "CUDA":
+                total += e.self_device_time_total
+        else:
+            total += e.self_cpu_time_total
+    return total / 1e3 / steps
+
+
+def _profiled(fn, steps: int) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CUDA] if DEVICE == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        _sync()
+    return _busy_ms(prof, steps)
+
+
+def _walls(fn, steps: int) -> list[float]:
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+@torch.inference_mode()
+def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, rng: random.Random) -> dict:
+    """Wall vs GPU busy time of one SpecEngine step and of its verify call alone, batch 1."""
+    vocab = model.config.vocab_size
+    runner = ModelRunner(model, engine_cfg)
+    spec = TreeSpec.parse(tree)
+    engine = SpecEngine(runner, FullTreeDrafter(vocab), spec)
+    params = SamplingParams(max_new_tokens=3 * steps + 3 * spec.max_tree_nodes + 16, ignore_eos=True)
+    t_start = time.perf_counter()
+    reqs = engine.requests = engine._start([[rng.randrange(vocab) for _ in range(ctx)]], params, None, t_start)
+    state = {}
+
+    def step():
+        active = engine.schedule(reqs)
+        if not active:
+            raise RuntimeError("the request finished before the measurement did: raise max_new_tokens")
+        trees = engine.propose(active)
+        greedy = engine.verify(active, trees)
+        accepted = engine.accept(trees, greedy)
+        engine.commit(active, trees, accepted)
+        engine.emit(active, trees, accepted, params, None, t_start)
+        state.update(active=active, trees=trees)
+
+    for _ in range(3):  # warm-up: kernel compiles, verify graph capture
+        step()
+    _sync()
+    emitted0 = len(reqs[0].result.token_ids)
+    walls = _walls(step, steps)
+    emitted = len(reqs[0].result.token_ids) - emitted0
+    busy = _profiled(step, steps)
+    # the verify call alone, repeated on the last step's trees (dense targets: it rewrites the same K/V slots)
+    verify = lambda: engine.verify(state["active"], state["trees"])  # noqa: E731
+    verify()
+    v_walls = _walls(verify, steps)
+    v_busy = _profiled(verify, steps)
+    wall, v_wall = statistics.median(walls), statistics.median(v_walls)
+    runner.verify_graphs.clear()  # graphs hold the cache: free both now
+    runner.cache = None
+    return {"tree": tree, "nodes": spec.max_tree_nodes, "ctx": ctx, "batch": 1, "steps": steps,
+            "tokens_per_step": emitted / steps,
+            "step_wall_ms_median": wall, "step_wall_ms_min": min(walls), "step_gpu_busy_ms": busy,
+            "step_host_overhead_ms": wall - busy, "step_host_overhead_fraction": 1 - busy / wall,
+            "verify_wall_ms_median": v_wall, "verify_gpu_busy_ms": v_busy,
+            "verify_host_overhead_fraction": 1 - v_busy / v_wall,
+            "meets_issue3_5pct": (1 - busy / wall) <= 0.05}
+
+
+OVERHEAD_VARIANTS = {
+    "eager_sdpa": dict(),
+    "eager_tree": dict(block_attention="tree"),
+    "graphs_tree": dict(block_attention="tree", verify_graphs=True),
+}
 
 
 def main() -> None:
@@ -123,6 +267,10 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     p.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "8x512", "8x4096"])
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--overhead-trees", nargs="+", default=["chain:7", "dynamic:4,7,28"])
+    p.add_argument("--overhead-ctx", type=int, default=512)
+    p.add_argument("--overhead-steps", type=int, default=20)
+    p.add_argument("--skip-sweep", action="store_true", help="host overhead only")
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
     args = p.parse_args()
@@ -131,25 +279,65 @@ def main() -> None:
 
     ar.DEVICE = DEVICE
     rng = random.Random(0)
+    torch.manual_seed(0)
+    report = Report(args.out, {**run_record(DEVICE, args.commit), "shape": args.shape, "runs": [],
+                               "host_overhead": {}})
     config_cls, kw = SHAPES[args.shape]
     model = random_model(config_cls(**kw))
-    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
-           "transformers": transformers.__version__, "commit": commit, "command": " ".join(sys.argv),
-           "date": time.strftime("%Y-%m-%d"), "shape": args.shape, "runs": []}
-    for c in args.configs:
-        batch, ctx = map(int, c.split("x"))
-        r = sweep(model, batch, ctx, args.sizes, args.reps, rng)
-        out["runs"].append(r)
-        print(json.dumps({k: r[k] for k in ("batch", "ctx", "sdpa_ratio", "tree_ratio", "max_rel_diff")}), flush=True)
-    out["host_overhead"] = host_overhead(model, 64, rng)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"\n{'B':>3} {'ctx':>5} " + " ".join(f"{n:>6}" for n in args.sizes))
-    for r in out["runs"]:
+    crashed = kernel_crashed("tree_attention")
+    if crashed:
+        report["tree_kernel_check"] = {"skipped": crashed}
+        paths = ["sdpa"]
+    else:
+        report["tree_kernel_check"] = check_tree_kernel(model.config)
+        print("tree kernel check", json.dumps(report["tree_kernel_check"])[:600], flush=True)
+        paths = ["sdpa", "tree"]
+    # host overhead first: it is issue 3's number and costs seconds
+    for name, fields in OVERHEAD_VARIANTS.items():
+        for tree in args.overhead_trees:
+            key = f"{name}/{tree}"
+            if fields.get("block_attention") == "tree" and crashed:
+                report["host_overhead"][key] = {"skipped": crashed}
+                continue
+            r = attempt(f"host overhead {key}", host_overhead, model, EngineConfig(**fields), tree,
+                        args.overhead_ctx, args.overhead_steps, rng)
+            report["host_overhead"][key] = r
+            report.save()
+            print("host overhead", key, json.dumps(r)[:400], flush=True)
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    if not args.skip_sweep:
+        for c in args.configs:
+            batch, ctx = map(int, c.split("x"))
+            r = attempt(f"sweep {c}", sweep, model, batch, ctx, args.sizes, args.reps, rng, paths, report)
+            if failed(r):
+                runs = report["runs"]
+                if not (runs and (runs[-1].get("batch"), runs[-1].get("ctx")) == (batch, ctx)):
+                    runs.append({"batch": batch, "ctx": ctx})
+                runs[-1]["error"] = r["error"]
+                report.save()
+                continue
+            print(json.dumps({k: r[k] for k in ("batch", "ctx", "sdpa_ratio", "tree_ratio", "max_rel_diff")}),
+                  flush=True)
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    report.save()
+
+    def f(x, fmt="6.2f"):
+        return format(x, fmt) if isinstance(x, (int, float)) else "     -"
+
+    print(f"\n{'B':>3} {'ctx':>5} " + " ".join(f"{n:>6}" for n in args.sizes) + "   t(N)/t(1)")
+    for r in report["runs"]:
         for name in ("sdpa", "tree"):
-            print(f"{r['batch']:>3} {r['ctx']:>5} " + " ".join(f"{x:6.2f}" for x in r[f"{name}_ratio"]) + f"  {name}")
-    print("host overhead:", json.dumps(out["host_overhead"]))
+            if f"{name}_ratio" in r:
+                print(f"{r['batch']:>3} {r['ctx']:>5} " + " ".join(f(x) for x in r[f"{name}_ratio"]) + f"  {name}")
+    print(f"\n{'host overhead (batch 1)':34} {'wall ms':>8} {'busy ms':>8} {'overhead':>8} {'verify ovh':>10}")
+    for key, r in report["host_overhead"].items():
+        if "step_wall_ms_median" in r:
+            print(f"{key:34} {r['step_wall_ms_median']:8.2f} {r['step_gpu_busy_ms']:8.2f} "
+                  f"{100 * r['step_host_overhead_fraction']:7.1f}% {100 * r['verify_host_overhead_fraction']:9.1f}%")
+        else:
+            print(f"{key:34} {r.get('error', r.get('skipped', ''))[:80]}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 Qwen3.5-27B at M = 1, 4, 8, 16; plus SASS instructions per weight in the kernels' main loops.
 
 Correctness first: each kernel against its reference (W12N bitwise-exact weights: the fp32-accumulated GEMV of
-the decoded matrix), and batch invariance (row m of M=8 equals M=1 bitwise). Times are CUDA-graph replays of
-back-to-back launches over weights rotated past the L2 (same method as bench/gemv.py).
+the decoded matrix), and batch invariance (row 0 of M rows equals M=1 bitwise); errors are recorded per shape
+and M (a failed check is reported, the timing still runs). Times are CUDA-graph replays of back-to-back
+launches over weights rotated past the L2 (same method as bench/gemv.py). Every timing runs in its own
+try/except, and the JSON is written again after each shape.
 
     PYTHONPATH=. python3 bench/w12n_gemv.py --out bench/results/w12n_gemv_h200.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/w12n_gemv.py --out /tmp/w.json --device cpu   # dry run
 """
 
 from __future__ import annotations
@@ -13,19 +16,23 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
-import sys
+import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 from bench.ar_decode import copy_bandwidth
+from bench.common import Report, attempt, failed, kernel_crashed, rel_err, run_record
 from bench.gemv import SHAPES, time_fn
 from specpilot.ops import gemv as bf16_gemv
 from specpilot.ops.w12n_gemv import triton as kernels
 from specpilot.ops.w12n_gemv.reference import fp8_gemv_ref, w12n_gemv_ref
 from specpilot.weights import w12n
+
+TINY_SHAPES = {"tiny.a": (24, 1000), "tiny.b": (40, 512)}  # --device cpu (Triton interpreter): a dry run
 
 
 def loop_instructions(sass: str) -> tuple[int, dict] | None:
@@ -51,8 +58,19 @@ def loop_instructions(sass: str) -> tuple[int, dict] | None:
     return n, dict(collections.Counter(op.split(".")[0] for op, _ in ins[a:b + 1]).most_common(12))
 
 
+def _constexprs(kernel, fn) -> dict:
+    """The constexpr arguments a compiled kernel was specialised on, by name (Triton-internal layout)."""
+    out = {}
+    for key, value in getattr(kernel.src, "constants", {}).items():
+        idx = key[0] if isinstance(key, tuple) else key
+        out[fn.arg_names[idx] if isinstance(idx, int) else idx] = value
+    return out
+
+
 def sass_counts(block_n: int, block_k: int, num_warps: int) -> dict:
-    """Per-weight instruction counts of the compiled kernels (the cache of the launches already made)."""
+    """Per-weight instruction counts of the compiled kernels (the cache of the launches already made). Each
+    compiled variant's own BLOCK_N, BLOCK_K and num_warps are used where Triton exposes them (else the given
+    defaults): instructions per weight = loop instructions / (BLOCK_N * BLOCK_K / threads)."""
     out = {}
     try:
         from triton.tools.disasm import get_sass
@@ -61,58 +79,135 @@ def sass_counts(block_n: int, block_k: int, num_warps: int) -> dict:
     for name, fn in (("w12n", kernels._w12n_gemv_kernel), ("fp8", kernels._fp8_gemv_kernel)):
         try:
             compiled = [k for cache in fn.device_caches.values() for k in cache[0].values()]
-            per_thread = block_n * block_k / (num_warps * 32)
-            stats = [loop_instructions(get_sass(k.asm["cubin"])) for k in compiled]
-            out[name] = [{"loop_instructions": s[0], "instructions_per_weight": round(s[0] / per_thread, 2),
-                          "ops": s[1]} for s in stats if s]
+            rows = []
+            for k in compiled:
+                try:
+                    consts = _constexprs(k, fn)
+                except Exception:  # noqa: BLE001
+                    consts = {}
+                bn, bk = consts.get("BLOCK_N", block_n), consts.get("BLOCK_K", block_k)
+                warps = getattr(k.metadata, "num_warps", num_warps)
+                s = loop_instructions(get_sass(k.asm["cubin"]))
+                if s:
+                    per_thread = bn * bk / (warps * 32)
+                    rows.append({"loop_instructions": s[0], "instructions_per_weight": round(s[0] / per_thread, 2),
+                                 "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
+                                 "M": consts.get("M"), "SEGMENT": consts.get("SEGMENT"), "ops": s[1]})
+            out[name] = rows
         except Exception as e:  # the cache layout is Triton-internal: report, never fail the run
             out[name] = {"error": f"{type(e).__name__}: {e}"}
     return out
 
 
+def timer(device: str):
+    """time_fn on a GPU (graph replays, weights rotated); a plain median of calls on the CPU (dry run)."""
+    if device == "cuda":
+        return time_fn
+
+    def cpu_time(fn, pairs, x, reps: int = 3):
+        fn(x, pairs[0])
+        times = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            fn(x, pairs[i % len(pairs)])
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return cpu_time
+
+
+def check(x, t) -> dict:
+    """Both kernels against their references, and batch invariance of the exact one."""
+    out = {"w12n": rel_err(kernels.w12n_gemv(x, t).float(), w12n_gemv_ref(x, t).float()),
+           "fp8": rel_err(kernels.fp8_gemv(x, t).float(), fp8_gemv_ref(x, t).float())}
+    if x.shape[0] > 1:
+        out["batch_invariant"] = bool(torch.equal(kernels.w12n_gemv(x[:1], t), kernels.w12n_gemv(x, t)[:1]))
+    out["ok"] = (out["w12n"]["rel_rms_err"] < 1e-2 and out["fp8"]["rel_rms_err"] < 1e-2 and not out["w12n"]["nan"]
+                 and out.get("batch_invariant", True))
+    return out
+
+
+def bench_shape(name, N, K, args, bw, time_it) -> dict:
+    dev = args.device
+    copies = max(2, (512 << 20) // (N * K * 2) + 1) if dev == "cuda" else 2
+    weights = [(torch.randn(N, K, device=dev) * 0.02).to(torch.bfloat16) for _ in range(copies)]
+    t0 = time.perf_counter()
+    encoded = [w12n.encode_best(w) for w in weights]
+    row = {"N": N, "K": K, "bf16_bytes": N * K * 2, "w12n_bits_per_weight": w12n.bits_per_weight(encoded[0]),
+           "segment": encoded[0].segment, "escape_rate": w12n.stats(encoded[0])["escape_rate"],
+           "encode_s_per_matrix": (time.perf_counter() - t0) / copies, "m": {}}
+    for m in args.ms:
+        x = torch.randn(m, K, device=dev).to(torch.bfloat16)
+        r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0])}
+        pairs = list(zip(weights, encoded))
+        variants = {"cublas_bf16": lambda a, wt: F.linear(a, wt[0]),
+                    "w12n": lambda a, wt: kernels.w12n_gemv(a, wt[1]),
+                    "fp8_view": lambda a, wt: kernels.fp8_gemv(a, wt[1])}
+        if m <= 4:
+            variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
+        times, errors = {}, {}
+        for key, fn in variants.items():
+            t = attempt(f"{name} M={m} {key}", time_it, fn, pairs, x)
+            if failed(t):
+                errors[key] = t["error"]
+            else:
+                times[key] = t
+        r["seconds"] = times
+        if errors:
+            r["errors"] = errors
+        if "cublas_bf16" in times:
+            r.update({f"{k}_vs_cublas": times["cublas_bf16"] / v for k, v in times.items()})
+        if "w12n" in times:
+            r["w12n_fraction_of_copy_bw"] = row["w12n_bits_per_weight"] / 8 * N * K / times["w12n"] / bw
+        print(f"{name:18} M={m:2} " + " ".join(f"{k} {v * 1e6:7.1f}us" for k, v in times.items())
+              + (f"  ERRORS {list(errors)}" if errors else "")
+              + ("" if r["check"].get("ok") else f"  CHECK FAILED {json.dumps(r['check'])[:300]}"), flush=True)
+    del weights, encoded
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--commit", default="unknown")
+    p.add_argument("--commit", default=None)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                   help="cpu: a dry run on tiny shapes (needs TRITON_INTERPRET=1)")
     args = p.parse_args()
-    bw = copy_bandwidth()
-    out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": " ".join(sys.argv),
-           "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "shapes": {}}
-    for name, (N, K) in SHAPES.items():
-        copies = max(2, (512 << 20) // (N * K * 2) + 1)
-        weights = [(torch.randn(N, K, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
-        encoded = [w12n.encode_best(w) for w in weights]
-        row = {"N": N, "K": K, "bf16_bytes": N * K * 2, "w12n_bits_per_weight": w12n.bits_per_weight(encoded[0]),
-               "escape_rate": w12n.stats(encoded[0])["escape_rate"], "m": {}}
-        for m in args.ms:
-            x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
-            ref = w12n_gemv_ref(x, encoded[0]).float()
-            got = kernels.w12n_gemv(x, encoded[0]).float()
-            assert ((got - ref).norm() / ref.norm()) < 1e-2, f"{name} M={m}: W12N GEMV off its reference"
-            if m > 1:
-                assert torch.equal(kernels.w12n_gemv(x[:1], encoded[0]), kernels.w12n_gemv(x, encoded[0])[:1]), \
-                    f"{name} M={m}: not batch-invariant"
-            fp8_ref = fp8_gemv_ref(x, encoded[0]).float()
-            assert ((kernels.fp8_gemv(x, encoded[0]).float() - fp8_ref).norm() / fp8_ref.norm()) < 1e-2
-            pairs = list(zip(weights, encoded))
-            times = {
-                "cublas_bf16": time_fn(lambda a, wt: F.linear(a, wt[0]), pairs, x),
-                "w12n": time_fn(lambda a, wt: kernels.w12n_gemv(a, wt[1]), pairs, x),
-                "fp8_view": time_fn(lambda a, wt: kernels.fp8_gemv(a, wt[1]), pairs, x),
-            }
-            if m <= 4:
-                times["ours_bf16"] = time_fn(lambda a, wt: bf16_gemv.gemv(a, wt[0]), pairs, x)
-            row["m"][m] = {"seconds": times, **{f"{k}_vs_cublas": times["cublas_bf16"] / v for k, v in times.items()},
-                           "w12n_fraction_of_copy_bw": row["w12n_bits_per_weight"] / 8 * N * K / times["w12n"] / bw}
-            print(f"{name:18} M={m:2} " + " ".join(f"{k} {v * 1e6:7.1f}us" for k, v in times.items()), flush=True)
-        out["shapes"][name] = row
-        del weights, encoded
-        torch.cuda.empty_cache()
-    out["sass"] = sass_counts(8, 512, 4)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(json.dumps(out["sass"])[:2000])
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        p.error("--device cpu runs the Triton kernels in the interpreter: set TRITON_INTERPRET=1")
+    shapes = SHAPES if args.device == "cuda" else TINY_SHAPES
+    if args.shapes:
+        shapes = {k: v for k, v in shapes.items() if k in args.shapes}
+    torch.manual_seed(0)
+    report = Report(args.out, {**run_record(args.device, args.commit), "shapes": {}})
+    crashed = kernel_crashed("w12n_gemv") or kernel_crashed("fp8_gemv")
+    if crashed:  # a fault would poison this process: only the error is recorded
+        report["error"] = crashed
+        print(crashed)
+        return
+    bw = attempt("copy bandwidth", copy_bandwidth, device=args.device)
+    if failed(bw):
+        report["copy_bandwidth_error"] = bw
+        bw = 4.2e12
+    report["copy_bandwidth_bytes_per_s"] = bw
+    time_it = timer(args.device)
+    for name, (N, K) in shapes.items():
+        report["shapes"][name] = attempt(f"shape {name}", bench_shape, name, N, K, args, bw, time_it)
+        report.save()
+    if args.device == "cuda":
+        report["sass"] = attempt("sass", sass_counts, 8, 512, 4)
+    else:
+        report["sass"] = {"skipped": "no cubin under the Triton interpreter"}
+    print(json.dumps(report["sass"])[:2000])
+    checks = [(n, m, r["check"]) for n, row in report["shapes"].items() if "m" in row for m, r in row["m"].items()]
+    bad = [(n, m) for n, m, c in checks if not c.get("ok")]
+    report["all_checks_ok"] = not bad and bool(checks)
+    print(f"correctness: {len(checks) - len(bad)}/{len(checks)} (shape, M) checks ok"
+          + (f"; failed: {bad}" if bad else ""))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--stock-tree", default="chain:7", help="the stock configuration's fixed chain")
     b.add_argument("--configs", nargs="*", default=[],
                    help="NAME=tree:SPEC;ENGINE_FIELD:VALUE... e.g. 'tree16=tree:dynamic:4,5,16'")
+    b.add_argument("--engine", default="",
+                   help="EngineConfig fields under AR, stock and every configuration, FIELD:VALUE;... (a "
+                        "configuration's own fields win), e.g. 'fused_qk_rope_store:false'")
     b.add_argument("--acceptance", default="real", help="real, or synthetic:PROFILE (shipped name or JSON path)")
     b.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     b.add_argument("--tie-tolerance", type=float, default=1e-3)
@@ -40,28 +43,51 @@ def cmd_bench(args) -> int:
     from specpilot.bench.harness import BenchConfig, bench
     from specpilot.bench.report import plot, table, write_json
     from specpilot.bench.synthetic import AcceptanceProfile
+    from specpilot.config import EngineConfig
 
     kind, _, name = args.acceptance.partition(":")
     if kind not in ("real", "synthetic") or (kind == "synthetic" and not name):
         raise ValueError(f"--acceptance {args.acceptance!r}: use real or synthetic:PROFILE")
     profile = AcceptanceProfile.load(name) if kind == "synthetic" else None
     configs = [BenchConfig.parse(c, args.stock_tree) for c in args.configs]
+    base = BenchConfig.parse(f"engine={args.engine}", args.stock_tree)
+    if any(item.partition(":")[0] == "tree" for item in args.engine.split(";")):
+        raise ValueError(f"--engine {args.engine!r}: EngineConfig fields only (the tree goes in --configs)")
+    for c in configs:  # a bad field value fails here, before any model is built
+        EngineConfig(**{**dict(base.engine), **dict(c.engine)})
     device = pick_device(args.device)
     model, tokenizer, make_drafter = _bench_models(args, device, profile)
     make_drafter()  # fail fast on a bad drafter, before any timing
+    extra = {"target": args.target, "drafter": args.drafter, "acceptance": args.acceptance,
+             "max_new_tokens": args.max_new_tokens, "limit": args.limit, "workloads": args.workloads,
+             "batch_sizes": args.batch_sizes, "stock_tree": args.stock_tree, "configs": args.configs,
+             "engine": dict(base.engine),
+             "profile": profile.__dict__ if profile else None}
+    done = []
+
+    def progress(r):
+        # the report is rewritten after every row: a run cut short (timeout, crash) keeps what it measured
+        done.append(r)
+        if "error" in r:
+            err.print(f"[red]{r['workload']} b{r['batch']} {r['config']}: FAILED {r['error'][:500]}[/]")
+        else:
+            err.print(f"[dim]{r['workload']} b{r['batch']} {r['config']}: {r['tok_per_s']:.1f} tok/s, "
+                      f"{r['speedup_vs_ar']:.2f}x AR[/]")
+        write_json(done, args.out, {**extra, "partial": True})
+
     rows = bench(model, tokenizer, make_drafter, args.workloads,
                  args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit, profile,
-                 chat=not args.no_chat, tie_tolerance=args.tie_tolerance,
-                 progress=lambda r: err.print(f"[dim]{r['workload']} b{r['batch']} {r['config']}: "
-                                              f"{r['tok_per_s']:.1f} tok/s, {r['speedup_vs_ar']:.2f}x AR[/]"))
-    extra = {"target": args.target, "drafter": args.drafter, "acceptance": args.acceptance,
-             "max_new_tokens": args.max_new_tokens, "profile": profile.__dict__ if profile else None}
+                 chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress, base_engine=base.engine)
     write_json(rows, args.out, extra)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
-    plot(rows, plot_path)
+    try:
+        plot(rows, plot_path)
+    except Exception as e:  # noqa: BLE001 - the JSON is the result; the plot is a view of it
+        err.print(f"[yellow]plot failed: {type(e).__name__}: {e}[/]")
     Console(highlight=False).print(table(rows))
     err.print(f"wrote {args.out} and {plot_path}")
-    return 0 if all(r.get("forcing", {"passed": True})["passed"] for r in rows) else 1
+    ok = all("error" not in r and r.get("forcing", {"passed": True})["passed"] for r in rows)
+    return 0 if ok else 1
 
 
 def _bench_models(args, device: str, profile):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -131,21 +132,40 @@ def forcing(runner: ModelRunner, prompts, outputs, tolerance: float) -> dict:
 
 def bench(model, tokenizer, make_drafter, workloads: list[str], batch_sizes: list[int], configs: list[BenchConfig],
           stock_tree: str, max_new_tokens: int, data_dir, limit: int | None, profile: AcceptanceProfile | None,
-          chat: bool = True, tie_tolerance: float = 1e-3, progress=None) -> list[dict]:
-    """All rows of the report: one per workload x batch size x configuration (AR and stock included)."""
+          chat: bool = True, tie_tolerance: float = 1e-3, progress=None, base_engine: tuple = ()) -> list[dict]:
+    """All rows of the report: one per workload x batch size x configuration (AR and stock included).
+    base_engine: EngineConfig fields under AR, stock and every configuration (a configuration's own win)."""
     device = next(model.parameters()).device
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=profile is not None)
     eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
-    stock_runner = ModelRunner(model)
+    stock_runner = ModelRunner(model, EngineConfig(**dict(base_engine)))
+    if base_engine:
+        configs = [dataclasses.replace(c, engine=tuple({**dict(base_engine), **dict(c.engine)}.items()))
+                   for c in configs]
     rows = []
     for workload in workloads:
         if workload not in WORKLOADS:
             raise ValueError(f"workload {workload!r}: use one of {', '.join(WORKLOADS)}")
         conversations = load_prompts(resolve_prompt_set(WORKLOADS[workload], data_dir), limit=limit)
         for batch in batch_sizes:
-            rows += _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs, stock_tree,
-                               params, profile, stock_runner, tie_tolerance, chat, device, progress)
+            try:
+                rows += _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs,
+                                   BenchConfig("stock", stock_tree, tuple(base_engine)), params, profile,
+                                   stock_runner, tie_tolerance, chat, device, progress)
+            except (ValueError, NotImplementedError):  # bad input (a prompt too long, ...): one clear error
+                raise
+            except Exception as e:  # noqa: BLE001 - AR itself failed: no truth for this batch size, go on
+                row = {"workload": workload, "batch": batch, "config": "ar", **_error(e)}
+                rows.append(row)
+                if progress is not None:
+                    progress(row)
     return rows
+
+
+def _error(e: Exception) -> dict:
+    """The row fields of a configuration that raised: its message, and the traceback on stderr."""
+    traceback.print_exc()
+    return {"error": f"{type(e).__name__}: {e}"[:2000]}
 
 
 def ar_turns(make, tokenizer, conversations, batch, params, chat: bool, device):
@@ -164,8 +184,8 @@ def ar_turns(make, tokenizer, conversations, batch, params, chat: bool, device):
     return prompts, outputs, stats, seconds
 
 
-def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs, stock_tree, params,
-               profile, stock_runner, tie_tolerance, chat, device, progress) -> list[dict]:
+def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs, stock: BenchConfig,
+               params, profile, stock_runner, tie_tolerance, chat, device, progress) -> list[dict]:
     ar_make = lambda: Generator(stock_runner, eos)  # noqa: E731
     first = encode_turn(tokenizer, [conversations[0].turns[0]], [], chat)
     run_generation(ar_make, [first], 1, SamplingParams(max_new_tokens=4), device)  # warm-up
@@ -175,29 +195,48 @@ def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, bat
             "synthetic": profile is not None,
             "acceptance": f"synthetic:{profile.name}" if profile else "real"}
     rows = [{**base, "config": "ar", **summarize(ar_out, ar_stats, ar_s), "speedup_vs_ar": 1.0}]
-    stock = BenchConfig("stock", stock_tree)
+    if progress is not None:
+        progress(rows[0])
     for cfg in [stock] + list(configs):
-        runner = ModelRunner(model, EngineConfig(**dict(cfg.engine)))
-
-        def make(cfg=cfg, runner=runner):
-            drafter = make_drafter()
-            if profile is not None:
-                # requests start at slot 0 in every batch: index the truth by slot within the current group
-                drafter = SyntheticDrafter(drafter, {}, profile, model.config.vocab_size)
-            return SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
-
-        synthetic_truth = truth if profile is not None else None
-        run_generation(make, prompts[:1], 1, SamplingParams(max_new_tokens=4, ignore_eos=True), device,
-                       synthetic_truth)  # warm-up: compile, graphs
-        out, stats, seconds = run_generation(make, prompts, batch, params, device, synthetic_truth)
-        row = {**base, "config": cfg.name, "tree": cfg.tree, "engine": dict(cfg.engine),
-               **summarize(out, stats, seconds)}
-        row["speedup_vs_ar"] = row["tok_per_s"] / rows[0]["tok_per_s"]
-        row["forcing"] = forcing(stock_runner, prompts, out, tie_tolerance)
+        row = {**base, "config": cfg.name, "tree": cfg.tree, "engine": dict(cfg.engine)}
+        try:  # one failing configuration (a kernel, a graph capture) is recorded; the others still run
+            row.update(_run_config(model, make_drafter, cfg, prompts, truth, batch, params, profile, eos,
+                                   stock_runner, tie_tolerance, device))
+            row["speedup_vs_ar"] = row["tok_per_s"] / rows[0]["tok_per_s"]
+        except Exception as e:  # noqa: BLE001
+            row.update(_error(e))
         rows.append(row)
         if progress is not None:
             progress(row)
-    stock_rate = rows[1]["tok_per_s"]
+    stock_rate = rows[1].get("tok_per_s")
     for row in rows:
-        row["speedup_vs_stock"] = row["tok_per_s"] / stock_rate
+        if stock_rate and "tok_per_s" in row:
+            row["speedup_vs_stock"] = row["tok_per_s"] / stock_rate
     return rows
+
+
+def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, params, profile, eos, stock_runner,
+                tie_tolerance, device) -> dict:
+    runner = ModelRunner(model, EngineConfig(**dict(cfg.engine)))
+
+    def make():
+        drafter = make_drafter()
+        if profile is not None:
+            # requests start at slot 0 in every batch: index the truth by slot within the current group
+            drafter = SyntheticDrafter(drafter, {}, profile, model.config.vocab_size)
+        return SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
+
+    synthetic_truth = truth if profile is not None else None
+    try:
+        run_generation(make, prompts[:1], 1, SamplingParams(max_new_tokens=4, ignore_eos=True), device,
+                       synthetic_truth)  # warm-up: compile, graphs
+        out, stats, seconds = run_generation(make, prompts, batch, params, device, synthetic_truth)
+    finally:  # graphs reference the runner (a cycle): free its cache and graphs now, not at the next gc
+        runner.graphs.clear()
+        runner.verify_graphs.clear()
+        runner.cache = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    row = summarize(out, stats, seconds)
+    row["forcing"] = forcing(stock_runner, prompts, out, tie_tolerance)
+    return row

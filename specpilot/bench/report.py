@@ -4,6 +4,7 @@ speedups. Rows from synthetic acceptance are labelled so in all three."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,8 +15,14 @@ from rich.table import Table
 
 
 def environment() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    """GPU, commit (SPECPILOT_COMMIT if set: a copy of the tree without .git, e.g. on a GPU machine), command."""
+    commit = os.environ.get("SPECPILOT_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip()
+        except OSError:  # no git on this machine
+            commit = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"gpu": gpu, "commit": commit or "unknown", "command": " ".join(["specpilot"] + sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
@@ -29,16 +36,20 @@ def write_json(rows: list[dict], path: str | Path, extra: dict) -> None:
 
 
 def table(rows: list[dict]) -> Table:
-    synthetic = any(r["synthetic"] for r in rows)
+    synthetic = any(r.get("synthetic") for r in rows)
     t = Table(title="specpilot bench" + (" (SYNTHETIC acceptance)" if synthetic else ""))
     for col in ("workload", "batch", "config", "tok/s", "vs AR", "vs stock", "tau", "forcing"):
         t.add_column(col, justify="left" if col in ("workload", "config") else "right")
     for r in rows:
+        if "error" in r:
+            t.add_row(r["workload"], str(r["batch"]), r["config"], "-", "-", "-", "-", f"ERROR: {r['error'][:60]}")
+            continue
         f = r.get("forcing")
         verdict = "-" if f is None else ("pass" if f["passed"] else f"FAIL ({f['failures']})")
         tau = f"{r['tau']:.2f}" if "tau" in r else "-"
+        vs_stock = f"{r['speedup_vs_stock']:.2f}x" if "speedup_vs_stock" in r else "-"
         t.add_row(r["workload"], str(r["batch"]), r["config"], f"{r['tok_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}x",
-                  f"{r['speedup_vs_stock']:.2f}x", tau, verdict)
+                  vs_stock, tau, verdict)
     return t
 
 
@@ -53,15 +64,16 @@ def plot(rows: list[dict], path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(keys) * max(1, len(configs))), 4))
     width = 0.8 / max(1, len(configs))
     for i, cfg in enumerate(configs):
-        vals = [next((r["speedup_vs_ar"] for r in rows if (r["workload"], r["batch"]) == k and r["config"] == cfg), 0)
-                for k in keys]
+        vals = [next((r.get("speedup_vs_ar", 0) for r in rows if (r["workload"], r["batch"]) == k
+                      and r["config"] == cfg), 0) for k in keys]
         ax.bar([x + i * width for x in range(len(keys))], vals, width, label=cfg)
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(keys))])
     ax.set_xticklabels([f"{w}\nbatch {b}" for w, b in keys])
     ax.set_ylabel("speedup over AR")
-    synthetic = any(r["synthetic"] for r in rows)
-    ax.set_title("specpilot bench" + (f" — SYNTHETIC acceptance ({rows[0]['acceptance']})" if synthetic else ""))
+    synthetic = any(r.get("synthetic") for r in rows)
+    label = next((r["acceptance"] for r in rows if "acceptance" in r), "")
+    ax.set_title("specpilot bench" + (f" — SYNTHETIC acceptance ({label})" if synthetic else ""))
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -77,7 +77,17 @@ class SyntheticDrafter:
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         self.inner.propose(slots, roots, spec)
+        spec = self._capped(spec)
         return [self._rewrite(shape(spec, root), self.truth[s][self.emitted[s]:]) for s, root in zip(slots, roots)]
+
+    def _capped(self, spec: TreeSpec) -> TreeSpec:
+        """The spec no deeper than the inner drafter can draft (a DFlash block of B drafts B - 1 tokens deep, as
+        DFlashDrafter caps it): the oracle must not credit depths the real drafter never proposes."""
+        block = getattr(self.inner, "block_size", None)
+        if block is None or spec.depth <= block - 1:
+            return spec
+        depth = block - 1
+        return TreeSpec(spec.kind, depth, spec.branching[:depth], spec.top_k, spec.max_nodes)
 
     def _rewrite(self, tree: DraftTree, future: list[int]) -> DraftTree:
         depths = tree.depths

@@ -85,3 +85,48 @@ def test_multi_turn_conversations_keep_answers_in_context(checkpoint_factory, tm
     assert all(r["prompts"] == 2 and r["turns"] == 3 for r in out)
     assert {r["config"] for r in out} == {"ar", "stock"} and all(r["tokens"] == out[0]["tokens"] for r in out)
     assert out[1]["forcing"]["passed"]
+
+
+def test_failing_configuration_is_recorded_and_the_others_run(data_dir, tmp_path):
+    """A configuration that raises (here W12N on an fp32 model) becomes an error row; the rest still run and the
+    command exits 1. Bad field values still fail up front (exit 2)."""
+    out = tmp_path / "r.json"
+    args = ["bench", "--target", "random:tiny-dense", "--drafter", "random-dflash", "--workloads", "gsm8k",
+            "--data-dir", str(data_dir), "--max-new-tokens", "6", "--stock-tree", "chain:3", "--out", str(out),
+            "--device", "cpu", "--acceptance", "synthetic:dflash2-mixed", "--plot", str(tmp_path / "p.png")]
+    assert main(args + ["--configs", "bad=weight_format:w12n", "tree=tree:static:2,1",
+                        "--engine", "decode_gemv:false"]) == 1
+    report = json.loads(out.read_text())
+    by_name = {r["config"]: r for r in report["results"]}
+    assert "needs a bf16 model" in by_name["bad"]["error"] and "partial" not in report
+    assert by_name["tree"]["forcing"]["passed"] and by_name["tree"]["speedup_vs_stock"] > 0
+    # --engine fields sit under stock and every configuration
+    assert report["engine"] == {"decode_gemv": False} == by_name["stock"]["engine"]
+    assert by_name["tree"]["engine"] == {"decode_gemv": False}
+    assert main(args + ["--configs", "x=block_attention:flash"]) == 2
+    assert main(args + ["--engine", "tree:chain:3"]) == 2
+
+
+def test_synthetic_trees_are_no_deeper_than_the_drafters_block():
+    """A DFlash block of 8 drafts 7 deep: the oracle's tree for chain:10 is a chain of 7 (no credit for depths
+    the real drafter never proposes); a drafter without a block keeps the spec's depth."""
+    from specpilot.bench.synthetic import SyntheticDrafter
+    from specpilot.spec.tree import TreeSpec
+
+    class Inner:
+        target_layers = ()
+
+        def __init__(self, block_size=None):
+            if block_size is not None:
+                self.block_size = block_size
+
+        def propose(self, slots, roots, spec):
+            return []
+
+    profile = AcceptanceProfile.load("dflash2-gsm8k")
+    for inner, depth in ((Inner(8), 7), (Inner(), 10)):
+        d = SyntheticDrafter(inner, {0: list(range(40))}, profile, 100)
+        d.emitted[0] = 1
+        for spec, nodes in (("chain:10", depth + 1), ("static:2,1,1,1,1,1,1,1,1,1", 2 * depth + 1)):
+            (tree,) = d.propose([0], [5], TreeSpec.parse(spec))
+            assert max(tree.depths) == depth and tree.num_nodes == nodes

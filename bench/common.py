@@ -1,0 +1,167 @@
+"""What the GPU benchmark scripts share: the run record (GPU, commit, command), a JSON written again after every
+section (a timeout or a crash keeps what was measured), per-variant error capture that tells a dead CUDA
+context from an ordinary exception, device-agnostic timing, and the verdicts of bench/kernel_check.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+KERNEL_CHECK_ENV = "SPECPILOT_KERNEL_CHECK"  # path of kernel_check.py's JSON (set by bench/gpu_suite.sh)
+
+
+def run_record(device: str, commit: str | None = None) -> dict:
+    """GPU name, commit, exact command line, date and library versions of this run."""
+    commit = commit or os.environ.get("SPECPILOT_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip() or "unknown"
+        except OSError:  # no git on this machine
+            commit = "unknown"
+    versions = {"torch": torch.__version__}
+    for name in ("triton", "transformers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - a version is informative only
+            versions[name] = None
+    cuda = device == "cuda" and torch.cuda.is_available()
+    return {"gpu": torch.cuda.get_device_name() if cuda else "cpu", "device": device, "commit": commit,
+            "command": "PYTHONPATH=. python3 " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **versions}
+
+
+def write_json(path: str | Path, data) -> None:
+    """Atomic: a temp file beside the target, then a rename (a reader never sees half a file)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+class Report:
+    """The script's JSON document, saved after every `save()` (call it after each measured section)."""
+
+    def __init__(self, path: str | Path, data: dict):
+        self.path, self.data = path, data
+        self.save()
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __setitem__(self, key, value):
+        self.data[key] = value
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.path, self.data)
+
+
+def cuda_alive() -> bool:
+    """False once a kernel fault has poisoned this process's CUDA context (every later CUDA call fails)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").add_(1).item() == 2.0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_DEAD = {"reason": None}
+
+
+def attempt(label: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), or {"error": ...} if it raised: printed with its traceback, never re-raised. Once the
+    CUDA context is dead every later attempt is skipped at once (its work could only fail)."""
+    if _DEAD["reason"] is not None:
+        return {"error": f"skipped: CUDA context dead since {_DEAD['reason']}", "skipped": True}
+    t0 = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - every variant is measured independently
+        msg = f"{type(e).__name__}: {e}"
+        print(f"!! {label} FAILED after {time.perf_counter() - t0:.1f}s: {msg[:500]}", flush=True)
+        traceback.print_exc()
+        out = {"error": msg[:2000], "traceback": traceback.format_exc()[-3000:]}
+        if not cuda_alive():
+            _DEAD["reason"] = label
+            out["cuda_context_dead"] = True
+            print(f"!! CUDA context is dead after {label}: the rest of this script is skipped", flush=True)
+        elif torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return out
+
+
+def failed(result) -> bool:
+    return isinstance(result, dict) and "error" in result
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device, reps: int, warmup: int = 2) -> list[float]:
+    """Milliseconds of each of `reps` calls of fn() after warm-up: CUDA events on a GPU (queue time of the
+    calls' own work, host gaps included), wall time on the CPU."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    if torch.device(device).type == "cuda":
+        events = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in events]
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def median(xs) -> float:
+    return statistics.median(xs)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Relative RMS error, max abs error and NaN count of out against ref (float64)."""
+    o, r = out.double(), ref.double()
+    diff = (o - r).abs()
+    return {"rel_rms_err": (diff.pow(2).mean().sqrt() / r.pow(2).mean().sqrt().clamp_min(1e-30)).item(),
+            "max_abs_err": diff.nan_to_num(float("inf")).max().item() if diff.numel() else 0.0,
+            "nan": int(torch.isnan(o).sum())}
+
+
+def kernel_verdict(family: str) -> dict | None:
+    """kernel_check.py's verdict for a kernel family (tree_attention, gdn_tree, w12n_gemv, fp8_gemv), if it ran."""
+    path = os.environ.get(KERNEL_CHECK_ENV)
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return json.loads(Path(path).read_text()).get("kernels", {}).get(family)
+    except (OSError, ValueError):
+        return None
+
+
+def kernel_crashed(family: str) -> str | None:
+    """Why a variant using this kernel must not run in-process: the kernel check saw it kill its CUDA context."""
+    v = kernel_verdict(family)
+    if v is not None and v.get("status") == "crash":
+        return f"skipped: {family} crashed its process in bench/kernel_check.py ({v.get('error', '')[:300]})"
+    return None

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The GPU benchmark suite in one call (H200, fits a 10-minute limit): run from the repository root,
+#
+#     bash bench/gpu_suite.sh OUTDIR COMMIT
+#
+# Writes 7 JSON files and suite.log (every step's stdout and stderr) into OUTDIR, nothing else:
+#   kernel_check_h200.json   every Triton kernel that had only run interpreted, vs its reference (crash-isolated):
+#                            fused decode prologue, tree attention, GDN tree, W12N and FP8-view GEMVs
+#   bench_27b_h200.json      specpilot bench, random:Qwen3.5-27B + random DFlash, synthetic:dflash2-gsm8k
+#   verify_cost_h200.json    t(N)/t(1) for N = 1..256 tree tokens (Qwen3-8B shape), host overhead per step
+#   hybrid_tree_h200.json    tree verify on the hybrid 27B shape: cost vs nodes, GDN kernel, commit, memory
+#   bench_8b_h200.json       specpilot bench, random:Qwen3-8B + random DFlash (5 layers), synthetic:dflash2-gsm8k
+#   w12n_gemv_h200.json      W12N vs cuBLAS vs our bf16 GEMV vs FP8 view per projection shape, SASS counts
+#   ar_decode_h200.json      AR decode (ours, cuBLAS, W12N, HF generate) at 1x512 1x4096 8x512 32x512, profile
+#
+# Most important first. Each step runs under `timeout`: step i must end by the sum of the caps of steps 1..i
+# (time a step leaves unused goes to the next ones), and the caps sum to SUITE_BUDGET_S (540 s). A step that
+# fails or times out leaves its JSON as far as it got (each script rewrites it after every measurement) and
+# the next step runs. The bench plots go to /tmp (OUTDIR may hold 8 files).
+#
+# Environment: SUITE_DRY=1 runs every step on the CPU on tiny shapes (a check of the scripts, minutes);
+# SUITE_DATA_DIR (default .data/prompts) holds the prompt sets; SUITE_BUDGET_S scales all caps.
+
+OUT=${1:?usage: bash bench/gpu_suite.sh OUTDIR COMMIT}
+COMMIT=${2:?usage: bash bench/gpu_suite.sh OUTDIR COMMIT}
+mkdir -p "$OUT" || exit 1
+OUT=$(cd "$OUT" && pwd)
+LOG="$OUT/suite.log"
+cd "$(dirname "$0")/.." || exit 1  # the repository root
+
+DRY=${SUITE_DRY:-0}
+BUDGET=${SUITE_BUDGET_S:-540}
+DATA=${SUITE_DATA_DIR:-.data/prompts}
+if [ ! -f "$DATA/eagle/gsm8k_question.jsonl" ]; then  # the bench's gsm8k set: try the usual other homes
+    for d in shared/data/prompts ../shared/data/prompts; do
+        [ -f "$d/eagle/gsm8k_question.jsonl" ] && DATA=$d && break
+    done
+fi
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export SPECPILOT_COMMIT="$COMMIT"
+export SPECPILOT_KERNEL_CHECK="$OUT/kernel_check_h200.json"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+if [ "$DRY" = 1 ]; then
+    export TRITON_INTERPRET=1
+    BUDGET=${SUITE_BUDGET_S:-2400}  # the CPU is slow; the caps scale with the budget
+fi
+
+log() { echo "[suite $(date +%H:%M:%S) +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
+
+START=$SECONDS
+DEADLINE=0
+# step NAME CAP_S COMMAND...: runs COMMAND until START + (sum of caps so far), scaled to the budget
+step() {
+    local name=$1 cap=$(( $2 * BUDGET / 540 ))
+    shift 2
+    DEADLINE=$(( DEADLINE + cap ))
+    local left=$(( DEADLINE - (SECONDS - START) ))
+    if [ "$left" -lt 15 ]; then
+        log "SKIP $name: ${left}s left of its window"
+        return
+    fi
+    log "START $name (cap ${cap}s, timeout ${left}s): $*"
+    local t0=$SECONDS
+    timeout -k 5 "$left" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    local what="rc=$rc"
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && what="TIMED OUT (rc=$rc)"
+    log "END $name: $what after $((SECONDS - t0))s"
+}
+
+# kernel_check's verdict for a kernel family: ok, mismatch, error, crash or unknown
+kstatus() {
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["kernels"].get(sys.argv[2], {}).get("status", "unknown"))' \
+        "$SPECPILOT_KERNEL_CHECK" "$1" 2>/dev/null || echo unknown
+}
+
+: >"$LOG"
+log "suite: out=$OUT commit=$COMMIT dry=$DRY budget=${BUDGET}s data=$DATA"
+[ -f "$DATA/eagle/gsm8k_question.jsonl" ] || log "WARNING: no $DATA/eagle/gsm8k_question.jsonl: the bench steps will fail"
+timeout 10 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv >>"$LOG" 2>&1
+
+if [ "$DRY" = 1 ]; then
+    DEV=(--device cpu)
+    T27=random:tiny-hybrid; T8=random:tiny-dense
+    BENCH_SIZE=(--limit 2 --batch-sizes 1 2 --max-new-tokens 8)
+    VC=(--shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3)
+    HT=(--shape tiny-hybrid --sizes 1 4 8 --configs 1x32 2x16 --reps 2)
+    WG=(--ms 1 4)
+    AR=(--shapes tiny-dense tiny-hybrid --configs 1x16 2x16 --steps 3 --hf-tokens 3)
+else
+    DEV=()
+    T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
+    BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens 64)
+    VC=(--reps 10)
+    HT=()
+    WG=()
+    AR=(--configs 1x512 1x4096 8x512 32x512 --steps 40 --hf-tokens 8)
+fi
+
+# 0. Triton kernels vs references, each crash confined to a child process (the later steps read the verdicts)
+step kernel_check 45 python3 bench/kernel_check.py --out "$OUT/kernel_check_h200.json" --commit "$COMMIT" "${DEV[@]}"
+QK=$(kstatus qk_norm_rope_store); TA=$(kstatus tree_attention); GT=$(kstatus gdn_tree)
+log "kernel verdicts: qk_norm_rope_store=$QK tree_attention=$TA gdn_tree=$GT w12n_gemv=$(kstatus w12n_gemv)" \
+    "fp8_gemv=$(kstatus fp8_gemv)"
+# the fused decode prologue runs in every AR decode step (EngineConfig.fused_qk_rope_store, on by default): if it
+# failed its check, every runner goes without it
+BASE_ENGINE=(); AR_BASE=()
+case "$QK" in
+    mismatch|error|crash) BASE_ENGINE=(--engine "fused_qk_rope_store:false"); AR_BASE=(--no-fused-prologue) ;;
+esac
+
+# the bench configurations beside AR and stock (chain:7, SDPA, eager): riskiest last; none that needs a kernel
+# which crashed its process in the check (a dead CUDA context would take the later rows with it). Trees are
+# at most 7 deep (a DFlash block of 8); expected tau under dflash2-gsm8k (simulated with the oracle):
+# chain:7 5.45, static:2,1,1,1,1,1,1 (15 nodes) 5.65, dynamic:4,7,28 (29 nodes) 6.07.
+GRAPHS="block_attention:tree;verify_graphs:true"
+configs() {  # configs dense|hybrid
+    local out=()
+    if [ "$TA" != crash ]; then
+        out+=("chain7-graphs=tree:chain:7;$GRAPHS")
+        if [ "$1" = dense ] || [ "$GT" != crash ]; then
+            out+=("tree15-graphs=tree:static:2,1,1,1,1,1,1;$GRAPHS" "tree29-graphs=tree:dynamic:4,7,28;$GRAPHS")
+        fi
+    elif [ "$1" = dense ] || [ "$GT" != crash ]; then
+        out+=("tree15-sdpa=tree:static:2,1,1,1,1,1,1")
+    fi
+    [ "${#out[@]}" -gt 0 ] && printf '%s\n' "${out[@]}"
+    return 0
+}
+mapfile -t C27 < <(configs hybrid)
+mapfile -t C8 < <(configs dense)
+
+# 5. the 27B shape end to end: AR vs stock vs the fast configurations, batch 1 and 8, token forcing
+step bench_27b 140 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
+    --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${BENCH_SIZE[@]}" \
+    --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]}" --out "$OUT/bench_27b_h200.json" --plot /tmp/bench_27b_h200.png "${DEV[@]}"
+
+# 3. verify cost vs tree size (SDPA and tree attention) and host overhead per step at batch 1
+step verify_cost 75 python3 bench/verify_cost.py --out "$OUT/verify_cost_h200.json" --commit "$COMMIT" \
+    "${VC[@]}" "${DEV[@]}"
+
+# 4. hybrid tree verification (27B shape)
+step hybrid_tree 60 python3 bench/hybrid_tree.py --out "$OUT/hybrid_tree_h200.json" --commit "$COMMIT" \
+    "${HT[@]}" "${DEV[@]}"
+
+# 6. the 8B shape end to end
+step bench_8b 80 python3 -m specpilot bench --target "$T8" --drafter random-dflash \
+    --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${BENCH_SIZE[@]}" \
+    --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C8[@]}" --out "$OUT/bench_8b_h200.json" --plot /tmp/bench_8b_h200.png "${DEV[@]}"
+
+# 1. W12N GEMV per projection shape
+step w12n_gemv 55 python3 bench/w12n_gemv.py --out "$OUT/w12n_gemv_h200.json" --commit "$COMMIT" "${WG[@]}" "${DEV[@]}"
+
+# 2. AR decode: ours vs cuBLAS vs W12N vs HF generate (8B first: the 27B part gets what time is left)
+step ar_decode 85 python3 bench/ar_decode.py --out "$OUT/ar_decode_h200.json" --commit "$COMMIT" --w12n --profile \
+    "${AR[@]}" "${AR_BASE[@]}" "${DEV[@]}"
+
+rm -f "$OUT"/*.tmp  # a write cut by a timeout
+log "done in $((SECONDS - START))s; files in $OUT:"
+ls -la "$OUT" | tee -a "$LOG"
+n=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+[ "$n" -le 8 ] || log "WARNING: $n files in $OUT (only 8 come back)"
+exit 0

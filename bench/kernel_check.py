@@ -1,0 +1,332 @@
+"""The Triton kernels that had only run under TRITON_INTERPRET=1 (the fused decode prologue qk_norm_rope_store,
+tree attention, the GDN tree kernel, the W12N and FP8-view GEMVs), each against its torch reference on the
+device, on small problems at the real head sizes of Qwen3-8B and Qwen3.5-27B. Run first by bench/gpu_suite.sh:
+a kernel that faults kills only a child process here, and the benchmark scripts then skip the variants that
+need it (bench/common.kernel_crashed); the suite drops the bench configurations that need it.
+
+Each check ends in one status: ok (error within tolerance), mismatch (ran, error above tolerance or NaN),
+error (a Python exception; the CUDA context survived), crash (the context died, or the child process did).
+The checks run in one child process; when it dies, a new child resumes at the next check.
+
+    PYTHONPATH=. python3 bench/kernel_check.py --out bench/results/kernel_check_h200.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/kernel_check.py --out /tmp/kc.json --device cpu   # dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATUS_RANK = {"ok": 0, "mismatch": 1, "error": 2, "crash": 3}
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+def _parents(n: int, kind: str, rng: random.Random) -> list[int]:
+    if kind in ("chain", "causal"):
+        return [-1] + list(range(n - 1))
+    return [-1] + [rng.randrange(max(0, i - 6), i) for i in range(1, n)]
+
+
+def check_tree_attention(dev, dtype, B, H, KVH, D, prefixes, lens, kind):
+    """Triton tree attention (default, shape-derived config) vs tree_attention_ref; K/V past each request's
+    prefix and block (and the unused slot) hold NaN: a read of them shows as NaN."""
+    import torch
+
+    from bench.common import rel_err
+    from specpilot.ops.tree_attention.reference import tree_attention_ref
+    from specpilot.ops.tree_attention.triton import tree_attention
+
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    T = max(lens)
+    S, N = max(prefixes) + T + 16, B + 1
+    q = torch.randn(B, T, H, D, generator=gen)
+    k_cache, v_cache = torch.randn(N, KVH, S, D, generator=gen), torch.randn(N, KVH, S, D, generator=gen)
+    slots = torch.randperm(N, generator=gen)[:B]
+    prefix_len = torch.tensor(prefixes)
+    cache_loc = prefix_len[:, None] + torch.arange(T)[None, :]
+    live = torch.zeros(N, S, dtype=torch.bool)
+    masks = []
+    for b, n in enumerate(lens):
+        live[slots[b], :prefixes[b] + T] = True
+        par = _parents(n, kind, rng)
+        m = torch.eye(T, dtype=torch.bool)
+        for i in range(1, n):
+            m[i] |= m[par[i]]
+        masks.append(m)
+    for cache in (k_cache, v_cache):
+        cache.masked_fill_(~live[:, None, :, None], float("nan"))
+    block_mask = None if kind == "causal" else torch.stack(masks).to(dev)
+    args = [t.to(dev) for t in (q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), slots, prefix_len, cache_loc)]
+    ref = tree_attention_ref(*args, block_mask, D**-0.5)
+    out = tree_attention(*args, block_mask, D**-0.5)
+    return {**rel_err(out, ref), "tol": 1e-2 if dtype != torch.float32 else 1e-4}
+
+
+def check_gdn_tree(dev, dtype, B, T, H, HV, K, V):
+    """Triton tree delta rule vs the torch tree form (chunk.py, itself tested against the per-path recurrence),
+    the latter in fp32 on the same rounded inputs: the output and the fold stash (k, u, G)."""
+    import torch
+
+    from bench.common import rel_err
+    from specpilot.ops.gated_delta_rule import gdn_gating
+    from specpilot.ops.gdn_tree import ancestor_mask, chunk
+    from specpilot.ops.gdn_tree.triton import tree_gated_delta_rule
+
+    rng, gen = random.Random(1), torch.Generator().manual_seed(1)
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g, beta = gdn_gating(torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV, generator=gen),
+                         torch.rand(HV, generator=gen).log(), torch.randn(HV, generator=gen))
+    S0 = torch.randn(B, HV, K, V, generator=gen) * 0.3
+    parents = torch.tensor([_parents(T, "tree", rng) for _ in range(B)])
+    q, k, v = (t.to(dtype).to(dev) for t in (q, k, v))
+    g, beta, S0, mask = g.to(dev), beta.to(dev), S0.to(dev), ancestor_mask(parents.to(dev))
+    out, stash = tree_gated_delta_rule(q, k, v, g, beta, mask, S0)
+    ref, ref_stash = chunk.tree_gated_delta_rule(q.float(), k.float(), v.float(), g, beta, mask, S0)
+    res = {"o": rel_err(out, ref)}
+    for name, a, b in zip(("k", "u", "G"), stash, ref_stash):
+        res[name] = rel_err(a, b)
+    worst = max(r["rel_rms_err"] for r in res.values())
+    return {**res, "rel_rms_err": worst, "nan": sum(r["nan"] for r in res.values()),
+            "tol": 1e-2 if dtype != torch.float32 else 1e-3}
+
+
+def check_qk_norm_rope_store(dev, dtype, B, H, KVH, D, R, zero_centered, gate):
+    """The fused decode prologue (q/k RMSNorm + RoPE + K/V store, on by default in every GPU decode step) vs its
+    reference: the rotated q and both caches (NaN-poisoned: only the stored positions may change)."""
+    import torch
+
+    from bench.common import rel_err
+    from specpilot.config import RopeConfig
+    from specpilot.layers.rotary import RotaryEmbedding
+    from specpilot.ops.qk_norm_rope_store.reference import qk_norm_rope_store_ref
+    from specpilot.ops.qk_norm_rope_store.triton import qk_norm_rope_store
+
+    gen = torch.Generator().manual_seed(3)
+    q_cols = H * D * (2 if gate else 1)
+    packed = torch.randn(B, 1, q_cols + 2 * KVH * D, generator=gen).to(dtype).to(dev)
+    q, k, v = packed.split([q_cols, KVH * D, KVH * D], dim=-1)
+    q = q.view(B, 1, H, 2 * D)[..., :D] if gate else q.view(B, 1, H, D)  # a strided view, as in the model
+    k, v = k.view(B, 1, KVH, D), v.view(B, 1, KVH, D)
+    cos, sin = RotaryEmbedding(RopeConfig(theta=1e6, partial_rotary_factor=R / D), D)(
+        torch.randint(0, 5000, (B, 1), generator=gen))
+    cos, sin = cos.to(dev), sin.to(dev)
+    w = (0.3 * torch.randn(2, D, generator=gen) + (0.0 if zero_centered else 1.0)).to(dtype).to(dev)
+    N, S = B + 2, 64
+    slots = torch.randperm(N, generator=gen)[:B].to(dev)
+    loc = torch.randint(0, S, (B, 1), generator=gen).to(dev)
+    outs = []
+    for fn in (qk_norm_rope_store, qk_norm_rope_store_ref):
+        caches = [torch.full((N, KVH, S, D), float("nan"), dtype=dtype, device=dev) for _ in range(2)]
+        outs.append((fn(q, k, v, w[0], w[1], cos, sin, 1e-6, zero_centered, *caches, slots, loc), *caches))
+    res = {name: rel_err(a.nan_to_num(), b.nan_to_num()) for name, a, b in zip(("q", "k_cache", "v_cache"), *outs)}
+    res["nan_pattern_equal"] = all(torch.equal(a.isnan(), b.isnan()) for a, b in zip(outs[0][1:], outs[1][1:]))
+    return {**res, "rel_rms_err": max(r["rel_rms_err"] for r in res.values() if isinstance(r, dict)),
+            "nan": int(outs[0][0].isnan().sum()) + (0 if res["nan_pattern_equal"] else 1),
+            "tol": 1e-2 if dtype != torch.float32 else 1e-5}
+
+
+def _w12n_problem(dev, M, N, K):
+    import torch
+
+    from specpilot.weights import w12n
+
+    gen = torch.Generator().manual_seed(2)
+    w = (torch.randn(N, K, generator=gen) * 0.02).to(torch.bfloat16).to(dev)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16).to(dev)
+    return x, w12n.encode_best(w)
+
+
+def check_w12n_gemv(dev, M, N, K):
+    """Fused W12N GEMV vs the fp32 GEMV of the decoded weights; row 0 of M rows equals the M=1 product bitwise."""
+    import torch
+
+    from bench.common import rel_err
+    from specpilot.ops.w12n_gemv.reference import w12n_gemv_ref
+    from specpilot.ops.w12n_gemv.triton import w12n_gemv
+
+    x, t = _w12n_problem(dev, M, N, K)
+    res = {**rel_err(w12n_gemv(x, t).float(), w12n_gemv_ref(x, t).float()), "tol": 1e-2}
+    if M > 1:
+        res["batch_invariant"] = bool(torch.equal(w12n_gemv(x[:1], t), w12n_gemv(x, t)[:1]))
+    return res
+
+
+def check_fp8_gemv(dev, M, N, K):
+    from bench.common import rel_err
+    from specpilot.ops.w12n_gemv.reference import fp8_gemv_ref
+    from specpilot.ops.w12n_gemv.triton import fp8_gemv
+
+    x, t = _w12n_problem(dev, M, N, K)
+    return {**rel_err(fp8_gemv(x, t).float(), fp8_gemv_ref(x, t).float()), "tol": 1e-2}
+
+
+def checks(device: str):
+    """[(name, family, fn, kwargs)] in run order: real head sizes on a GPU, tiny ones on the CPU (dry run)."""
+    import torch
+
+    out = []
+    if device == "cuda":
+        bf = torch.bfloat16
+        attn = [("qwen3-8b.tree", dict(B=2, H=32, KVH=8, D=128, prefixes=[517, 3], lens=[9, 5], kind="tree")),
+                ("qwen3-8b.causal-ctx4096", dict(B=2, H=32, KVH=8, D=128, prefixes=[4096, 31], lens=[8, 8],
+                                                 kind="causal")),
+                ("qwen3-8b.tree256-ctx4096", dict(B=1, H=32, KVH=8, D=128, prefixes=[4096], lens=[256], kind="tree")),
+                ("qwen3.5-27b.tree", dict(B=2, H=24, KVH=4, D=256, prefixes=[512, 7], lens=[33, 12], kind="tree")),
+                ("qwen3.5-27b.causal", dict(B=1, H=24, KVH=4, D=256, prefixes=[600], lens=[8], kind="causal")),
+                # a prompt's prefill through the op (runners with block_attention=tree prefill with it too)
+                ("qwen3-8b.prefill300", dict(B=1, H=32, KVH=8, D=128, prefixes=[0], lens=[300], kind="causal")),
+                ("qwen3.5-27b.prefill200", dict(B=1, H=24, KVH=4, D=256, prefixes=[0], lens=[200], kind="causal"))]
+        gdn = [(f"qwen3.5-27b.T{T}", dict(B=2, T=T, H=16, HV=48, K=128, V=128)) for T in (1, 8, 33, 64)]
+        rope = [("qwen3-8b.b8", dict(B=8, H=32, KVH=8, D=128, R=128, zero_centered=False, gate=False)),
+                ("qwen3.5-27b.b1-gated", dict(B=1, H=24, KVH=4, D=256, R=64, zero_centered=True, gate=True))]
+        gemv = [(f"M{m}", dict(M=m, N=2053, K=5120)) for m in (1, 8, 16)]
+    else:
+        bf = torch.float32
+        attn = [("tiny.tree", dict(B=2, H=4, KVH=2, D=16, prefixes=[19, 0], lens=[7, 3], kind="tree")),
+                ("tiny.causal", dict(B=1, H=6, KVH=2, D=32, prefixes=[21], lens=[5], kind="causal"))]
+        gdn = [(f"tiny.T{T}", dict(B=2, T=T, H=2, HV=4, K=16, V=16)) for T in (1, 9)]
+        rope = [("tiny.b3", dict(B=3, H=4, KVH=2, D=16, R=16, zero_centered=False, gate=False)),
+                ("tiny.b1-gated", dict(B=1, H=4, KVH=2, D=32, R=8, zero_centered=True, gate=True))]
+        gemv = [(f"M{m}", dict(M=m, N=24, K=1000)) for m in (1, 3)]
+    for name, kw in rope:  # first: every AR baseline's decode step runs it
+        out.append((f"qk_norm_rope_store.{name}", "qk_norm_rope_store", check_qk_norm_rope_store, dict(dtype=bf, **kw)))
+    for name, kw in attn:
+        out.append((f"tree_attention.{name}", "tree_attention", check_tree_attention, dict(dtype=bf, **kw)))
+    for name, kw in gdn:
+        out.append((f"gdn_tree.{name}", "gdn_tree", check_gdn_tree, dict(dtype=bf, **kw)))
+    for name, kw in gemv:
+        out.append((f"w12n_gemv.{name}", "w12n_gemv", check_w12n_gemv, kw))
+        if kw["M"] in (1, 16, 3):
+            out.append((f"fp8_gemv.{name}", "fp8_gemv", check_fp8_gemv, kw))
+    return out
+
+
+# ------------------------------------------------------------------------------------- child and parent
+def child(args) -> int:
+    """Runs the checks from index args.start on, one JSON line per event into args.jsonl."""
+    import torch
+
+    from bench.common import cuda_alive, run_record
+
+    def emit(obj):
+        with open(args.jsonl, "a") as f:
+            f.write(json.dumps(obj, default=str) + "\n")
+
+    todo = checks(args.device)
+    if args.start == 0:
+        emit({"record": run_record(args.device, args.commit), "total": len(todo)})
+    for i, (name, family, fn, kw) in enumerate(todo):
+        if i < args.start:
+            continue
+        emit({"start": i, "name": name})
+        if os.environ.get("KERNEL_CHECK_SIMULATE_CRASH") == name:  # tests the parent's recovery on a dry run
+            os._exit(134)
+        t0 = time.perf_counter()
+        try:
+            res = fn(args.device, **kw)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            bad = res["nan"] or not res["rel_rms_err"] <= res["tol"] or res.get("batch_invariant") is False
+            res["status"] = "mismatch" if bad else "ok"
+        except Exception as e:  # noqa: BLE001 - recorded, then the next check
+            import traceback
+
+            res = {"status": "error", "error": f"{type(e).__name__}: {e}"[:2000],
+                   "traceback": traceback.format_exc()[-3000:]}
+            if not cuda_alive():
+                res["status"] = "crash"
+        res.update(name=name, family=family, seconds=round(time.perf_counter() - t0, 2))
+        emit({"done": i, "result": res})
+        print(f"{name:40} {res['status']:8} rel_rms_err={res.get('rel_rms_err', float('nan')):.3e} "
+              f"({res['seconds']:.1f}s) {res.get('error', '')[:200]}", flush=True)
+        if res["status"] == "crash":
+            return 3  # a dead context: the parent starts a fresh child at the next check
+    return 0
+
+
+def parent(args) -> int:
+    from bench.common import write_json
+
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="kernel_check_", suffix=".jsonl")  # never in the output directory
+    os.close(fd)
+    jsonl = Path(name)
+    report = {"record": None, "checks": {}, "kernels": {}}
+    start, total = 0, 0
+    try:
+        while True:
+            cmd = [sys.executable, __file__, "--child", "--jsonl", str(jsonl), "--start", str(start),
+                   "--device", args.device] + (["--commit", args.commit] if args.commit else [])
+            proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+            sys.stderr.write(proc.stderr[-20000:])
+            started, done = None, set()
+            for line in jsonl.read_text().splitlines() if jsonl.exists() else []:
+                ev = json.loads(line)
+                if "record" in ev:
+                    report["record"], total = ev["record"], ev["total"]
+                    report["record"]["command"] = "PYTHONPATH=. python3 " + " ".join(sys.argv)
+                elif "start" in ev:
+                    started = (ev["start"], ev["name"])
+                elif "done" in ev:
+                    report["checks"][ev["result"]["name"]] = ev["result"]
+                    done.add(ev["done"])
+            if started is not None and started[0] not in done:  # the child died inside this check
+                name = started[1]
+                report["checks"][name] = {"name": name, "family": name.split(".")[0], "status": "crash",
+                                          "error": f"child process died (exit {proc.returncode}): "
+                                                   f"{proc.stderr.strip()[-1500:]}"}
+            _summarize(report)
+            write_json(args.out, report)
+            last = max(list(done) + ([started[0]] if started else []), default=-1)
+            if proc.returncode == 0 or last < start or last + 1 >= total:
+                break  # all done, no progress (the child died before its first check), or nothing left
+            start = last + 1
+    finally:
+        jsonl.unlink(missing_ok=True)
+    print(json.dumps(report["kernels"], indent=1))
+    return 0
+
+
+def _summarize(report: dict) -> None:
+    """Per kernel family: the worst status of its checks and the largest error."""
+    fam = {}
+    for res in report["checks"].values():
+        f = fam.setdefault(res["family"], {"status": "ok", "max_rel_rms_err": 0.0, "checks": 0})
+        f["checks"] += 1
+        if STATUS_RANK[res["status"]] > STATUS_RANK[f["status"]]:
+            f["status"] = res["status"]
+            if "error" in res:
+                f["error"] = res["error"][:500]
+        if "rel_rms_err" in res:
+            f["max_rel_rms_err"] = max(f["max_rel_rms_err"], res["rel_rms_err"])
+    report["kernels"] = fam
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", help="JSON report path")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--commit", default=None)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--jsonl", help=argparse.SUPPRESS)
+    p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # children inherit it: Triton on CPU tensors
+    if args.child:
+        return child(args)
+    if not args.out:
+        p.error("--out is required")
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
