@@ -27,6 +27,9 @@ def add_parsers(sub) -> None:
     td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
     td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
     td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
+    td.add_argument("--rollouts", type=int, default=0,
+                    help="dflash/eagle3: train on N greedy rollouts of the target (self-distillation) instead of "
+                         "the corpus text")
     td.add_argument("--draft-vocab-size", type=int, default=None,
                     help="eagle3: the head's vocabulary (the corpus's most frequent tokens); default: all")
     _add_lm_flags(td, tokenizer=False)
@@ -100,12 +103,13 @@ def cmd_train_drafter(args) -> int:
     if args.kind == "eagle3":
         from specpilot.train.eagle3 import train_eagle3
 
-        report = train_eagle3(corpus, args.target, args.out, _train_config(args), args.draft_vocab_size, console=err)
+        report = train_eagle3(corpus, args.target, args.out, _train_config(args), args.draft_vocab_size,
+                              args.rollouts, console=err)
     elif args.kind == "dflash":
         from specpilot.train.dflash import train_dflash
 
         report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,
-                              console=err)
+                              rollouts=args.rollouts, console=err)
     else:
         report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))

@@ -79,7 +79,9 @@ def position_weights(block: int, gamma: float, device) -> torch.Tensor:
 
 
 def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
-                 num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, console=None) -> dict:
+                 num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, rollouts: int = 0, console=None) -> dict:
+    """rollouts > 0: train on that many greedy rollouts of the target (self-distillation data) instead of the
+    corpus text itself."""
     out = Path(out)
     device = train_device(cfg)
     tokenizer = load_tokenizer(str(target_dir))
@@ -95,6 +97,8 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     _init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     train_ids, held_ids = corpus_tokens(corpus, tokenizer)
+    if rollouts:
+        train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg)
     weights = position_weights(block, gamma, device)
     step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device)
     loss, t0 = float("nan"), time.perf_counter()
@@ -115,7 +119,7 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
-              "corpus_files_hash": corpus.files_hash, "parameters": sum(p.numel() for p in model.parameters())}
+              "corpus_files_hash": corpus.files_hash, "rollouts": rollouts, "parameters": sum(p.numel() for p in model.parameters())}
     save_dflash(model, target.config, layers, block, mask_id, out, report, cfg.save_dtype)
     return report
 
@@ -149,6 +153,16 @@ def _features(target, tokens, layers) -> tuple[torch.Tensor, torch.Tensor]:
                                     torch.arange(B, device=tokens.device), 0)
     hidden, captured = target(meta, cache, tuple(layers))
     return torch.cat(captured, dim=-1), target.logits(hidden).argmax(-1)
+
+
+def _rollouts(target, target_dir, train_ids, held_ids, count: int, cfg: TrainConfig):
+    """(train, held-out) streams of the target's own greedy rollouts, prompted from the corpus's two splits."""
+    from specpilot.train.rollouts import rollout_stream
+
+    prompt = max(1, min(32, cfg.seq_len // 4))
+    held = max(4, min(64, count // 16))
+    return (rollout_stream(target, target_dir, train_ids, count, cfg.seq_len, prompt, seed=cfg.seed),
+            rollout_stream(target, target_dir, held_ids, held, cfg.seq_len, prompt, seed=cfg.seed + 1))
 
 
 def _init(model: DFlashModel) -> None:

@@ -20,7 +20,7 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
 from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
 from specpilot.train.corpus import Corpus
-from specpilot.train.dflash import _features
+from specpilot.train.dflash import _features, _rollouts
 from specpilot.train.lm import TrainConfig, batch_at, lr_at, train_device
 from specpilot.train.tokens import corpus_tokens
 
@@ -48,13 +48,17 @@ def draft_vocabulary(tokens: torch.Tensor, vocab: int, size: int) -> torch.Tenso
 
 
 def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig,
-                 draft_vocab_size: int | None = None, console=None) -> dict:
+                 draft_vocab_size: int | None = None, rollouts: int = 0, console=None) -> dict:
+    """rollouts > 0: train on that many greedy rollouts of the target instead of the corpus text (the draft
+    vocabulary then comes from the rollouts too: the tokens the target emits)."""
     out = Path(out)
     device = train_device(cfg)
     tokenizer = load_tokenizer(str(target_dir))
     target = load_model(str(target_dir), device, "float32").requires_grad_(False)
     tcfg = target.config
     train_ids, held_ids = corpus_tokens(corpus, tokenizer)
+    if rollouts:
+        train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg)
     selected = draft_vocabulary(train_ids, tcfg.vocab_size, draft_vocab_size or min(32000, tcfg.vocab_size)).to(device)
     taps = tap_inputs(tcfg.num_hidden_layers)
     raw = head_raw_config(tcfg, selected.numel(), taps)
@@ -83,7 +87,7 @@ def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
                 for i in range(cfg.eval_batches)]
     report = {"kind": "eagle3", "draft_vocab_size": selected.numel(), "taps_input_of_layers": list(taps),
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
-              "held_out_top1_accuracy": sum(h[1] for h in held) / len(held), "training_time_test": False,
+              "held_out_top1_accuracy": sum(h[1] for h in held) / len(held), "training_time_test": False, "rollouts": rollouts,
               "corpus_files_hash": corpus.files_hash}
     save_eagle3(head, raw, out, report, cfg.save_dtype)
     return report

@@ -4,7 +4,8 @@ The recipe is data (ZOO_RECIPE): a tokenizer, a dense and a hybrid target, a DFl
 for each, and one draft LM (both targets share the tokenizer, so one draft LM serves both). Jobs of a stage
 are independent and run as parallel `specpilot train` processes (tiny models leave a GPU mostly idle); each
 writes a log. The corpus is tokenized once, before the first model stage, into the token cache every job reads.
-Finally every model is written W12N (lossless) into the output directory with a zoo.json summary.
+Finally every model is written W12N (lossless) into the output directory with a zoo.json summary. A job whose
+model already sits in the work directory is skipped, so a zoo can be rebuilt from an earlier one's targets.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ ZOO_RECIPE: tuple[tuple[Job, ...], ...] = (
                     "--seq-len", "512", "--lr", "2e-3", "--warmup", "200"), 2500),
      Job("draft-lm", ("drafter", "--kind", "draft-lm", "--target", "{work}/tokenizer", "--batch-size", "32",
                       "--seq-len", "512", "--lr", "3e-3", "--warmup", "200"), 2000)),
+    # drafters learn from 8192 greedy rollouts of their target (4M tokens of what the target actually emits)
     tuple(Job(f"{t}-{kind}", ("drafter", "--kind", kind, "--target", f"{{work}}/{t}", "--batch-size", "16",
-                               "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", *extra), 2000)
+                               "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", "--rollouts", "8192", *extra),
+              steps)
           for t in ("dense", "hybrid")
-          for kind, extra in (("dflash", ("--block-size", "8", "--draft-layers", "2")),
-                              ("eagle3", ("--draft-vocab-size", "2048")))),
+          for kind, steps, extra in (("dflash", 3000, ("--block-size", "8", "--draft-layers", "2")),
+                                     ("eagle3", 2000, ("--draft-vocab-size", "2048")))),
 )
 VOCAB_SIZE = 4096
 ZOO_MAX_FILES = 12000  # ~150 MB of code: about one epoch for the targets' 49M training tokens
@@ -118,7 +121,7 @@ def _run_all(todo: list[tuple[str, tuple[str, ...]]], work: Path, jobs: int, con
 
 
 def _write_zoo(work: Path, out: Path, seconds: float) -> dict:
-    from specpilot.weights.compress import compress, totals
+    from specpilot.weights.compress import compress, inspect, totals
 
     names = [j.name for stage in ZOO_RECIPE for j in stage]
     tmp = out.with_name(f".{out.name}.tmp")
@@ -126,7 +129,11 @@ def _write_zoo(work: Path, out: Path, seconds: float) -> dict:
     tmp.mkdir(parents=True)
     models = {}
     for name in names:
-        reports = compress(str(work / name), tmp / name)
+        if (work / name / "w12n.json").exists():  # a model carried over from an earlier zoo: already W12N
+            shutil.copytree(work / name, tmp / name)
+            reports = inspect(str(tmp / name))
+        else:
+            reports = compress(str(work / name), tmp / name)
         training = json.loads((work / name / "training.json").read_text())
         size = sum(f.stat().st_size for f in (tmp / name).iterdir())
         models[name] = {"bytes": size, "parameters": totals(reports)["parameters"],

@@ -11,9 +11,14 @@ from specpilot.train import zoo
 
 def _tiny(job: zoo.Job) -> zoo.Job:
     args = list(job.args)
-    for flag, value in (("--batch-size", "2"), ("--seq-len", "32"), ("--warmup", "1")):
-        args[args.index(flag) + 1] = value
+    for flag, value in (("--batch-size", "2"), ("--seq-len", "32"), ("--warmup", "1"), ("--rollouts", "4")):
+        if flag in args:
+            args[args.index(flag) + 1] = value
     return zoo.Job(job.name, tuple(args) + ("--eval-batches", "1", "--save-every", "1000"), 2)
+
+
+def _tiny_recipe():
+    return tuple(tuple(_tiny(j) for j in stage) for stage in zoo.ZOO_RECIPE)
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +28,17 @@ def tiny_zoo(tmp_path_factory):
         (corpus / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" * 4)
     out = tmp_path_factory.mktemp("z") / "zoo"
     mp = pytest.MonkeyPatch()
-    mp.setattr(zoo, "ZOO_RECIPE", tuple(tuple(_tiny(j) for j in stage) for stage in zoo.ZOO_RECIPE))
+    mp.setattr(zoo, "ZOO_RECIPE", _tiny_recipe())
     mp.setattr(zoo, "VOCAB_SIZE", 300)
     try:
         summary = zoo.build_zoo(out, corpus=str(corpus), max_files=None, device="cpu", jobs=4)
     finally:
         mp.undo()
-    return out, summary
+    return out, summary, corpus
 
 
 def test_zoo_holds_every_model_in_w12n(tiny_zoo):
-    out, summary = tiny_zoo
+    out, summary, _ = tiny_zoo
     names = {"dense", "hybrid", "draft-lm", "dense-dflash", "dense-eagle3", "hybrid-dflash", "hybrid-eagle3"}
     assert set(summary["models"]) == names
     assert json.loads((out / "zoo.json").read_text())["total_bytes"] == summary["total_bytes"]
@@ -43,7 +48,7 @@ def test_zoo_holds_every_model_in_w12n(tiny_zoo):
 
 
 def test_demo_runs_on_the_zoo(tiny_zoo, monkeypatch, capsys):
-    out, _ = tiny_zoo
+    out, _, _ = tiny_zoo
     monkeypatch.setenv("SPECPILOT_ZOO", str(out))
     for model, drafter in (("hybrid", "dflash"), ("dense", "eagle3")):
         rc = main(["demo", "--model", model, "--drafter", drafter, "--max-new-tokens", "10", "--json"])
@@ -54,3 +59,22 @@ def test_demo_runs_on_the_zoo(tiny_zoo, monkeypatch, capsys):
 def test_an_existing_output_is_refused(tiny_zoo):
     with pytest.raises(FileExistsError):
         zoo.build_zoo(tiny_zoo[0])
+
+
+def test_a_zoo_rebuilds_drafters_on_an_earlier_zoos_targets(tiny_zoo, tmp_path, monkeypatch):
+    import shutil
+
+    old, _, corpus = tiny_zoo
+    work = tmp_path / "work"
+    for name in ("dense", "hybrid", "draft-lm"):
+        shutil.copytree(old / name, work / name)
+    (work / "tokenizer").mkdir()
+    for f in (old / "dense").glob("tokenizer*"):
+        shutil.copy2(f, work / "tokenizer" / f.name)
+    monkeypatch.setattr(zoo, "ZOO_RECIPE", _tiny_recipe())
+    monkeypatch.setattr(zoo, "VOCAB_SIZE", 300)
+    summary = zoo.build_zoo(tmp_path / "zoo", work, corpus=str(corpus), max_files=None, device="cpu", jobs=4)
+    for name in ("dense", "hybrid", "draft-lm"):  # carried over untouched
+        new, before = tmp_path / "zoo" / name / "model.safetensors", old / name / "model.safetensors"
+        assert new.read_bytes() == before.read_bytes()
+    assert summary["models"]["dense-dflash"]["training"]["rollouts"] == 4
