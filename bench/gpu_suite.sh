@@ -19,7 +19,8 @@
 # the next step runs. The bench plots go to /tmp (OUTDIR may hold 8 files).
 #
 # Environment: SUITE_DRY=1 runs every step on the CPU on tiny shapes (a check of the scripts, minutes);
-# SUITE_DATA_DIR (default .data/prompts) holds the prompt sets; SUITE_BUDGET_S scales all caps.
+# SUITE_DATA_DIR (default .data/prompts) holds the prompt sets; SUITE_BUDGET_S scales all caps; SUITE_ONLY="a b"
+# runs only the named steps (their caps only count), e.g. to split the suite over two calls.
 
 OUT=${1:?usage: bash bench/gpu_suite.sh OUTDIR COMMIT}
 COMMIT=${2:?usage: bash bench/gpu_suite.sh OUTDIR COMMIT}
@@ -38,7 +39,7 @@ if [ ! -f "$DATA/eagle/gsm8k_question.jsonl" ]; then  # the bench's gsm8k set: t
 fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export SPECPILOT_COMMIT="$COMMIT"
-export SPECPILOT_KERNEL_CHECK="$OUT/kernel_check_h200.json"
+export SPECPILOT_KERNEL_CHECK="${SUITE_KERNEL_CHECK:-$OUT/kernel_check_h200.json}"  # an earlier call's verdicts
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
     export TRITON_INTERPRET=1
@@ -53,6 +54,10 @@ DEADLINE=0
 step() {
     local name=$1 cap=$(( $2 * BUDGET / 540 ))
     shift 2
+    if [ -n "${SUITE_ONLY:-}" ] && [[ " $SUITE_ONLY " != *" $name "* ]]; then
+        log "SKIP $name: not in SUITE_ONLY"
+        return
+    fi
     DEADLINE=$(( DEADLINE + cap ))
     local left=$(( DEADLINE - (SECONDS - START) ))
     if [ "$left" -lt 15 ]; then

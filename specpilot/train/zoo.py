@@ -35,13 +35,13 @@ ZOO_RECIPE: tuple[tuple[Job, ...], ...] = (
                     "--seq-len", "512", "--lr", "2e-3", "--warmup", "200"), 2500),
      Job("draft-lm", ("drafter", "--kind", "draft-lm", "--target", "{work}/tokenizer", "--batch-size", "32",
                       "--seq-len", "512", "--lr", "3e-3", "--warmup", "200"), 2000)),
-    # drafters learn from 8192 greedy rollouts of their target (4M tokens of what the target actually emits)
+    # drafters learn from 2560 greedy rollouts of their target (1.3M tokens of what the target actually emits)
     tuple(Job(f"{t}-{kind}", ("drafter", "--kind", kind, "--target", f"{{work}}/{t}", "--batch-size", "16",
-                               "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", "--rollouts", "8192", *extra),
+                               "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", "--rollouts", "2560", *extra),
               steps)
           for t in ("dense", "hybrid")
-          for kind, steps, extra in (("dflash", 3000, ("--block-size", "8", "--draft-layers", "2")),
-                                     ("eagle3", 2000, ("--draft-vocab-size", "2048")))),
+          for kind, steps, extra in (("dflash", 2000, ("--block-size", "8", "--draft-layers", "2")),
+                                     ("eagle3", 1500, ("--draft-vocab-size", "2048")))),
 )
 VOCAB_SIZE = 4096
 ZOO_MAX_FILES = 12000  # ~150 MB of code: about one epoch for the targets' 49M training tokens
