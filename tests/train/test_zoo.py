@@ -77,4 +77,4 @@ def test_a_zoo_rebuilds_drafters_on_an_earlier_zoos_targets(tiny_zoo, tmp_path, 
     for name in ("dense", "hybrid", "draft-lm"):  # carried over untouched
         new, before = tmp_path / "zoo" / name / "model.safetensors", old / name / "model.safetensors"
         assert new.read_bytes() == before.read_bytes()
-    assert summary["models"]["dense-dflash"]["training"]["rollouts"] == 4
+    assert summary["models"]["dense-dflash"]["training"]["steps"] == 2
