@@ -48,6 +48,19 @@ def test_profiles_match_their_published_tau():
         AcceptanceProfile.load("nope")
 
 
+def test_zoo_profiles_reproduce_the_measured_tau():
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).parents[2] / "bench/results/zoo_acceptance.json").read_text())["rows"]
+    chains = [r for r in rows if r["tree"] == "chain:7"]
+    assert chains
+    for r in chains:
+        name = r["drafter"] if r["drafter"].startswith(r["target"]) else f"{r['target']}-{r['drafter']}"
+        # the bonus token of a request's last step may be cut by max_new_tokens: a little below the expectation
+        assert AcceptanceProfile.load(f"zoo-{name}").expected_chain_tau(7) == pytest.approx(r["tau"], abs=0.05)
+
+
 def test_config_parsing():
     cfg = BenchConfig.parse("w=tree:dynamic:4,5,16;weight_format:w12n;decode_gemv:false", "chain:7")
     assert cfg.tree == "dynamic:4,5,16" and dict(cfg.engine) == {"weight_format": "w12n", "decode_gemv": False}
