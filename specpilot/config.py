@@ -212,6 +212,9 @@ class EngineConfig:
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
     verify_graphs: bool = False  # capture the verify forward per (batch, tree width) (GPU; needs block_attention=tree)
+    # hybrid targets, chains: "fold" verifies a chain as a tree and folds the kept prefix into the state (no second
+    # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
+    hybrid_chain_commit: str = "fold"
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):
@@ -225,5 +228,7 @@ class EngineConfig:
         if self.verify_graphs and self.block_attention != "tree":
             raise ValueError("EngineConfig.verify_graphs needs block_attention='tree' (the SDPA path slices the "
                              "prefix by a host-side length, which a captured graph cannot follow)")
+        if self.hybrid_chain_commit not in ("fold", "replay"):
+            raise ValueError(f"EngineConfig.hybrid_chain_commit={self.hybrid_chain_commit!r}: use 'fold' or 'replay'")
         if self.max_batch_size < 1:
             raise ValueError(f"EngineConfig.max_batch_size={self.max_batch_size}: must be >= 1")

@@ -137,9 +137,11 @@ class SpecEngine:
         """One target forward over all trees -> greedy tokens [B, T] (device); keeps the drafter's features."""
         # with captured verify graphs every step has the tree spec's full width (one graph per batch size)
         width = self.tree.max_tree_nodes if self.runner.use_verify_graphs else None
-        meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device, width)
         hybrid = self.runner.config.is_hybrid
-        # chains update recurrent state in place (snapshot to roll back); trees leave it and stash their terms
+        meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device, width,
+                             chains_as_trees=hybrid and self.runner.fold_hybrid_chains)
+        # replayed chains update recurrent state in place (snapshot to roll back); trees (and folded chains) leave
+        # it and stash their terms
         self._snapshot = self.runner.cache.snapshot(meta.slots) if hybrid and meta.block_mask is None else None
         self._tree_commit = hybrid and meta.block_mask is not None
         self._width = meta.input_ids.shape[1]

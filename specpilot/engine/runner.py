@@ -29,6 +29,7 @@ class ModelRunner:
         self.block_kernel = engine.block_attention == "tree"
         self.weight_format = engine.weight_format
         self.use_verify_graphs = engine.verify_graphs and on_gpu
+        self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
         self.verify_graphs: dict[tuple, VerifyGraph] = {}
         if engine.weight_format == "w12n":
             if self.dtype != torch.bfloat16:

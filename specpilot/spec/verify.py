@@ -26,7 +26,7 @@ class Acceptance:
 
 
 def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int], device,
-                  width: int | None = None) -> BatchMetadata:
+                  width: int | None = None, chains_as_trees: bool = False) -> BatchMetadata:
     """The verify block of a batch: nodes stored right after each request's committed prefix, RoPE positions by
     depth, the ancestor mask; smaller trees are padded (to `width` if given: a captured graph's fixed size) with
     nodes that see only themselves."""
@@ -47,7 +47,7 @@ def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int
     # chains need no mask: causal order is their ancestor order, and padding after a chain is seen by no real
     # node (this is also what lets recurrent layers, which take no mask, verify chains)
     all_chains = all(t.parents == tuple(range(-1, t.num_nodes - 1)) for t in trees)
-    if all_chains:
+    if all_chains and not chains_as_trees:
         mask = parents = None
     else:
         mask, parents = mask.to(device), parents.to(device)

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specpilot.config import EngineConfig
 from specpilot.engine.cache import ModelCache
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
@@ -57,11 +58,13 @@ def test_speculative_equals_autoregressive_dense(drafter, tree, checkpoint_facto
         assert all(s.tau > TreeSpec.parse(tree).depth * 0.7 for _, s in out)
 
 
+@pytest.mark.parametrize("commit", ["fold", "replay"])
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
-def test_speculative_equals_autoregressive_hybrid_chain(drafter, checkpoint_factory):
+def test_speculative_equals_autoregressive_hybrid_chain(drafter, commit, checkpoint_factory):
     target, draft = _models(checkpoint_factory, "qwen3_5")
     prompts = _prompts()
-    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse("chain:3"))
+    runner = ModelRunner(target, EngineConfig(hybrid_chain_commit=commit))
+    engine = SpecEngine(runner, DRAFTERS[drafter](target, draft), TreeSpec.parse("chain:3"))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
 
