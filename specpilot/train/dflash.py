@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -24,7 +23,8 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
 from specpilot.spec.drafters.dflash import DFlashModel, default_target_layers
 from specpilot.train.corpus import Corpus
-from specpilot.train.lm import TrainConfig, batch_at, lr_at, train_device
+from specpilot.train.lm import TrainConfig, batch_at, train_device
+from specpilot.train.loop import optimize
 from specpilot.train.tokens import corpus_tokens
 
 
@@ -101,19 +101,8 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
         train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg)
     weights = position_weights(block, gamma, device)
     step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device)
-    loss, t0 = float("nan"), time.perf_counter()
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss_t, _ = step_fn(train_ids, step, cfg.seed)
-        opt.zero_grad(set_to_none=True)
-        loss_t.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss = float(loss_t.detach())
-        if console is not None and (step + 1) % max(1, cfg.steps // 20) == 0:
-            rate = (step + 1) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t0)
-            console.print(f"step {step + 1}/{cfg.steps} loss {loss:.3f} {rate:,.0f} tok/s")
+    loss = optimize(model.parameters(), opt, lambda step: step_fn(train_ids, step, cfg.seed)[0], cfg, console,
+                    "dflash")
     with torch.no_grad():
         held = [step_fn(held_ids, i, 12345) for i in range(cfg.eval_batches)]
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),

@@ -21,7 +21,8 @@ from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_d
 from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
 from specpilot.train.corpus import Corpus
 from specpilot.train.dflash import _features, _rollouts
-from specpilot.train.lm import TrainConfig, batch_at, lr_at, train_device
+from specpilot.train.lm import TrainConfig, batch_at, train_device
+from specpilot.train.loop import optimize
 from specpilot.train.tokens import corpus_tokens
 
 
@@ -70,18 +71,8 @@ def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     to_draft[selected] = torch.arange(selected.numel(), device=device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    loss = float("nan")
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss_t, _ = _loss(drafter, target, train_ids, step, cfg.seed, cfg, to_draft, device, train=True)
-        opt.zero_grad(set_to_none=True)
-        loss_t.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        loss = float(loss_t.detach())
-        if console is not None and (step + 1) % max(1, cfg.steps // 20) == 0:
-            console.print(f"step {step + 1}/{cfg.steps} loss {loss:.3f}")
+    loss = optimize(params, opt, lambda step: _loss(drafter, target, train_ids, step, cfg.seed, cfg, to_draft, device,
+                                                  train=True)[0], cfg, console, "eagle3")
     with torch.no_grad():
         held = [_loss(drafter, target, held_ids, i, 12345, cfg, to_draft, device, train=False)
                 for i in range(cfg.eval_batches)]

@@ -10,9 +10,7 @@ hold the model (safetensors), the AdamW moments (safetensors) and the step; noth
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specpilot.train.corpus import Corpus
+from specpilot.train.loop import optimize
 from specpilot.train.tokens import corpus_tokens
 
 PRESETS = {
@@ -77,13 +76,6 @@ def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, seq_le
     return torch.stack([tokens[s:s + seq_len] for s in starts.tolist()])
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
-
-
 def train_lm(corpus: Corpus, tokenizer_dir: str | Path, out: str | Path, preset: str | dict, cfg: TrainConfig,
              resume: bool = False, console=None) -> dict:
     """Trains a model of `preset` on the corpus and writes a Hugging Face checkpoint (+ tokenizer) to `out`."""
@@ -125,29 +117,16 @@ def _build(preset, tokenizer, cfg: TrainConfig, device, checkpoint: Path | None)
 
 
 def _loop(model, opt, tokens, cfg: TrainConfig, device, start: int, out: Path, console) -> float:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    def step_loss(step: int) -> torch.Tensor:
+        batch = batch_at(tokens, step, cfg.seed, cfg.batch_size, cfg.seq_len).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            return model(input_ids=batch, labels=batch).loss
 
-    cols = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
-            TextColumn("{task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn())
-    loss_value, t0 = float("nan"), time.perf_counter()
-    with Progress(*cols, console=console, transient=False, disable=console is None) as bar:
-        task = bar.add_task("train", total=cfg.steps, completed=start, loss=float("nan"), tps=0.0)
-        for step in range(start, cfg.steps):
-            batch = batch_at(tokens, step, cfg.seed, cfg.batch_size, cfg.seq_len).to(device)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = model(input_ids=batch, labels=batch).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss_value = float(loss.detach())
-            rate = (step + 1 - start) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t0)
-            bar.update(task, advance=1, loss=loss_value, tps=rate)
-            if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-                save_checkpoint(model, opt, step + 1, out / "checkpoint")
-    return loss_value
+    def checkpoint(done: int) -> None:
+        if done % cfg.save_every == 0 and done < cfg.steps:
+            save_checkpoint(model, opt, done, out / "checkpoint")
+
+    return optimize(model.parameters(), opt, step_loss, cfg, console, "train", start, checkpoint)
 
 
 @torch.no_grad()
