@@ -104,12 +104,12 @@ def cmd_train_drafter(args) -> int:
         from specpilot.train.eagle3 import train_eagle3
 
         report = train_eagle3(corpus, args.target, args.out, _train_config(args), args.draft_vocab_size,
-                              args.rollouts, console=err)
+                              args.rollouts, args.resume, console=err)
     elif args.kind == "dflash":
         from specpilot.train.dflash import train_dflash
 
         report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,
-                              rollouts=args.rollouts, console=err)
+                              rollouts=args.rollouts, resume=args.resume, console=err)
     else:
         report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))

@@ -22,6 +22,7 @@ from specpilot.config import ModelConfig
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
 from specpilot.spec.drafters.dflash import DFlashModel, default_target_layers
+from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.lm import TrainConfig, batch_at, train_device
 from specpilot.train.loop import optimize
@@ -79,7 +80,8 @@ def position_weights(block: int, gamma: float, device) -> torch.Tensor:
 
 
 def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
-                 num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, rollouts: int = 0, console=None) -> dict:
+                 num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, rollouts: int = 0, resume: bool = False,
+                 console=None) -> dict:
     """rollouts > 0: train on that many greedy rollouts of the target (self-distillation data) instead of the
     corpus text itself."""
     out = Path(out)
@@ -101,8 +103,10 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
         train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg)
     weights = position_weights(block, gamma, device)
     step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device)
+    ckpt = out / "checkpoint"
+    start = checkpoint_io.load(model, opt, ckpt) if resume and checkpoint_io.exists(ckpt) else 0
     loss = optimize(model.parameters(), opt, lambda step: step_fn(train_ids, step, cfg.seed)[0], cfg, console,
-                    "dflash")
+                    "dflash", start, checkpoint_io.every(model, opt, ckpt, cfg.save_every, cfg.steps))
     with torch.no_grad():
         held = [step_fn(held_ids, i, 12345) for i in range(cfg.eval_batches)]
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
 from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
+from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.dflash import _features, _rollouts
 from specpilot.train.lm import TrainConfig, batch_at, train_device
@@ -49,7 +50,7 @@ def draft_vocabulary(tokens: torch.Tensor, vocab: int, size: int) -> torch.Tenso
 
 
 def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig,
-                 draft_vocab_size: int | None = None, rollouts: int = 0, console=None) -> dict:
+                 draft_vocab_size: int | None = None, rollouts: int = 0, resume: bool = False, console=None) -> dict:
     """rollouts > 0: train on that many greedy rollouts of the target instead of the corpus text (the draft
     vocabulary then comes from the rollouts too: the tokens the target emits)."""
     out = Path(out)
@@ -71,8 +72,11 @@ def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     to_draft[selected] = torch.arange(selected.numel(), device=device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    ckpt = out / "checkpoint"
+    start = checkpoint_io.load(head, opt, ckpt) if resume and checkpoint_io.exists(ckpt) else 0
     loss = optimize(params, opt, lambda step: _loss(drafter, target, train_ids, step, cfg.seed, cfg, to_draft, device,
-                                                  train=True)[0], cfg, console, "eagle3")
+                                                  train=True)[0], cfg, console, "eagle3", start,
+                    checkpoint_io.every(head, opt, ckpt, cfg.save_every, cfg.steps))
     with torch.no_grad():
         held = [_loss(drafter, target, held_ids, i, 12345, cfg, to_draft, device, train=False)
                 for i in range(cfg.eval_batches)]

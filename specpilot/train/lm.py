@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
+from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.loop import optimize
 from specpilot.train.tokens import corpus_tokens
@@ -102,17 +102,15 @@ def _build(preset, tokenizer, cfg: TrainConfig, device, checkpoint: Path | None)
     import transformers
 
     torch.manual_seed(cfg.seed)
-    if checkpoint is not None and (checkpoint / "trainer_state.json").exists():
+    resuming = checkpoint is not None and checkpoint_io.exists(checkpoint)
+    if resuming:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
-        start = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
     else:
         config = hf_config(preset, len(tokenizer), tokenizer.eos_token_id, cfg.seq_len)
         model = getattr(transformers, config.architectures[0])(config)
-        start = 0
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    if start:
-        _load_optimizer(opt, model, checkpoint / "optimizer.safetensors", start)
+    start = checkpoint_io.load(model, opt, checkpoint, weights=False) if resuming else 0
     return model, opt, start
 
 
@@ -122,11 +120,8 @@ def _loop(model, opt, tokens, cfg: TrainConfig, device, start: int, out: Path, c
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             return model(input_ids=batch, labels=batch).loss
 
-    def checkpoint(done: int) -> None:
-        if done % cfg.save_every == 0 and done < cfg.steps:
-            save_checkpoint(model, opt, done, out / "checkpoint")
-
-    return optimize(model.parameters(), opt, step_loss, cfg, console, "train", start, checkpoint)
+    hook = checkpoint_io.every(model, opt, out / "checkpoint", cfg.save_every, cfg.steps, model.save_pretrained)
+    return optimize(model.parameters(), opt, step_loss, cfg, console, "train", start, hook)
 
 
 @torch.no_grad()
@@ -140,32 +135,6 @@ def evaluate(model, tokens: torch.Tensor, cfg: TrainConfig, device) -> float:
             losses.append(float(model(input_ids=batch, labels=batch).loss))
     model.train()
     return sum(losses) / len(losses)
-
-
-def save_checkpoint(model, opt, step: int, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    names = {id(p): n for n, p in model.named_parameters()}
-    state = {}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key in st:
-                    state[f"{names[id(p)]}.{key}"] = st[key].detach().cpu().contiguous()
-    save_file(state, str(tmp / "optimizer.safetensors"))
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-
-
-def _load_optimizer(opt, model, file: Path, step: int) -> None:
-    state = load_file(str(file))
-    for name, p in model.named_parameters():
-        if f"{name}.exp_avg" in state:
-            opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": state[f"{name}.exp_avg"].to(p.device),
-                            "exp_avg_sq": state[f"{name}.exp_avg_sq"].to(p.device)}
 
 
 def _save_final(model, tokenizer_dir, out: Path, report: dict, save_dtype: str) -> None:

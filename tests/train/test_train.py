@@ -85,6 +85,45 @@ def test_resume_continues_exactly(corpus_dir, tokenizer_dir, tmp_path):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6, msg=n)
 
 
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_drafter_resume_continues_exactly(kind, corpus_dir, tokenizer_dir, tmp_path):
+    """A drafter run stopped at its step-6 checkpoint and resumed ends on the weights of the uninterrupted run."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from specpilot.train.dflash import train_dflash
+    from specpilot.train.eagle3 import train_eagle3
+
+    corpus = load_corpus(str(corpus_dir), held_out_percent=20)
+    train_lm(corpus, tokenizer_dir, tmp_path / "t", dict(TINY["dense"], num_hidden_layers=3),
+             TrainConfig(**{**CFG.__dict__, "steps": 20}))
+
+    def run(out, resume=False):
+        if kind == "dflash":
+            return train_dflash(corpus, tmp_path / "t", out, CFG, block=4, num_layers=1, resume=resume)
+        return train_eagle3(corpus, tmp_path / "t", out, CFG, draft_vocab_size=200, resume=resume)
+
+    run(tmp_path / "a")
+    assert (tmp_path / "a" / "checkpoint" / "trainer_state.json").exists()
+    shutil.copytree(tmp_path / "a" / "checkpoint", tmp_path / "b" / "checkpoint")
+    run(tmp_path / "b", resume=True)
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    # the same from a nudged checkpoint must end elsewhere: the run did start from the checkpoint, not from scratch
+    from safetensors.torch import save_file
+
+    shutil.copytree(tmp_path / "a" / "checkpoint", tmp_path / "c" / "checkpoint")
+    weights = load_file(str(tmp_path / "c" / "checkpoint" / "weights.safetensors"))
+    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()},
+              str(tmp_path / "c" / "checkpoint" / "weights.safetensors"))
+    run(tmp_path / "c", resume=True)
+    c = load_file(str(tmp_path / "c" / "model.safetensors"))
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
 def test_cli_train_tokenizer_and_draft_lm(corpus_dir, tmp_path, capsys):
     assert main(["train", "tokenizer", "--corpus", str(corpus_dir), "--out", str(tmp_path / "t"),
                  "--vocab-size", "280"]) == 0
