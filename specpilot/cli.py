@@ -22,8 +22,6 @@ from specpilot.models.loader import CheckpointError
 from specpilot.train import commands as train_commands
 from specpilot.weights import commands as weights_commands
 
-
-
 DEMO_PROMPT = 'def read_config(path):\n    """Read a JSON config file and return it as a dict."""\n'
 
 

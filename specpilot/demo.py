@@ -27,9 +27,9 @@ def zoo_pair(target: str, drafter: str) -> tuple[Path, str]:
     if root is None:
         raise FileNotFoundError(f"no trained zoo found (looked in ${ZOO_ENV} and the repository's zoo/); "
                                 "rebuild it with `specpilot train zoo --out zoo`")
-    name = {"draft-lm": "draft-lm"}.get(drafter, f"{target}-{drafter}")
     if drafter in ("ngram", "none"):
         return root / target, drafter
+    name = drafter if drafter == "draft-lm" else f"{target}-{drafter}"  # one draft LM serves both targets
     if not (root / name / "config.json").exists():
         raise FileNotFoundError(f"{root / name}: not in the zoo")
     return root / target, str(root / name)

@@ -112,7 +112,8 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
-              "corpus_files_hash": corpus.files_hash, "rollouts": rollouts, "parameters": sum(p.numel() for p in model.parameters())}
+              "corpus_files_hash": corpus.files_hash, "rollouts": rollouts,
+              "parameters": sum(p.numel() for p in model.parameters())}
     save_dflash(model, target.config, layers, block, mask_id, out, report, cfg.save_dtype)
     return report
 
@@ -176,7 +177,8 @@ def save_dflash(model: DFlashModel, target_cfg: ModelConfig, layers, block: int,
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    save_file({k: v.to(getattr(torch, save_dtype)).cpu() for k, v in unpacked_state_dict(model).items()}, str(out / "model.safetensors"),
+    dtype = getattr(torch, save_dtype)
+    save_file({k: v.to(dtype).cpu() for k, v in unpacked_state_dict(model).items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": cfg.vocab_size,
               "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,

@@ -2,8 +2,8 @@
 
 The head reads the outputs of three target layers (EAGLE-3's low / mid / high taps), fused by `fc`, paired with
 the embedding of the next token; at position p it learns the target's greedy token p+2 (self-distillation). The
-draft vocabulary is the corpus's most frequent target tokens (d2t / t2d maps). Training runs the drafter's own inference forward (causal over the
-block, a scratch cache per step), so train and serve cannot drift. This is step-0 teacher forcing only: the
+draft vocabulary is the corpus's most frequent target tokens (d2t / t2d maps). Training runs the drafter's own
+inference forward (causal over the block, a scratch cache per step), so train and serve cannot drift. This is step-0 teacher forcing only: the
 training-time test (unrolling on the head's own outputs) is not done yet, so deeper drafts are weaker than a
 full EAGLE-3 recipe would give. The result is a SafeAILab-layout directory (`LlamaForCausalLMEagle3`).
 """
@@ -82,7 +82,8 @@ def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
                 for i in range(cfg.eval_batches)]
     report = {"kind": "eagle3", "draft_vocab_size": selected.numel(), "taps_input_of_layers": list(taps),
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
-              "held_out_top1_accuracy": sum(h[1] for h in held) / len(held), "training_time_test": False, "rollouts": rollouts,
+              "held_out_top1_accuracy": sum(h[1] for h in held) / len(held), "training_time_test": False,
+              "rollouts": rollouts,
               "corpus_files_hash": corpus.files_hash}
     save_eagle3(head, raw, out, report, cfg.save_dtype)
     return report
@@ -124,7 +125,8 @@ def save_eagle3(head: Eagle3Head, raw: dict, out: Path, report: dict, save_dtype
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: (v if k in ("d2t", "t2d") else v.to(getattr(torch, save_dtype))).cpu() for k, v in unpacked_state_dict(head).items()}
+    dtype = getattr(torch, save_dtype)
+    state = {k: (v if k in ("d2t", "t2d") else v.to(dtype)).cpu() for k, v in unpacked_state_dict(head).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(raw, indent=1))
     (out / "training.json").write_text(json.dumps(report, indent=1))

@@ -136,8 +136,9 @@ def _write_zoo(work: Path, out: Path, seconds: float) -> dict:
             reports = compress(str(work / name), tmp / name)
         training = json.loads((work / name / "training.json").read_text())
         size = sum(f.stat().st_size for f in (tmp / name).iterdir())
-        models[name] = {"bytes": size, "parameters": totals(reports)["parameters"],
-                        "w12n_bits_per_weight": totals(reports)["w12n_bits_per_weight"], "training": training}
+        total = totals(reports)
+        models[name] = {"bytes": size, "parameters": total["parameters"],
+                        "w12n_bits_per_weight": total["w12n_bits_per_weight"], "training": training}
     summary = {"models": models, "total_bytes": sum(m["bytes"] for m in models.values()),
                "build_seconds": seconds, "vocab_size": VOCAB_SIZE}
     (tmp / "zoo.json").write_text(json.dumps(summary, indent=1))
