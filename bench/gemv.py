@@ -1,9 +1,13 @@
-"""Decode GEMV (M = 1) on every projection shape of Qwen3-8B and Qwen3.5-27B: cuBLAS vs our Triton kernel.
+"""Decode GEMV on every projection shape of Qwen3-8B and Qwen3.5-27B: cuBLAS vs our Triton kernels.
 
-Correctness first (each config against the fp32 reference), then the median time of each over weights
-rotated through more memory than the L2 holds, as achieved bandwidth against the measured copy bandwidth.
+M = 1 (default): the FMA GEMV's config sweep. --skinny: M = 2..16 rows (verify blocks, small decode batches),
+the tensor-core skinny kernel's config sweep, each M beside cuBLAS and beside our own M = 1 GEMV (the time a
+verify block of M tokens costs over one token). Correctness first (each config against the fp32 reference),
+then the median time of each over weights rotated through more memory than the L2 holds, as achieved
+bandwidth against the measured copy bandwidth.
 
     PYTHONPATH=. python3 bench/gemv.py --out bench/results/gemv_h200.json
+    PYTHONPATH=. python3 bench/gemv.py --skinny --out bench/results/gemv_skinny_h200.json
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import torch.nn.functional as F
 
 from bench.ar_decode import copy_bandwidth
 from specpilot.ops.gemv.reference import gemv_ref
-from specpilot.ops.gemv.triton import gemv
+from specpilot.ops.gemv.configs import gemv_config
+from specpilot.ops.gemv.triton import gemv, skinny
 
 SHAPES = {  # name -> (N, K)
     "8B.qkv": (6144, 4096), "8B.o_proj": (4096, 4096), "8B.gate_up": (24576, 4096), "8B.down": (4096, 12288),
@@ -30,6 +35,10 @@ SHAPES = {  # name -> (N, K)
     "27B.lm_head": (248320, 5120),
 }
 CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w) for bn, bk, w in itertools.product((4, 8, 16), (512, 1024), (4, 8))]
+SKINNY_CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+                  for bn, bk, w, st in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))
+                  if bn * bk <= 16384]
+SKINNY_ROWS = (4, 8, 16)
 
 
 def time_fn(fn, weights, x, calls: int = 24, reps: int = 10) -> float:
@@ -58,7 +67,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default="unknown")
+    p.add_argument("--skinny", action="store_true", help="M = 2..16: the skinny kernel's sweep")
     args = p.parse_args()
+    if args.skinny:
+        return skinny_sweep(args)
     bw = copy_bandwidth()
     out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "shapes": {}}
@@ -90,6 +102,45 @@ def main() -> None:
               f"triton {best[1] * 1e6:7.1f} us ({100 * row['best_fraction_of_copy_bw']:5.1f}%) {best[0]}", flush=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
+
+
+def skinny_sweep(args) -> None:
+    bw = copy_bandwidth()
+    out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": " ".join(sys.argv),
+           "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "rows": SKINNY_ROWS, "shapes": {}}
+    for name, (N, K) in SHAPES.items():
+        nbytes = N * K * 2
+        copies = max(2, (512 << 20) // nbytes + 1)
+        weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        bn, bk, nw = gemv_config(N, K)
+        x1 = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        row = {"N": N, "K": K, "bytes": nbytes,
+               "gemv_m1_s": time_fn(lambda a, w: gemv(a, w, block_n=bn, block_k=bk, num_warps=nw), weights, x1)}
+        for m in SKINNY_ROWS:
+            x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+            ref = gemv_ref(x, weights[0]).float()
+            r = {"cublas_s": time_fn(lambda a, w: F.linear(a, w), weights, x), "configs": []}
+            best = None
+            for cfg in SKINNY_CONFIGS:
+                y = skinny(x, weights[0], **cfg).float()
+                err = ((y - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, f"{name} M={m} {cfg}: relative error {err}"
+                t = time_fn(lambda a, w: skinny(a, w, **cfg), weights, x)
+                r["configs"].append({**cfg, "s": t, "rel_err": err})
+                if best is None or t < best[1]:
+                    best = (cfg, t)
+            r["best"] = {**best[0], "s": best[1]}
+            r["speedup_vs_cublas"] = r["cublas_s"] / best[1]
+            r["vs_gemv_m1"] = best[1] / row["gemv_m1_s"]
+            r["best_fraction_of_copy_bw"] = nbytes / best[1] / bw
+            row[f"m{m}"] = r
+            print(f"{name:18} M={m:2} cuBLAS {r['cublas_s'] * 1e6:7.1f} us  skinny {best[1] * 1e6:7.1f} us "
+                  f"({100 * r['best_fraction_of_copy_bw']:5.1f}%, {r['vs_gemv_m1']:.2f}x M=1) {best[0]}", flush=True)
+        out["shapes"][name] = row
+        del weights
+        torch.cuda.empty_cache()
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

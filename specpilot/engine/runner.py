@@ -74,11 +74,14 @@ class ModelRunner:
         return graph.replay(meta)
 
     def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):
-        hidden, features = self.forward(meta, layers), None
-        if layers:
-            hidden, captured = hidden
-            features = torch.cat(captured, dim=-1)
-        return self.logits(hidden).argmax(-1), features
+        # a captured graph fixes the shape, so the compiled pointwise helpers compile once per graph
+        compile_now = self.compile and self.use_verify_graphs
+        with pointwise.compiled(compile_now), linear.decode_gemv(self.gemv):
+            hidden, features = self.forward(meta, layers), None
+            if layers:
+                hidden, captured = hidden
+                features = torch.cat(captured, dim=-1)
+            return self.logits(hidden).argmax(-1), features
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

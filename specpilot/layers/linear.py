@@ -5,7 +5,8 @@ Two regions the runner opens, each a knob of EngineConfig:
   small trees) through the fused register-decoding GEMV, where reading fewer bytes pays; larger products stay
   on cuBLAS with the bf16 weight, which is kept (for them and every other reader), so one model serves both
   formats side by side. Dropping the bf16 copy to save memory is a later step.
-- `decode_gemv()`: single-row products (batch-1 decode) run the Triton GEMV instead of cuBLAS.
+- `decode_gemv()`: products of up to 16 rows (decode steps, verify blocks of a few tree nodes) run the Triton
+  GEMVs instead of cuBLAS.
 Everywhere else it is a plain F.linear.
 """
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpilot.ops.gemv import gemv
+from specpilot.ops.gemv import MAX_M, gemv
 from specpilot.ops.w12n_gemv import w12n_linear
 from specpilot.weights import w12n
 
@@ -51,8 +52,8 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _w12n_enabled and self.w12n is not None and self.bias is None and x.numel() <= 16 * x.shape[-1]:
             return w12n_linear(x, self.w12n)
-        if _gemv_enabled and self.bias is None and x.numel() == x.shape[-1]:
-            return gemv(x.reshape(1, -1), self.weight).view(*x.shape[:-1], self.out_features)
+        if _gemv_enabled and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
+            return gemv(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -17,8 +17,9 @@ _compile_enabled = False
 
 @contextlib.contextmanager
 def compiled(enabled: bool = True):
-    """Inside this region pointwise helpers on CUDA run compiled. The runner opens it for decode steps only:
-    their shapes are few and fixed, while prefill shapes vary (and prefill is not bound by launch overhead)."""
+    """Inside this region pointwise helpers on CUDA run compiled. The runner opens it for decode steps and
+    captured verify graphs: their shapes are fixed per graph, while prefill shapes vary (and prefill is not bound
+    by launch overhead)."""
     global _compile_enabled
     previous, _compile_enabled = _compile_enabled, enabled
     try:
@@ -36,7 +37,11 @@ def pointwise(fn):
         nonlocal compiled_fn
         if _compile_enabled and args[0].is_cuda:
             if compiled_fn is None:
-                compiled_fn = torch.compile(fn, fullgraph=True, dynamic=False)
+                # dynamo's automatic dynamic shapes: the first shape (the decode step) compiles static, a second
+                # one compiles a shape-generic kernel that every later verify width reuses instead of compiling
+                # anew; the limit only guards against dynamo silently falling back to eager
+                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+                compiled_fn = torch.compile(fn, fullgraph=True)
             return compiled_fn(*args)
         return fn(*args)
 

@@ -19,3 +19,23 @@ def test_gemv_matches_reference(M, N, K, block_n, block_k):
     x = x.contiguous()
     w = torch.randn(N + 3, K)[:N]
     assert_close("gemv", gemv_ref(x, w), gemv(x, w, block_n=block_n, block_k=block_k), 1e-5)
+
+
+@pytest.mark.parametrize("M,N,K,block_n,block_k,dtype", [
+    (2, 17, 40, 16, 16, torch.float32), (5, 70, 96, 32, 32, torch.float32), (16, 33, 130, 16, 64, torch.float32),
+    (8, 48, 256, 32, 64, torch.bfloat16), (13, 20, 100, 16, 32, torch.bfloat16)],
+    ids=["m2-ragged", "m5-even", "m16-ragged", "m8-bf16", "m13-bf16-ragged"])
+def test_skinny_matches_reference(M, N, K, block_n, block_k, dtype):
+    from specpilot.ops.gemv.triton import skinny
+
+    x = torch.randn(M, K + 5)[:, :K].to(dtype)  # strided rows, dense last dim
+    w = (torch.randn(N + 3, K)[:N] * 0.1).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert_close("skinny", gemv_ref(x, w), skinny(x, w, block_n=block_n, block_k=block_k), tol)
+
+
+def test_dispatch_takes_reference_on_cpu_and_checks_rows():
+    from specpilot.ops.gemv import gemv
+
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    torch.testing.assert_close(gemv(x, w), gemv_ref(x, w))

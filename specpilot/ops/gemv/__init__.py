@@ -1,19 +1,24 @@
-"""Decode GEMV: y = x W^T for a few rows, dispatched to the Triton kernel on CUDA."""
+"""Decode GEMV: y = x W^T for 1..16 rows, dispatched to the Triton kernels on CUDA (M = 1: FMA GEMV; M = 2..16:
+the tensor-core skinny kernel), each with its per-shape launch config."""
 
 import torch
 
 from specpilot.ops.dispatch import use_triton
 from specpilot.ops.gemv.reference import gemv_ref
 
-__all__ = ["gemv", "gemv_ref"]
+__all__ = ["MAX_M", "gemv", "gemv_ref"]
+
+MAX_M = 16
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K], weight [N, K] -> y [M, N]."""
+    """x [M <= 16, K], weight [N, K] -> y [M, N]."""
     if use_triton(x):
-        from specpilot.ops.gemv.configs import gemv_config
-        from specpilot.ops.gemv.triton import gemv as gemv_triton
+        from specpilot.ops.gemv import configs, triton
 
-        block_n, block_k, num_warps = gemv_config(*weight.shape)
-        return gemv_triton(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps)
+        if x.shape[0] == 1:
+            block_n, block_k, num_warps = configs.gemv_config(*weight.shape)
+            return triton.gemv(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps)
+        block_n, block_k, num_warps, num_stages = configs.skinny_config(*weight.shape)
+        return triton.skinny(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
     return gemv_ref(x, weight)

@@ -1,4 +1,5 @@
-"""Launch configs of the decode GEMV per weight shape (N, K): (block_n, block_k, num_warps).
+"""Launch configs of the decode GEMV per weight shape (N, K): (block_n, block_k, num_warps) for M = 1, and
+(block_n, block_k, num_warps, num_stages) for the skinny kernel (M = 2..16).
 
 Measured on an H200 by bench/gemv.py (bench/results/gemv_h200.json: each best config with its speed-up over
 cuBLAS at M = 1). Shapes not listed use DEFAULT. The tuner will own this table per GPU later.
@@ -23,3 +24,12 @@ H200 = {
 
 def gemv_config(n: int, k: int) -> tuple[int, int, int]:
     return H200.get((n, k), DEFAULT)
+
+
+SKINNY_DEFAULT = (32, 256, 4, 4)
+
+SKINNY_H200: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+
+
+def skinny_config(n: int, k: int) -> tuple[int, int, int, int]:
+    return SKINNY_H200.get((n, k), SKINNY_DEFAULT)

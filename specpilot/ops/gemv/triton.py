@@ -1,9 +1,15 @@
-"""Triton GEMV for decode (M = 1..4 rows): each program streams BLOCK_N weight rows once, fp32 accumulate.
+"""Triton GEMV for decode and small verify blocks (M = 1..16 rows): each program streams BLOCK_N weight rows
+once, fp32 accumulate.
 
 At batch 1 the decode step is a chain of weight reads; cuBLAS picks split-K or small-tile kernels for the
 narrower projections (o_proj, out_proj, qkv) that reach only 72-84% of the copy bandwidth on an H200, plus
 split-K reduce kernels. One pass over the rows with no split keeps the whole matrix in one kernel.
+M = 1 multiplies on the FMA units (`_gemv_kernel`); M = 2..16 (a verify block of a few tree nodes, or a small
+decode batch) runs each weight tile once through a tensor-core dot against all rows padded to 16
+(`_skinny_kernel`), so the weight bytes, not M, set the time.
 """
+
+import os
 
 import torch
 import triton
@@ -34,9 +40,45 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
         tl.store(y_ptr + m * stride_ym + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                   DOT_F32: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    m_ids = tl.arange(0, BLOCK_M)
+    m_ok = m_ids < M
+    x_rows = x_ptr + m_ids[:, None] * stride_xm
+    cols0 = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + cols0
+        if EVEN_K:
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
+            x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None], other=0.0)
+        else:
+            col_ok = cols < K
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
+        # fp32 weights must not be rounded to tf32; the interpreter mis-multiplies bf16 dots, so there too the
+        # tiles are widened (exact: a bf16 product fits an fp32 FMA)
+        if DOT_F32:
+            acc += tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(w, tl.trans(x.to(w.dtype)))
+    y_ptrs = y_ptr + m_ids[None, :] * stride_ym + rows[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & m_ok[None, :])
+
+
+MAX_M = 16
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
          num_stages: int = 3) -> torch.Tensor:
-    """Same contract as gemv_ref: x [M, K] (M <= 4), weight [N, K] row-major -> y [M, N] in x.dtype."""
+    """Same contract as gemv_ref: x [M, K] (M <= 4; meant for M = 1, each extra row re-streams the weights),
+    weight [N, K] row-major -> y [M, N] in x.dtype."""
     M, K = x.shape
     N = weight.shape[0]
     assert weight.shape[1] == K and weight.stride(1) == 1, "weight must be [N, K] with dense rows"
@@ -45,4 +87,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: in
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, N, K, x.stride(0), weight.stride(0), y.stride(0),
         M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, num_warps=num_warps, num_stages=num_stages)
+    return y
+
+
+def skinny(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k: int = 256, num_warps: int = 4,
+           num_stages: int = 4) -> torch.Tensor:
+    """gemv for M = 1..16 rows on the tensor cores: x [M, K], weight [N, K] -> y [M, N] in x.dtype."""
+    M, K = x.shape
+    N = weight.shape[0]
+    assert weight.shape[1] == K and weight.stride(1) == 1, "weight must be [N, K] with dense rows"
+    assert x.stride(1) == 1 and 1 <= M <= MAX_M, f"x must be [M <= {MAX_M}, K] with a dense last dim"
+    assert block_n >= 16 and block_k >= 16, "tensor-core tiles need block_n and block_k >= 16"
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    _skinny_kernel[(triton.cdiv(N, block_n),)](
+        x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
+        DOT_F32=weight.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages)
     return y
