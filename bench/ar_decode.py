@@ -261,6 +261,25 @@ def _release(runner) -> None:
     _empty_cache()
 
 
+def time_variant(model, fields: dict, batch: int, ctx: int, steps: int, vocab: int) -> dict:
+    """The main runner's step with some EngineConfig fields changed, timed the same way, then freed."""
+    runner = ModelRunner(model, EngineConfig(**{**BASE, **fields}))
+    try:
+        return time_ours(runner, batch, ctx, steps, vocab)
+    finally:
+        _release(runner)
+
+
+def parse_fields(text: str) -> dict:
+    """'decode_pdl=true,block_attention=tree' -> EngineConfig fields (true/false and integers converted)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        low = value.lower()
+        out[key] = low == "true" if low in ("true", "false") else int(value) if value.isdigit() else value
+    return out
+
+
 def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
     config_cls, kw = SHAPES[name]
     result = {"shape": name}
@@ -336,6 +355,12 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
             _release(unfused)
             if ok and "step_ms_median" in r["unfused_variant"]:
                 r["fusion_speedup"] = r["unfused_variant"]["step_ms_median"] / r["step_ms_median"]
+        for vname, fields in args.variant:
+            vr = attempt(f"{name} {batch}x{ctx} {vname}", time_variant, ours, fields, batch, ctx, args.steps,
+                         cfg.vocab_size)
+            r.setdefault("variants", {})[vname] = {"engine": fields, **(vr if isinstance(vr, dict) else {})}
+            if ok and "step_ms_median" in vr:
+                r["variants"][vname]["speedup_vs_main"] = r["step_ms_median"] / vr["step_ms_median"]
         if w12n is not None and batch <= 16:
             r["w12n_variant"] = attempt(f"{name} {batch}x{ctx} W12N", time_ours, w12n, batch, ctx, args.steps,
                                         cfg.vocab_size)
@@ -375,12 +400,17 @@ def main() -> None:
     p.add_argument("--w12n", action="store_true", help="also time the step with W12N weights (batch <= 16)")
     p.add_argument("--no-fused-prologue", action="store_true",
                    help="every runner with EngineConfig(fused_qk_rope_store=False) (if the fused kernel fails)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE[,...]",
+                   help="also time the step with these EngineConfig fields changed, side by side (repeatable)")
+    p.add_argument("--base", default="", metavar="FIELD=VALUE[,...]", help="EngineConfig fields of every runner")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args()
     DEVICE = args.device
     if args.no_fused_prologue:
         BASE["fused_qk_rope_store"] = False
+    BASE.update(parse_fields(args.base))
+    args.variant = [(v.partition(":")[0], parse_fields(v.partition(":")[2])) for v in args.variant]
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
     torch.manual_seed(0)
     report = Report(args.out, {**run_record(DEVICE, args.commit), "engine_base": dict(BASE), "shapes": []})

@@ -13,6 +13,7 @@ from specpilot.engine.cache import ModelCache
 from specpilot.engine.graphs import DecodeGraph, VerifyGraph, decode_metadata
 from specpilot.layers import attention, linear, pointwise
 from specpilot.layers.metadata import BatchMetadata
+from specpilot.ops import pdl
 from specpilot.models.causal_lm import CausalLM
 
 
@@ -26,6 +27,7 @@ class ModelRunner:
         self.compile = engine.compile_pointwise and on_gpu
         self.gemv = engine.decode_gemv and on_gpu
         self.fused_rope = engine.fused_qk_rope_store and on_gpu
+        self.pdl = engine.decode_pdl and on_gpu
         self.block_kernel = engine.block_attention == "tree"
         self.weight_format = engine.weight_format
         self.use_verify_graphs = engine.verify_graphs and on_gpu
@@ -127,7 +129,7 @@ class ModelRunner:
         input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
         """
         with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv), linear.weight_format(self.weight_format),
-              attention.fused_qk_rope_store(self.fused_rope)):
+              attention.fused_qk_rope_store(self.fused_rope), pdl.enabled(self.pdl)):
             return self._decode(input_ids, positions)
 
     def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

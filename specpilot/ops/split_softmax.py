@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops.pdl import wait_for_inputs
+
 FALLBACK_SM_COUNT = 132  # H200; used when there is no CUDA device (interpreter runs)
 
 
@@ -25,8 +27,10 @@ def dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, num_splits, H, D: tl.constexpr, BLOCK_S: tl.constexpr):
+def combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, num_splits, H, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """One program per (request, query head): o = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m)."""
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D)

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops import pdl
+from specpilot.ops.pdl import wait_for_inputs
 from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
 
 _LOG2E = math.log2(math.e)  # kernels work in base 2: exp2 is the native instruction
@@ -36,8 +38,10 @@ def _split_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program: query heads [kvh*G, kvh*G+G) of request b over chunk `split` of its live positions."""
+    wait_for_inputs(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -147,10 +151,13 @@ def decode_attention(
     part_o = torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
     o = torch.empty_like(q)
+    on = pdl.active(q)
     _split_kernel[(B, KVH, num_splits)](
         q, k_cache, v_cache, slot, kv_len, part_o, part_lse, scale * _LOG2E, S, num_splits,
         H=H, KVH=KVH, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
         UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        PDL=on, **pdl.launch_kwargs(on),
     )  # fmt: skip
-    combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps)
+    combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps,
+                           PDL=on, **pdl.launch_kwargs(on))
     return o

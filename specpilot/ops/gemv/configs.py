@@ -26,9 +26,23 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int]:
     return H200.get((n, k), DEFAULT)
 
 
-SKINNY_DEFAULT = (32, 256, 4, 4)
+SKINNY_DEFAULT = (64, 256, 4, 4)
 
-SKINNY_H200: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+# measured by bench/gemv.py --skinny (bench/results/gemv_skinny_h200.json): the best config at M = 4, 8 and 16
+# was the same for every shape; time at M = 16 over our M = 1 GEMV in the comment
+SKINNY_H200 = {
+    (6144, 4096): (64, 256, 4, 4),  # Qwen3-8B qkv: 1.08x
+    (4096, 4096): (32, 512, 4, 4),  # Qwen3-8B o_proj: 1.06x
+    (24576, 4096): (64, 128, 4, 3),  # Qwen3-8B gate_up: 1.01x
+    (4096, 12288): (32, 512, 4, 4),  # Qwen3-8B down: 1.07x
+    (151936, 4096): (64, 128, 4, 3),  # Qwen3-8B lm_head: 1.02x
+    (14336, 5120): (64, 128, 4, 4),  # Qwen3.5-27B attention qkv: 1.04x
+    (5120, 6144): (64, 256, 4, 4),  # Qwen3.5-27B o_proj and GDN out_proj: 1.06x
+    (16480, 5120): (64, 128, 4, 4),  # Qwen3.5-27B GDN in_proj: 1.01x
+    (34816, 5120): (64, 128, 4, 3),  # Qwen3.5-27B gate_up: 1.06x
+    (5120, 17408): (64, 256, 4, 4),  # Qwen3.5-27B down: 1.04x
+    (248320, 5120): (64, 128, 4, 3),  # Qwen3.5-27B lm_head: 1.03x
+}
 
 
 def skinny_config(n: int, k: int) -> tuple[int, int, int, int]:

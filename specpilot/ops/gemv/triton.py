@@ -15,10 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops import pdl
+from specpilot.ops.pdl import wait_for_inputs
+
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
-                 M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                 M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    wait_for_inputs(PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -43,7 +48,8 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   DOT_F32: tl.constexpr):
+                   DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
+    wait_for_inputs(PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -84,9 +90,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: in
     assert weight.shape[1] == K and weight.stride(1) == 1, "weight must be [N, K] with dense rows"
     assert x.stride(1) == 1 and 1 <= M <= 4, "x must be [M <= 4, K] with a dense last dim"
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    on = pdl.active(x)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, num_warps=num_warps, num_stages=num_stages)
+        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, num_warps=num_warps, num_stages=num_stages,
+        PDL=on, **pdl.launch_kwargs(on))
     return y
 
 
@@ -99,8 +107,10 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k:
     assert x.stride(1) == 1 and 1 <= M <= MAX_M, f"x must be [M <= {MAX_M}, K] with a dense last dim"
     assert block_n >= 16 and block_k >= 16, "tensor-core tiles need block_n and block_k >= 16"
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    on = pdl.active(x)
     _skinny_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
-        DOT_F32=weight.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages)
+        DOT_F32=weight.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps,
+        num_stages=num_stages, PDL=on, **pdl.launch_kwargs(on))
     return y

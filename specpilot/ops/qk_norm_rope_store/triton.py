@@ -9,6 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops import pdl
+from specpilot.ops.pdl import wait_for_inputs
+
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
@@ -64,7 +67,8 @@ def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, R: tl.const
 def _qk_norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, loc_ptr, cos_ptr, sin_ptr,
                                qw_ptr, kw_ptr, eps, T, H, KVH, S, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h,
                                sv_b, sv_t, sv_h, D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr,
-                               HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+                               HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr, PDL: tl.constexpr = False):
+    wait_for_inputs(PDL)
     i_bt = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     b = i_bt // T
@@ -106,11 +110,13 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_c
     cos, sin, loc = cos.contiguous(), sin.contiguous(), loc.contiguous()
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     block_d = triton.next_power_of_2(D)
+    on = pdl.active(q)
     # one row of D values per program: a single warp holds it, and the row sum needs no shared memory
     _qk_norm_rope_store_kernel[(B * T, H + KVH)](
         q, k, v, out, k_cache, v_cache, slots, loc, cos, sin,
         q_weight if has_norm else q, k_weight if has_norm else k, eps, T, H, KVH, S,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        D=D, R=R, BLOCK_D=block_d, HAS_NORM=has_norm, ZERO_CENTERED=zero_centered, num_warps=max(1, block_d // 256))
+        D=D, R=R, BLOCK_D=block_d, HAS_NORM=has_norm, ZERO_CENTERED=zero_centered, num_warps=max(1, block_d // 256),
+        PDL=on, **pdl.launch_kwargs(on))
     return out
