@@ -262,12 +262,33 @@ def _release(runner) -> None:
 
 
 def time_variant(model, fields: dict, batch: int, ctx: int, steps: int, vocab: int) -> dict:
-    """The main runner's step with some EngineConfig fields changed, timed the same way, then freed."""
+    """The main runner's step with some EngineConfig fields changed: first its greedy continuation against the
+    main runner's (same prompt, batch 1), then timed the same way; freed after."""
     runner = ModelRunner(model, EngineConfig(**{**BASE, **fields}))
+    main = ModelRunner(model, EngineConfig(**BASE))
     try:
-        return time_ours(runner, batch, ctx, steps, vocab)
+        prompt = torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(1)).tolist()
+        (want, want_logits), (got, got_logits) = greedy_run(main, prompt, 16), greedy_run(runner, prompt, 16)
+        _release(main)
+        check = {"greedy_tokens_equal": sum(a == b for a, b in zip(want, got)), "of": len(want),
+                 "first_step_logits_rel_diff": ((got_logits - want_logits).norm() / want_logits.norm()).item()}
+        return {"check_vs_main": check, **time_ours(runner, batch, ctx, steps, vocab)}
     finally:
         _release(runner)
+
+
+def greedy_run(runner, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens of `steps` decode steps after the prompt (slot 0), and the first step's logits."""
+    runner.allocate(1, len(prompt) + steps + 8)
+    token = runner.prefill(0, prompt).argmax(-1).view(1)
+    positions = torch.full((1,), len(prompt), dtype=torch.long, device=DEVICE)
+    out, first = [], None
+    for _ in range(steps):
+        logits = runner.decode(token, positions)
+        first = logits[0].float().clone() if first is None else first
+        token = logits.argmax(-1)
+        out.append(int(token))
+    return out, first
 
 
 def parse_fields(text: str) -> dict:

@@ -28,6 +28,7 @@ class ModelRunner:
         self.gemv = engine.decode_gemv and on_gpu
         self.fused_rope = engine.fused_qk_rope_store and on_gpu
         self.pdl = engine.decode_pdl and on_gpu
+        self.gated_down = engine.decode_gated_down
         self.block_kernel = engine.block_attention == "tree"
         self.weight_format = engine.weight_format
         self.use_verify_graphs = engine.verify_graphs and on_gpu
@@ -128,7 +129,8 @@ class ModelRunner:
 
         input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
         """
-        with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv), linear.weight_format(self.weight_format),
+        with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv, self.gated_down),
+              linear.weight_format(self.weight_format),
               attention.fused_qk_rope_store(self.fused_rope), pdl.enabled(self.pdl)):
             return self._decode(input_ids, positions)
 

@@ -18,11 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpilot.ops.gemv import MAX_M, gemv
+from specpilot.layers import pointwise as pw
+from specpilot.ops.gemv import MAX_M, gated_gemv, gemv
 from specpilot.ops.w12n_gemv import w12n_linear
 from specpilot.weights import w12n
 
 _gemv_enabled = False
+_gated_enabled = False
 _w12n_enabled = False
 
 
@@ -37,13 +39,14 @@ def weight_format(name: str = "bf16"):
 
 
 @contextlib.contextmanager
-def decode_gemv(enabled: bool = True):
-    global _gemv_enabled
-    previous, _gemv_enabled = _gemv_enabled, enabled
+def decode_gemv(enabled: bool = True, gated: bool = False):
+    """gated: a single-row SwiGLU down projection reads [gate | up] itself (Linear.gated), no silu_mul kernel."""
+    global _gemv_enabled, _gated_enabled
+    previous, _gemv_enabled, _gated_enabled = (_gemv_enabled, _gated_enabled), enabled, enabled and gated
     try:
         yield
     finally:
-        _gemv_enabled = previous
+        _gemv_enabled, _gated_enabled = previous
 
 
 class Linear(nn.Linear):
@@ -55,6 +58,13 @@ class Linear(nn.Linear):
         if _gemv_enabled and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
             return gemv(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
+
+    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """self(silu(gate) * up) for gate_up = [gate | up]."""
+        if (_gated_enabled and self.bias is None and gate_up.numel() == gate_up.shape[-1]
+                and not (_w12n_enabled and self.w12n is not None)):
+            return gated_gemv(gate_up.reshape(1, -1), self.weight).view(*gate_up.shape[:-1], self.out_features)
+        return self(pw.silu_mul(gate_up))
 
 
 def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",)) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specpilot.layers import pointwise as pw
 from specpilot.layers.linear import Linear
 from specpilot.layers.packed import PackedLinear
 
@@ -17,4 +16,4 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(pw.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj.gated(self.gate_up_proj(x))

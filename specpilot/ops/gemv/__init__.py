@@ -4,9 +4,9 @@ the tensor-core skinny kernel), each with its per-shape launch config."""
 import torch
 
 from specpilot.ops.dispatch import use_triton
-from specpilot.ops.gemv.reference import gemv_ref
+from specpilot.ops.gemv.reference import gated_gemv_ref, gemv_ref
 
-__all__ = ["MAX_M", "gemv", "gemv_ref"]
+__all__ = ["MAX_M", "gated_gemv", "gated_gemv_ref", "gemv", "gemv_ref"]
 
 MAX_M = 16
 
@@ -22,3 +22,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         block_n, block_k, num_warps, num_stages = configs.skinny_config(*weight.shape)
         return triton.skinny(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
     return gemv_ref(x, weight)
+
+
+def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """gate_up [1, 2K], weight [N, K] -> (silu(gate) * up) W^T [1, N] in one kernel."""
+    if use_triton(gate_up):
+        from specpilot.ops.gemv import configs, triton
+
+        block_n, block_k, num_warps = configs.gemv_config(*weight.shape)
+        return triton.gemv(gate_up, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, gated=True)
+    return gated_gemv_ref(gate_up, weight)

@@ -20,27 +20,51 @@ from specpilot.ops.pdl import wait_for_inputs
 
 
 @triton.jit
+def _x_tile(x_row, cols, col_ok, K, GATED: tl.constexpr, EVEN_K: tl.constexpr):
+    """Columns `cols` of one activation row in fp32; GATED: the row is [gate | up] (2K wide) and the tile is
+    silu(gate) * up, rounded once to the activation dtype as the compiled silu_mul helper rounds it."""
+    if GATED:
+        if EVEN_K:
+            g = tl.load(x_row + cols).to(tl.float32)
+            u = tl.load(x_row + K + cols).to(tl.float32)
+        else:
+            g = tl.load(x_row + cols, mask=col_ok, other=0.0).to(tl.float32)
+            u = tl.load(x_row + K + cols, mask=col_ok, other=0.0).to(tl.float32)
+        x = (g * tl.sigmoid(g) * u).to(x_row.dtype.element_ty)
+    elif EVEN_K:
+        x = tl.load(x_row + cols)
+    else:
+        x = tl.load(x_row + cols, mask=col_ok, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
                  M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 PDL: tl.constexpr = False):
-    wait_for_inputs(PDL)
+                 GATED: tl.constexpr = False, PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     cols0 = tl.arange(0, BLOCK_K)
+    if PDL:
+        # the weights never depend on the previous kernel: the first tile streams in while it finishes
+        tl.extra.cuda.gdc_launch_dependents()
+        w0 = tl.load(w_rows + cols0[None, :], mask=row_ok[:, None] & (cols0 < K)[None, :], other=0.0)
+        tl.extra.cuda.gdc_wait()
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        x_row = x_ptr + m * stride_xm
+        if PDL:  # M == 1 (the wrapper's rule): tile 0 is w0, the loop starts at tile 1; same sums, same order
+            acc += w0.to(tl.float32) * _x_tile(x_row, cols0, cols0 < K, K, GATED, EVEN_K)[None, :]
+        for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
             cols = k0 + cols0
+            col_ok = cols < K
             if EVEN_K:
                 w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
-                x = tl.load(x_ptr + m * stride_xm + cols)
             else:
-                col_ok = cols < K
                 w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-                x = tl.load(x_ptr + m * stride_xm + cols, mask=col_ok, other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * _x_tile(x_row, cols, col_ok, K, GATED, EVEN_K)[None, :]
         y = tl.sum(acc, axis=1)
         tl.store(y_ptr + m * stride_ym + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
 
@@ -82,19 +106,21 @@ MAX_M = 16
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
-         num_stages: int = 3) -> torch.Tensor:
+         num_stages: int = 3, gated: bool = False) -> torch.Tensor:
     """Same contract as gemv_ref: x [M, K] (M <= 4; meant for M = 1, each extra row re-streams the weights),
-    weight [N, K] row-major -> y [M, N] in x.dtype."""
-    M, K = x.shape
+    weight [N, K] row-major -> y [M, N] in x.dtype. gated: x is [M, 2K] = [gate | up] and the product is
+    gemv_ref(silu(gate) * up, weight) (the MLP's down projection without a separate silu_mul kernel)."""
+    M, K = x.shape[0], weight.shape[1]
     N = weight.shape[0]
-    assert weight.shape[1] == K and weight.stride(1) == 1, "weight must be [N, K] with dense rows"
+    assert weight.stride(1) == 1, "weight must be [N, K] with dense rows"
+    assert x.shape[1] == (2 * K if gated else K), f"x {list(x.shape)} does not fit weight {list(weight.shape)}"
     assert x.stride(1) == 1 and 1 <= M <= 4, "x must be [M <= 4, K] with a dense last dim"
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    on = pdl.active(x)
+    on = pdl.active(x) and M == 1
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, num_warps=num_warps, num_stages=num_stages,
-        PDL=on, **pdl.launch_kwargs(on))
+        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, GATED=gated, PDL=on,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_kwargs(on))
     return y
 
 
