@@ -138,33 +138,130 @@ def _w12n_problem(dev, M, N, K):
     from specpilot.weights import w12n
 
     gen = torch.Generator().manual_seed(2)
-    w = (torch.randn(N, K, generator=gen) * 0.02).to(torch.bfloat16).to(dev)
+    w = torch.randn(N, K, generator=gen) * 0.02
+    # every decode branch: inline escapes at exponent 0 (zeros, bf16 subnormals) and at a tiny normal exponent,
+    # and verbatim segments (two escape exponents in one segment)
+    w[::7, ::13] = 0.0
+    w[1::7, 3::29] = 3e-39
+    w[2::5, 5::31] = 1.1e-9
+    w[3::11, 1::37], w[3::11, 2::37] = 1e-12, -0.0
+    w = w.to(torch.bfloat16).to(dev)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16).to(dev)
-    return x, w12n.encode_best(w)
+    t = w12n.encode_best(w)
+    assert (t.xe == w12n.VERBATIM).any() and ((t.xe > 0) & (t.xe != w12n.VERBATIM)).any()
+    return x, t
+
+
+def _variants_agree(fn, x, t) -> dict:
+    """The PTX decode (asm=True, CUDA only) against the pure-tl decode, bitwise, and batch invariance of each:
+    row m of the M-row call equals the M = 1 call on that row."""
+    import torch
+
+    asm = [True, False] if x.is_cuda else [False]
+    ys = {a: fn(x, t, asm=a) for a in asm}
+    res = {"asm_equals_tl": all(torch.equal(ys[a], ys[False]) for a in asm)}
+    res["batch_invariant"] = all(torch.equal(fn(x[m:m + 1], t, asm=a), ys[a][m:m + 1])
+                                 for a in asm for m in range(min(x.shape[0], 4)))
+    return res
 
 
 def check_w12n_gemv(dev, M, N, K):
-    """Fused W12N GEMV vs the fp32 GEMV of the decoded weights; row 0 of M rows equals the M=1 product bitwise."""
+    """Fused W12N GEMV vs the fp32 GEMV of the decoded weights; the PTX and pure-tl decodes agree bitwise; each is
+    batch invariant; one-hot rows of x return decoded weight columns bit for bit (fp32 subnormals included)."""
     import torch
 
     from bench.common import rel_err
     from specpilot.ops.w12n_gemv.reference import w12n_gemv_ref
     from specpilot.ops.w12n_gemv.triton import w12n_gemv
+    from specpilot.weights.w12n import decode
 
     x, t = _w12n_problem(dev, M, N, K)
-    res = {**rel_err(w12n_gemv(x, t).float(), w12n_gemv_ref(x, t).float()), "tol": 1e-2}
-    if M > 1:
-        res["batch_invariant"] = bool(torch.equal(w12n_gemv(x[:1], t), w12n_gemv(x, t)[:1]))
+    res = {**rel_err(w12n_gemv(x, t).float(), w12n_gemv_ref(x, t).float()), "tol": 1e-2, **_variants_agree(w12n_gemv, x, t)}
+    cols = torch.tensor([0, 1, 2, 3, 5, 13, 26, 36, 39, K // 2, K - 1], device=dev)  # escapes, verbatim, clean
+    onehot = torch.zeros(len(cols), K, device=dev)
+    onehot[torch.arange(len(cols)), cols] = 1
+    res["exact_decode"] = bool(torch.equal(w12n_gemv(onehot, t), decode(t).to(dev).float()[:, cols].T))
+    if not (res["asm_equals_tl"] and res["exact_decode"]):
+        res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
     return res
 
 
 def check_fp8_gemv(dev, M, N, K):
+    """FP8-view GEMV vs its reference; the hardware (cvt) and pure-tl view decodes agree bitwise; batch invariance."""
     from bench.common import rel_err
     from specpilot.ops.w12n_gemv.reference import fp8_gemv_ref
     from specpilot.ops.w12n_gemv.triton import fp8_gemv
 
     x, t = _w12n_problem(dev, M, N, K)
-    return {**rel_err(fp8_gemv(x, t).float(), fp8_gemv_ref(x, t).float()), "tol": 1e-2}
+    res = {**rel_err(fp8_gemv(x, t).float(), fp8_gemv_ref(x, t).float()), "tol": 1e-2, **_variants_agree(fp8_gemv, x, t)}
+    if not res["asm_equals_tl"]:
+        res["batch_invariant"] = False
+    return res
+
+
+def check_decode_attention(dev, dtype, B, H, KVH, D, S, kv_lens, repeats):
+    """The split-K decode attention vs the reference, and deterministic: `repeats` calls give the same bits."""
+    import torch
+
+    from specpilot.ops.decode_attention.reference import decode_attention_ref
+    from specpilot.ops.decode_attention.triton import decode_attention
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(B, H, D, generator=g).to(dev, dtype)
+    k = torch.randn(B + 1, KVH, S, D, generator=g).to(dev, dtype)
+    v = torch.randn(B + 1, KVH, S, D, generator=g).to(dev, dtype)
+    slot = torch.arange(1, B + 1, device=dev)
+    kv_len = torch.tensor(kv_lens, device=dev)
+    scale = D ** -0.5
+    ref = decode_attention_ref(q.float(), k.float(), v.float(), slot, kv_len, scale)
+    out = decode_attention(q, k, v, slot, kv_len, scale)
+    equal = sum(bool(torch.equal(decode_attention(q, k, v, slot, kv_len, scale), out)) for _ in range(repeats))
+    res = _err(ref, out.float(), 1e-2)
+    res.update(bitwise_equal_runs=equal, runs=repeats, batch_invariant=equal == repeats)
+    return res
+
+
+def check_gemv_paths(dev, M, N, K, gated):
+    """The skinny tensor-core GEMV (M > 1) or the gated down-projection GEMV (M = 1), vs the fp32 reference."""
+    import torch
+
+    from specpilot.ops.gemv import configs, triton
+    from specpilot.ops.gemv.reference import gated_gemv_ref, gemv_ref
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    w = (torch.randn(N, K, generator=g) * 0.02).to(dev, torch.bfloat16)
+    x = torch.randn(M, 2 * K if gated else K, generator=g).to(dev, torch.bfloat16)
+    if gated:
+        bn, bk, nw = configs.gemv_config(N, K)
+        return _err(gated_gemv_ref(x, w).float(), triton.gemv(x, w, block_n=bn, block_k=bk, num_warps=nw,
+                                                              gated=True).float(), 1e-2)
+    bn, bk, nw, st = configs.skinny_config(N, K)
+    return _err(gemv_ref(x, w).float(), triton.skinny(x, w, block_n=bn, block_k=bk, num_warps=nw,
+                                                      num_stages=st).float(), 1e-2)
+
+
+def check_rms_norm(dev, rows, H, zero_centered):
+    """The decode RMSNorm (+ residual) kernel vs its reference, bf16."""
+    import torch
+
+    from specpilot.ops.rms_norm.reference import add_rms_norm_ref
+    from specpilot.ops.rms_norm.triton import add_rms_norm
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x, r = (torch.randn(rows, 1, H, generator=g).to(dev, torch.bfloat16) for _ in range(2))
+    w = (torch.randn(H, generator=g) * 0.1 + (0 if zero_centered else 1)).to(dev, torch.bfloat16)
+    (want, want_s), (got, got_s) = add_rms_norm_ref(x, r, w, 1e-6, zero_centered), add_rms_norm(x, r, w, 1e-6,
+                                                                                                zero_centered)
+    res = _err(want.float(), got.float(), 1e-2)
+    res["sum_equal"] = bool(torch.equal(want_s, got_s))
+    res["batch_invariant"] = res["sum_equal"]  # the child's status rule: False marks a mismatch
+    return res
+
+
+def _err(ref, out, tol) -> dict:
+    from bench.common import rel_err
+
+    return {**rel_err(out, ref), "tol": tol}
 
 
 def checks(device: str):
@@ -195,6 +292,23 @@ def checks(device: str):
         rope = [("tiny.b3", dict(B=3, H=4, KVH=2, D=16, R=16, zero_centered=False, gate=False)),
                 ("tiny.b1-gated", dict(B=1, H=4, KVH=2, D=32, R=8, zero_centered=True, gate=True))]
         gemv = [(f"M{m}", dict(M=m, N=24, K=1000)) for m in (1, 3)]
+    if device == "cuda":
+        dec = [("qwen3-8b.b1-ctx512", dict(B=1, H=32, KVH=8, D=128, S=700, kv_lens=[512])),
+               ("qwen3-8b.b8-ragged", dict(B=8, H=32, KVH=8, D=128, S=4200, kv_lens=[1, 17, 512, 4096, 64, 300,
+                                                                                       2000, 129])),
+               ("qwen3.5-27b.b1-ctx4096", dict(B=1, H=24, KVH=4, D=256, S=4200, kv_lens=[4096]))]
+        gm = [("8b.down-gated.M1", dict(M=1, N=4096, K=12288, gated=True)),
+              ("8b.qkv.M8", dict(M=8, N=6144, K=4096, gated=False)),
+              ("27b.down.M16", dict(M=16, N=5120, K=17408, gated=False)),
+              ("odd.M5", dict(M=5, N=2053, K=5000, gated=False))]
+        for name, kw in dec:
+            out.append((f"decode_attention.{name}", "decode_attention", check_decode_attention,
+                        dict(dtype=bf, repeats=10, **kw)))
+        for name, kw in gm:
+            out.append((f"gemv.{name}", "gemv", check_gemv_paths, kw))
+        for name, kw in (("8b", dict(rows=1, H=4096, zero_centered=False)),
+                         ("27b", dict(rows=8, H=5120, zero_centered=True))):
+            out.append((f"rms_norm.{name}", "rms_norm", check_rms_norm, kw))
     for name, kw in rope:  # first: every AR baseline's decode step runs it
         out.append((f"qk_norm_rope_store.{name}", "qk_norm_rope_store", check_qk_norm_rope_store, dict(dtype=bf, **kw)))
     for name, kw in attn:
@@ -203,7 +317,7 @@ def checks(device: str):
         out.append((f"gdn_tree.{name}", "gdn_tree", check_gdn_tree, dict(dtype=bf, **kw)))
     for name, kw in gemv:
         out.append((f"w12n_gemv.{name}", "w12n_gemv", check_w12n_gemv, kw))
-        if kw["M"] in (1, 16, 3):
+        if kw["M"] in (1, 8, 16, 3):
             out.append((f"fp8_gemv.{name}", "fp8_gemv", check_fp8_gemv, kw))
     return out
 

@@ -14,10 +14,8 @@ try/except, and the JSON is written again after each shape.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
-import re
 import statistics
 import time
 
@@ -27,35 +25,13 @@ import torch.nn.functional as F
 from bench.ar_decode import copy_bandwidth
 from bench.common import Report, attempt, failed, kernel_crashed, rel_err, run_record
 from bench.gemv import SHAPES, time_fn
+from bench.sass_count import loop_instructions
 from specpilot.ops import gemv as bf16_gemv
 from specpilot.ops.w12n_gemv import triton as kernels
 from specpilot.ops.w12n_gemv.reference import fp8_gemv_ref, w12n_gemv_ref
 from specpilot.weights import w12n
 
 TINY_SHAPES = {"tiny.a": (24, 1000), "tiny.b": (40, 512)}  # --device cpu (Triton interpreter): a dry run
-
-
-def loop_instructions(sass: str) -> tuple[int, dict] | None:
-    """Instructions in the longest backward-branch loop of a SASS listing, and the most common opcodes."""
-    labels, ins = {}, []
-    for line in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = len(ins)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*);", line)
-        if m:
-            ins.append((m.group(2), m.group(3)))
-    best = None
-    for i, (op, rest) in enumerate(ins):
-        target = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
-        if target and labels.get(target.group(1), i) < i:
-            span = (i - labels[target.group(1)] + 1, labels[target.group(1)], i)
-            best = span if best is None or span[0] > best[0] else best
-    if best is None:
-        return None
-    n, a, b = best
-    return n, dict(collections.Counter(op.split(".")[0] for op, _ in ins[a:b + 1]).most_common(12))
 
 
 def _constexprs(kernel, fn) -> dict:

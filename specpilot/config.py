@@ -209,8 +209,10 @@ class EngineConfig:
     compile_pointwise: bool = True  # torch.compile the small pointwise helpers (GPU only)
     decode_gemv: bool = True  # batch-1 decode projections on the Triton GEMV instead of cuBLAS (GPU only)
     fused_qk_rope_store: bool = True  # decode steps: q/k norm + RoPE + K/V store in one Triton kernel (GPU only)
-    decode_pdl: bool = False  # decode steps: our kernels launch with programmatic dependent launch (GPU only)
-    decode_gated_down: bool = False  # batch-1 decode: the down projection's GEMV forms silu(gate) * up itself
+    # decode steps: our kernels (GEMVs, norms, attention) launch with programmatic dependent launch, so that each
+    # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
+    decode_pdl: bool = True
+    decode_gated_down: bool = True  # batch-1 decode: the down projection's GEMV forms silu(gate) * up itself
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
     verify_graphs: bool = False  # capture the verify forward per (batch, tree width) (GPU; needs block_attention=tree)

@@ -1,7 +1,7 @@
 """Pieces the split-K attention kernels share (decode_attention, tree_attention).
 
 A kernel that splits the keys across programs writes fp32 partial outputs with their log2-sum-exp;
-combine_row merges them per (row, query head), either in combine_kernel or in the split kernel's last program. Also: the SM count that sizes the splits, and the dot
+combine_kernel merges them per (row, query head). Also: the SM count that sizes the splits, and the dot
 product that works around the interpreter's bf16 tl.dot.
 """
 
@@ -27,10 +27,11 @@ def dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def combine_row(part_o_ptr, part_lse_ptr, o_ptr, row, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                VOLATILE: tl.constexpr = False):
-    """o[row] = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m) over the row's splits. VOLATILE: the partials were
-    written by other programs of the running grid, so the loads bypass the L1."""
+def combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, num_splits, H, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """One program per (request, query head): o = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m)."""
+    wait_for_inputs(PDL)
+    row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D)
     lse_row = part_lse_ptr + row * num_splits
@@ -38,30 +39,20 @@ def combine_row(part_o_ptr, part_lse_ptr, o_ptr, row, num_splits, D: tl.constexp
     m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         s_mask = s0 + offs_s < num_splits
-        m_vec = tl.maximum(m_vec, tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf"),
-                                          volatile=VOLATILE))
+        m_vec = tl.maximum(m_vec, tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")))
     m = tl.max(m_vec, 0)  # finite: callers guarantee every row has one split that saw a key
 
     acc = tl.zeros([D], tl.float32)
     w_sum = tl.zeros([BLOCK_S], tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         s_mask = s0 + offs_s < num_splits
-        w = tl.exp2(tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf"), volatile=VOLATILE) - m)
+        w = tl.exp2(tl.load(lse_row + s0 + offs_s, mask=s_mask, other=float("-inf")) - m)
         part_offs = (row * num_splits + s0 + offs_s)[:, None] * D + offs_d[None, :]
-        part = tl.load(part_o_ptr + part_offs, mask=s_mask[:, None], other=0.0, volatile=VOLATILE)
+        part = tl.load(part_o_ptr + part_offs, mask=s_mask[:, None], other=0.0)
         acc += tl.sum(w[:, None] * part, 0)
         w_sum += w
     o = acc / tl.sum(w_sum, 0)
     tl.store(o_ptr + row * D + offs_d, o.to(o_ptr.dtype.element_ty))
-
-
-@triton.jit
-def combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, num_splits, H, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                   PDL: tl.constexpr = False):
-    """One program per (request, query head): combine_row."""
-    wait_for_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64) * H + tl.program_id(1)
-    combine_row(part_o_ptr, part_lse_ptr, o_ptr, row, num_splits, D, BLOCK_S)
 
 
 @functools.lru_cache(maxsize=None)

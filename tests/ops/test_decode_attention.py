@@ -56,11 +56,6 @@ def test_triton_matches_reference_fp32(shape, splits, index_dtype):
     out = dat.decode_attention(q, k, v, slot, kv_len, scale, num_splits=num_splits, block_n=block_n)
     assert out.dtype == q.dtype
     assert_close("decode_attention fp32", ref, out, ratio=1e-5)
-    # the combine as a second kernel gives the same bits, and the fused one left its counters at zero
-    two = dat.decode_attention(q, k, v, slot, kv_len, scale, num_splits=num_splits, block_n=block_n,
-                               fused_combine=False)
-    torch.testing.assert_close(out, two, rtol=0, atol=0)
-    assert not dat._COUNTERS[q.device].any()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

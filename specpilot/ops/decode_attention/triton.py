@@ -1,12 +1,8 @@
 """Flash-decoding batch decode attention over a slotted KV cache (split-K partials, then an LSE combine).
 
-_split_kernel splits each request's sequence into num_splits chunks, one program per (request, kv head, chunk),
-and writes fp32 partial outputs plus their log2-sum-exp. The combine (ops/split_softmax.py) then merges the
-chunks per (request, query head): by default inside the split kernel, in the last program of each (request,
-kv head) to finish (an atomic counter per pair, reset by that program), which saves a launch per layer in a
-decode step that is a chain of short kernels; or as a second kernel (fused_combine=False). The combine reads
-the partials in split order either way, so the result does not depend on which program finishes last. The
-grid depends only on shapes, so the op is CUDA-graph safe.
+Two kernels: _split_kernel splits each request's sequence into num_splits chunks, one program per
+(request, kv head, chunk), and writes fp32 partial outputs plus their log2-sum-exp; combine_kernel (ops/split_softmax.py) merges the
+chunks per (request, query head). The grid depends only on shapes, so the op is CUDA-graph safe.
 """
 
 import math
@@ -17,7 +13,7 @@ import triton.language as tl
 
 from specpilot.ops import pdl
 from specpilot.ops.pdl import wait_for_inputs
-from specpilot.ops.split_softmax import combine_kernel, combine_row, dot, interpreter_lacks_bf16_dot, sm_count
+from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
 
 _LOG2E = math.log2(math.e)  # kernels work in base 2: exp2 is the native instruction
 _MAX_SPLITS = 128
@@ -32,8 +28,6 @@ def _split_kernel(
     kv_len_ptr,
     part_o_ptr,
     part_lse_ptr,
-    o_ptr,
-    counter_ptr,
     scale_log2,
     cache_len,
     num_splits,
@@ -44,8 +38,6 @@ def _split_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr,
-    BLOCK_S: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """One program: query heads [kvh*G, kvh*G+G) of request b over chunk `split` of its live positions."""
@@ -97,15 +89,6 @@ def _split_kernel(
     part_rows = rows * num_splits + split
     tl.store(part_o_ptr + part_rows[:, None] * D + offs_d[None, :], out, mask=g_mask[:, None])
     tl.store(part_lse_ptr + part_rows, lse, mask=g_mask)
-    if FUSED_COMBINE:
-        # every thread's partials are written before one thread's release-acquire increment publishes them
-        tl.debug_barrier()
-        pair = counter_ptr + b * KVH + kvh
-        if tl.atomic_add(pair, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            tl.atomic_xchg(pair, 0, sem="relaxed", scope="gpu")  # ready for the next call (the next layer)
-            for g in range(G):
-                combine_row(part_o_ptr, part_lse_ptr, o_ptr, b.to(tl.int64) * H + kvh * G + g, num_splits, D,
-                            BLOCK_S, True)
 
 
 def default_num_splits(batch: int, kv_heads: int, cache_len: int, block_n: int, sm_count: int) -> int:
@@ -146,7 +129,6 @@ def decode_attention(
     split_block: int = 16,
     num_warps: int = 4,
     num_stages: int = 3,
-    fused_combine: bool = True,
 ) -> torch.Tensor:
     """q [B, H, D]; k_cache, v_cache [N, KVH, S, D]; slot, kv_len [B] int (kv_len >= 1) -> o [B, H, D] in q.dtype.
 
@@ -171,26 +153,11 @@ def decode_attention(
     o = torch.empty_like(q)
     on = pdl.active(q)
     _split_kernel[(B, KVH, num_splits)](
-        q, k_cache, v_cache, slot, kv_len, part_o, part_lse, o, _counters(B * KVH, q.device), scale * _LOG2E, S,
-        num_splits, H=H, KVH=KVH, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
-        UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), FUSED_COMBINE=fused_combine, BLOCK_S=split_block,
-        num_warps=num_warps, num_stages=num_stages, PDL=on, **pdl.launch_kwargs(on),
+        q, k_cache, v_cache, slot, kv_len, part_o, part_lse, scale * _LOG2E, S, num_splits,
+        H=H, KVH=KVH, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
+        UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        PDL=on, **pdl.launch_kwargs(on),
     )  # fmt: skip
-    if not fused_combine:
-        combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps,
-                               PDL=on, **pdl.launch_kwargs(on))
+    combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps,
+                           PDL=on, **pdl.launch_kwargs(on))
     return o
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(n: int, device: torch.device) -> torch.Tensor:
-    """n zeroed int32 arrival counters, kept per device (each call leaves them zero again). Allocated on first
-    use, before any graph capture (the warm-up steps run eagerly), and only ever grown outside a capture."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("decode_attention counters must be allocated before CUDA-graph capture")
-        buf = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf

@@ -1,0 +1,173 @@
+"""Offline SASS instruction counts of the W12N and FP8-view GEMV kernels' main loops (sm_90, no GPU needed).
+
+Compiles `_w12n_gemv_kernel` and `_fp8_gemv_kernel` with Triton's nvidia backend for an H100/H200 target
+(ptxas and cuobjdump ship with Triton), with the wrapper's default config (block_n 8, block_k = the segment
+capped at 512, 4 warps) and the argument alignment a real launch gets (pointers and row strides divisible by
+16), then counts the instructions of the longest loop of the SASS listing.
+
+Normalisation, per kernel and M:
+  loop        = instructions between the loop's label and its backward branch (static count, one iteration)
+  fast        = loop minus the largest forward-branch region inside it (the verbatim-segment fix-up, skipped
+                by a uniform branch in every tile without a verbatim row): what a normal iteration executes
+  weights/it  = BLOCK_N * BLOCK_K / (32 * num_warps): weights one thread decodes per loop iteration
+  per_weight  = fast / (weights/it)   (also loop / (weights/it) as per_weight_static)
+so per_weight includes everything in the iteration: loads, decode, x loads/converts, the M FMAs per weight
+and the per-tile reductions.
+
+    PYTHONPATH=. python3 bench/sass_count.py --out bench/results/sass_count.json [--sass-dir /tmp/sass]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+
+ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "stride_xm", "stride_an", "stride_bn",
+           "stride_ym")
+ARG_TYPES = {"x_ptr": "*bf16", "a_ptr": "*u8", "b_ptr": "*u8", "xe_ptr": "*u8", "rvb_ptr": "*i32",
+             "v_ptr": "*i16", "y_ptr": "*i16"}  # every other runtime argument is an i32 scalar (SCALE: fp32)
+
+
+# one instruction, as cuobjdump (`/*0040*/  @P0 LDG.E ...;`, Triton 3.6's get_sass) or nvdisasm with control
+# codes (`--:-:0:-:1\t@P0 LDG.E ...;`, Triton 3.9's) print it
+_INSTRUCTION = re.compile(r"\s*(?:/\*[0-9a-f]+\*/|[0-9a-f-]{2}:[-0-9]:[-0-9]:[-Y]:[0-9a-f])\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*);")
+
+
+def loop_instructions(sass: str) -> tuple[int, dict] | None:
+    """Instructions in the longest backward-branch loop of a SASS listing, and the most common opcodes."""
+    found = _longest_loop(_parse(sass))
+    if found is None:
+        return None
+    ins, a, b = found
+    return b - a + 1, _opcodes(ins[a:b + 1])
+
+
+def _parse(sass: str) -> tuple[list, dict]:
+    """SASS text -> ([(opcode, operands)], {label: index of the next instruction})."""
+    labels, ins = {}, []
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+|LBB\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ins)
+            continue
+        m = _INSTRUCTION.match(line)
+        if m:
+            ins.append((m.group(2), m.group(3)))
+    return ins, labels
+
+
+def _branch_target(op: str, rest: str, labels: dict) -> int | None:
+    target = re.search(r"(\.L_x_\d+|LBB\d+)", rest) if op.startswith("BRA") else None
+    return labels.get(target.group(1)) if target else None
+
+
+def _longest_loop(parsed) -> tuple[list, int, int] | None:
+    ins, labels = parsed
+    best = None
+    for i, (op, rest) in enumerate(ins):
+        t = _branch_target(op, rest, labels)
+        if t is not None and t < i and (best is None or i - t > best[1] - best[0]):
+            best = (t, i)
+    return None if best is None else (ins, *best)
+
+
+def _opcodes(ins) -> dict:
+    return dict(collections.Counter(op.split(".")[0] for op, _ in ins).most_common(12))
+
+
+def loop_breakdown(sass: str) -> dict | None:
+    """The longest loop: its static size, the size of its fast path (minus the largest forward-skipped region,
+    the verbatim fix-up) and the opcodes of that fast path."""
+    found = _longest_loop(_parse(sass))
+    if found is None:
+        return None
+    ins, a, b = found
+    _, labels = _parse(sass)
+    skip = (0, 0)
+    for i in range(a, b):
+        t = _branch_target(*ins[i], labels)
+        if t is not None and i < t <= b and t - i - 1 > skip[1] - skip[0]:
+            skip = (i + 1, t)
+    fast = ins[a:skip[0]] + ins[skip[1]:b + 1] if skip[1] else ins[a:b + 1]
+    return {"loop": b - a + 1, "fast": len(fast), "skipped": skip[1] - skip[0], "ops_fast": _opcodes(fast)}
+
+
+def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90) -> tuple[str, dict]:
+    """Compiles a Triton kernel for sm_<arch> offline -> (SASS text, {triton version})."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.tools.disasm import get_sass
+
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = ARG_TYPES.get(name, "fp32" if name == "SCALE" else "i32")
+        if name in ALIGNED:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                       target=GPUTarget("cuda", arch, 64), options={"num_warps": num_warps})
+    return get_sass(k.asm["cubin"]), {"triton": triton.__version__}
+
+
+def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1, 8, 16)):
+    """[(name, kernel fn, constexprs, num_warps, weights per thread per iteration)] at the wrapper's defaults."""
+    from specpilot.ops.w12n_gemv import triton as kernels
+
+    block_k = kernels.default_block_k(segment)
+    per_thread = block_n * block_k / (32 * num_warps)
+    out = []
+    for m in ms:
+        common = dict(M=m, BLOCK_M=1 << (m - 1).bit_length(), BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True,
+                      OUT_BF16=True, USE_ASM=True)
+        out.append((f"w12n.M{m}", kernels._w12n_gemv_kernel, dict(common, SEGMENT=segment), num_warps, per_thread))
+        if m in (1, 8):
+            out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, common, num_warps, per_thread))
+    return out
+
+
+def count(fn, constexprs: dict, num_warps: int, per_thread: float, sass_path: str | None = None) -> dict:
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+    sass, meta = compile_sass(fn, constexprs, num_warps)
+    if sass_path:
+        with open(sass_path, "w") as f:
+            f.write(sass)
+    br = loop_breakdown(sass)
+    if br is None:
+        return {"error": "no loop found", **meta}
+    return {"per_weight": round(br["fast"] / per_thread, 2), "per_weight_static": round(br["loop"] / per_thread, 2),
+            "weights_per_thread_per_iteration": per_thread, **br, **meta,
+            "config": {k: v for k, v in constexprs.items()}, "num_warps": num_warps}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--sass-dir", default=None, help="also write each kernel's SASS listing here")
+    p.add_argument("--segment", type=int, default=512)
+    args = p.parse_args()
+    if args.sass_dir:
+        os.makedirs(args.sass_dir, exist_ok=True)
+    res = {}
+    for name, fn, consts, warps, per_thread in kernel_cases(segment=args.segment):
+        path = os.path.join(args.sass_dir, name + ".sass") if args.sass_dir else None
+        try:
+            res[name] = count(fn, consts, warps, per_thread, path)
+        except Exception as e:  # noqa: BLE001 - one kernel failing to compile must not hide the others
+            res[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        r = res[name]
+        print(f"{name:8} " + (f"{r['per_weight']:6.2f} instr/weight (fast path {r['fast']}, loop {r['loop']}, "
+                              f"{r['weights_per_thread_per_iteration']:.0f} weights/thread/iter) {r['ops_fast']}" if "per_weight" in r else r["error"]),
+              flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
