@@ -4,6 +4,9 @@ One step is six named calls: schedule (which requests still run), propose (the d
 (one target forward over every tree), accept (longest agreeing path + bonus token; the step's one host sync),
 commit (keep the accepted nodes' K/V and recurrent state, advance the drafter) and emit (append tokens, stop).
 Output equals greedy autoregressive output of the same runtime, token for token.
+
+Each component's time is charged to the step's requests (SpecStats.seconds) without stalling the GPU: CUDA
+events at the component boundaries, read once generation is over (see _Timer).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.drafters.base import Drafter
 from specpilot.spec.tree import DraftTree, TreeSpec
-from specpilot.spec.verify import Acceptance, accept_greedy, tree_metadata
+from specpilot.spec.verify import Acceptance, accept_greedy, host_int64, tree_metadata
 
 COMPONENTS = ("draft", "verify", "accept", "commit", "other")
 
@@ -80,19 +83,18 @@ class SpecEngine:
             raise NotImplementedError("speculative decoding is greedy for now; use --temperature 0 or --drafter none")
         start = time.perf_counter()
         reqs = self.requests = self._start(prompts, params, on_token, start)
+        timer = _Timer(self.runner.device)
         while True:
             active = self.schedule(reqs)
             if not active:
                 break
-            timer = _Timer(self.runner.device)
+            timer.start(active)
             trees = timer.run("draft", self.propose, active)
             logits = timer.run("verify", self.verify, active, trees)
             accepted = timer.run("accept", self.accept, trees, logits)
             timer.run("commit", self.commit, active, trees, accepted)
             timer.run("other", self.emit, active, trees, accepted, params, on_token, start)
-            for r in active:
-                for k, v in timer.seconds.items():
-                    r.stats.seconds[k] += v / len(active)
+        timer.charge()
         total = time.perf_counter() - start
         for r in reqs:
             r.result.total_s = total
@@ -119,7 +121,7 @@ class SpecEngine:
                 logits, features = self.runner.prefill(r.slot, r.prompt), None
             self.drafter.start(r.slot, r.prompt, features)
             r.committed = len(prompt)
-            self._emit_tokens(r, [int(logits.argmax())], params, on_token, start)
+            self._emit_tokens(r, [int(logits.argmax())], params, on_token, time.perf_counter() - start)
             reqs.append(r)
         return reqs
 
@@ -153,12 +155,10 @@ class SpecEngine:
 
     @torch.inference_mode()
     def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:
-        cache, dev, width = self.runner.cache, self.runner.device, self._width
+        cache, width = self.runner.cache, self._width
+        self._keep(active, accepted)
         for row, (r, acc) in enumerate(zip(active, accepted)):
-            path = torch.tensor(acc.path, device=dev)
-            if acc.path != tuple(range(len(acc.path))):
-                cache.keep(r.slot, r.committed + path, r.committed)
-            feats = self._features[row, path] if self._features is not None else None
+            feats = self._path_features(row, acc.path) if self._features is not None else None
             self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
         if self._snapshot is not None:
             self._replay_recurrent(active, trees, accepted, width)
@@ -166,6 +166,27 @@ class SpecEngine:
             cache.commit_tree(list(range(len(active))), [r.slot for r in active], [list(a.path) for a in accepted])
         for r, acc in zip(active, accepted):
             r.committed += len(acc.path)
+
+    def _keep(self, active: list[_Request], accepted: list[Acceptance]) -> None:
+        """Moves the K/V of accepted nodes that are not already in place (a path starting 0, 1, 2, ... is: a
+        chain never moves); the moved nodes' locations of all requests go to the device in one copy."""
+        moves = [(r, first, acc.path[first:]) for r, acc in zip(active, accepted)
+                 if (first := _in_place(acc.path)) < len(acc.path)]
+        if not moves:
+            return
+        locs = [r.committed + node for r, _, nodes in moves for node in nodes]
+        host = host_int64(len(locs), self.runner.device)
+        host.numpy()[:] = locs
+        src, at = host.to(self.runner.device, non_blocking=True), 0
+        for r, first, nodes in moves:
+            self.runner.cache.keep(r.slot, src[at:at + len(nodes)], r.committed + first)
+            at += len(nodes)
+
+    def _path_features(self, row: int, path: tuple[int, ...]) -> torch.Tensor:
+        # a copy either way: a verify graph's features are a static buffer that the next replay overwrites
+        if _in_place(path) == len(path):
+            return self._features[row, :len(path)].clone()
+        return self._features[row, torch.tensor(path, device=self._features.device)]
 
     def _replay_recurrent(self, active, trees, accepted, width: int) -> None:
         """Chains only (trees fold, see commit): the recurrent layers absorbed the whole verify block, so where
@@ -179,32 +200,64 @@ class SpecEngine:
             self.runner.extend(r.slot, [tree.tokens[j] for j in acc.path], r.committed)
 
     def emit(self, active, trees, accepted: list[Acceptance], params, on_token, start) -> None:
+        elapsed = time.perf_counter() - start  # a step's tokens all arrive at once
         for r, tree, acc in zip(active, trees, accepted):
             before = len(r.result.token_ids)
-            self._emit_tokens(r, list(acc.tokens), params, on_token, start)
+            self._emit_tokens(r, acc.tokens, params, on_token, elapsed)
             r.stats.add(tree, acc, len(r.result.token_ids) - before)
 
-    def _emit_tokens(self, r: _Request, tokens: list[int], params, on_token, start) -> None:
+    def _emit_tokens(self, r: _Request, tokens, params, on_token, elapsed: float) -> None:
         for tok in tokens:
             if on_token is not None:
                 on_token(r.index, tok)
-            if append_token(r.result, tok, params, self.eos_ids, self.detokenize, time.perf_counter() - start):
+            if append_token(r.result, tok, params, self.eos_ids, self.detokenize, elapsed):
                 r.done = True
                 return
         r.root = tokens[-1]
 
 
+def _in_place(path: tuple[int, ...]) -> int:
+    """Length of the path's prefix 0, 1, 2, ...: nodes already stored where the committed sequence needs them."""
+    n = 0
+    while n < len(path) and path[n] == n:
+        n += 1
+    return n
+
+
 class _Timer:
-    """Wall time per step component (synchronising the GPU so that each component is charged its own work)."""
+    """Time per step component, split evenly among the step's requests.
+
+    On a GPU a mark is a CUDA event recorded at each component boundary, without a sync: the time between two
+    marks is the stream's timeline, i.e. the component's own device work, or the host time during which the
+    idle GPU waited for it. Events are read in charge(), once generation is over. On the CPU a mark is the wall
+    clock."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.seconds = dict.fromkeys(COMPONENTS, 0.0)
+        self.steps: list[tuple[list[_Request], list]] = []  # (requests, [(component, mark)]), first mark unnamed
+
+    def start(self, active: list[_Request]) -> None:
+        self.steps.append((active, [(None, self._mark())]))
 
     def run(self, name: str, fn, *args):
-        t0 = time.perf_counter()
         out = fn(*args)
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.seconds[name] += time.perf_counter() - t0
+        self.steps[-1][1].append((name, self._mark()))
         return out
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def charge(self) -> None:
+        """Adds every recorded step's component times to its requests' SpecStats.seconds."""
+        if self.cuda and self.steps:
+            self.steps[-1][1][-1][1].synchronize()
+        for active, marks in self.steps:
+            for (_, a), (name, b) in zip(marks, marks[1:]):
+                seconds = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+                for r in active:
+                    r.stats.seconds[name] += seconds / len(active)
+        self.steps.clear()

@@ -3,9 +3,10 @@
 DecodeGraph: the AR decode step of a fixed batch. It reads static device buffers (token ids, positions, slots)
 and writes static logits; positions advance inside the graph, so a replay needs no host-to-device copy and the
 step has no host sync.
-VerifyGraph: the verify forward of a fixed (batch, tree width, chain or tree) shape. A replay copies the step's
-BatchMetadata into its static buffers and returns static greedy tokens (and captured features); it needs the
-tree-attention op, whose grid and reads do not depend on the committed lengths.
+VerifyGraph: the verify forward of a fixed (batch, tree width, chain or tree) shape. Its static metadata views one
+packed int64 buffer (BatchMetadata.unpack), so a replay copies the step's packed metadata in one copy, then
+returns static greedy tokens (and captured features); it needs the tree-attention op, whose grid and reads do not
+depend on the committed lengths.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ def decode_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slots: tor
 class VerifyGraph:
     def __init__(self, run, meta: BatchMetadata, cache, warmup: int = 2):
         """run(meta) -> (greedy tokens [B, T], features [B, T, F] or None), traced on static copies of meta."""
-        fields = ("input_ids", "positions", "cache_loc", "slots", "prefix_len", "block_mask", "parents")
-        self.static = {f: getattr(meta, f).clone() if getattr(meta, f) is not None else None for f in fields}
-        self.meta = BatchMetadata(**self.static, max_prefix_len=cache.max_seq_len)
+        self.packed = _packed(meta).clone()
+        B, T = meta.input_ids.shape
+        self.meta = BatchMetadata.unpack(self.packed, B, T, meta.block_mask is not None, cache.max_seq_len)
         self.cache = cache
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -79,10 +80,13 @@ class VerifyGraph:
         self.stash = dict(cache.tree_stash)
 
     def replay(self, meta: BatchMetadata):
-        for name, buf in self.static.items():
-            if buf is not None:
-                buf.copy_(getattr(meta, name))
+        self.packed.copy_(_packed(meta))
         self.graph.replay()
         self.cache.tree_stash.clear()
         self.cache.tree_stash.update(self.stash)
         return self.tokens, self.features
+
+
+def _packed(meta: BatchMetadata) -> torch.Tensor:
+    """The step's index fields as one buffer: tree_metadata hands it over; other metadata is packed here."""
+    return meta.packed if meta.packed is not None else meta.pack()

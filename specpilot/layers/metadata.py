@@ -4,13 +4,19 @@ A step writes a block of T new tokens per request into that request's cache slot
 positions (for a tree: committed length + depth), `cache_loc` is where each token's K/V is stored in the
 slot, `prefix_len` is how many committed tokens precede the block, and `block_mask` says which block tokens
 each block token sees (None: causal within the block, the AR case).
+
+A verify block's index fields can all be views into one int64 buffer (`packed`, layout in packed_spans), so
+that the host fills it once, copies it to the device once, and a captured graph refreshes its inputs with one
+copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +30,7 @@ class BatchMetadata:
     block_mask: torch.Tensor | None = None  # [B, T, T] bool, None = causal
     kv_len: torch.Tensor | None = None  # [B] valid cache length after a decode write (computed once per step)
     parents: torch.Tensor | None = None  # [B, T] tree parent indices (-1: none), given with block_mask
+    packed: torch.Tensor | None = None  # [words] int64 that every index field above views (see packed_spans)
 
     @property
     def num_tokens(self) -> int:
@@ -40,3 +47,43 @@ class BatchMetadata:
         t = torch.arange(input_ids.shape[1], device=input_ids.device)
         pos = prefix_len[:, None] + t[None, :]
         return BatchMetadata(input_ids, pos, pos, slots, prefix_len, max_prefix_len)
+
+    def pack(self) -> torch.Tensor:
+        """The index fields in one new int64 buffer, laid out as packed_spans says (the mask as bytes)."""
+        parts = [self.input_ids, self.positions, self.cache_loc, self.slots, self.prefix_len]
+        if self.block_mask is not None:
+            mask = self.block_mask.reshape(-1).view(torch.uint8)
+            parts += [self.parents, F.pad(mask, (0, -mask.numel() % 8)).view(torch.int64)]
+        return torch.cat([p.reshape(-1) for p in parts])
+
+    @staticmethod
+    def unpack(packed: torch.Tensor, batch: int, width: int, tree: bool, max_prefix_len: int) -> BatchMetadata:
+        """Metadata whose index fields are views into `packed` (written by pack() or filled per packed_spans)."""
+        B, T, base = batch, width, packed.storage_offset()
+        spans = packed_spans(B, T, tree)
+
+        def field(name, shape, stride):  # one as_strided per field: the cheapest view torch makes
+            return packed.as_strided(shape, stride, base + spans[name][0])
+
+        ids, pos, loc = (field(n, (B, T), (T, 1)) for n in ("input_ids", "positions", "cache_loc"))
+        mask = parents = None
+        if tree:
+            parents = field("parents", (B, T), (T, 1))
+            mask = packed.view(torch.bool).as_strided((B, T, T), (T * T, T, 1), 8 * (base + spans["block_mask"][0]))
+        return BatchMetadata(ids, pos, loc, field("slots", (B,), (1,)), field("prefix_len", (B,), (1,)),
+                             max_prefix_len, mask, parents=parents, packed=packed)
+
+
+@lru_cache(maxsize=256)
+def packed_spans(batch: int, width: int, tree: bool) -> dict[str, tuple[int, int]]:
+    """Word ranges of each field in a packed buffer: input_ids, positions, cache_loc [B, T]; slots, prefix_len
+    [B]; for a tree block also parents [B, T] and block_mask [B, T, T] as bytes (padded to whole words)."""
+    sizes = [("input_ids", batch * width), ("positions", batch * width), ("cache_loc", batch * width),
+             ("slots", batch), ("prefix_len", batch)]
+    if tree:
+        sizes += [("parents", batch * width), ("block_mask", -(-batch * width * width // 8))]
+    spans, start = {}, 0
+    for name, n in sizes:
+        spans[name] = (start, start + n)
+        start += n
+    return spans

@@ -4,6 +4,9 @@ Nodes are in topological order (parent[i] < i); node 0 is the root, the token em
 target has not seen yet. The tree gives the verify pass its ancestor mask and its RoPE positions
 (committed length + depth, never the node index), and the acceptance its root-to-leaf paths.
 
+A tree's shape (its parents tuple) fixes its depths, children, ancestor mask and padded verify rows; these are
+computed once per shape (TreeLayout, cached): a static tree repeats the same parents every step.
+
 Tree shapes (TreeSpec, parsed from the CLI's --tree):
 - chain:D              D draft tokens in a line;
 - static:C1,C2,...     every node at depth d-1 gets C_d children (Sequoia / EAGLE static trees);
@@ -14,7 +17,9 @@ Tree shapes (TreeSpec, parsed from the CLI's --tree):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
+import numpy as np
 import torch
 
 
@@ -26,8 +31,7 @@ class DraftTree:
     def __post_init__(self):
         if len(self.tokens) != len(self.parents) or not self.tokens:
             raise ValueError("a DraftTree needs one parent per token and at least the root")
-        if self.parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(self.parents) if i > 0):
-            raise ValueError(f"parents must be topological (parent[i] < i, root -1): {self.parents}")
+        tree_layout(self.parents)  # validates (once per shape)
 
     @staticmethod
     def chain(tokens: list[int]) -> DraftTree:
@@ -38,26 +42,23 @@ class DraftTree:
         return len(self.tokens)
 
     @property
+    def layout(self) -> TreeLayout:
+        return tree_layout(self.parents)
+
+    @property
     def depths(self) -> tuple[int, ...]:
-        depth = [0] * self.num_nodes
-        for i in range(1, self.num_nodes):
-            depth[i] = depth[self.parents[i]] + 1
-        return tuple(depth)
+        return self.layout.depths
 
     def children(self, node: int) -> list[int]:
-        return [i for i, p in enumerate(self.parents) if p == node]
+        return list(self.layout.children[node])
 
     def ancestor_mask(self) -> torch.Tensor:
         """[N, N] bool: mask[i, j] is True when j is i or an ancestor of i."""
-        n = self.num_nodes
-        mask = torch.eye(n, dtype=torch.bool)
-        for i in range(1, n):
-            mask[i] |= mask[self.parents[i]]
-        return mask
+        return torch.from_numpy(self.layout.mask.copy())
 
     def positions(self, committed_len: int) -> torch.Tensor:
         """[N] RoPE positions: committed length + depth."""
-        return committed_len + torch.tensor(self.depths, dtype=torch.long)
+        return committed_len + torch.tensor(self.layout.depths, dtype=torch.long)
 
     def paths(self) -> list[list[int]]:
         """Root-to-leaf node paths."""
@@ -72,11 +73,69 @@ class DraftTree:
 
     def draft_count_per_depth(self) -> list[int]:
         """Number of draft nodes at depth 1, 2, ... (the root is not a draft)."""
-        depths = self.depths
-        counts = [0] * max(depths, default=0)
-        for d in depths[1:]:
+        return list(self.layout.draft_count_per_depth)
+
+
+class TreeLayout:
+    """What a tree shape (its parents) determines; built once per shape by tree_layout(). The arrays are shared
+    between every tree of the shape: read them, never write them."""
+
+    def __init__(self, parents: tuple[int, ...]):
+        if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
+            raise ValueError(f"parents must be topological (parent[i] < i, root -1): {parents}")
+        n = len(parents)
+        depth = [0] * n
+        children: list[list[int]] = [[] for _ in range(n)]
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+            children[parents[i]].append(i)
+        self.parents, self.depths = parents, tuple(depth)
+        self.children = tuple(map(tuple, children))
+        self.is_chain = parents == tuple(range(-1, n - 1))
+        counts = [0] * max(depth)
+        for d in depth[1:]:
             counts[d - 1] += 1
-        return counts
+        self.draft_count_per_depth = tuple(counts)
+        self.depth_array = np.array(depth, dtype=np.int64)
+        self.depth_array.flags.writeable = False
+        self._padded: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    @cached_property
+    def mask(self) -> np.ndarray:
+        """[N, N] bool ancestor mask (self included), by walking every node up one level at a time."""
+        n = len(self.parents)
+        up = np.array((0,) + self.parents[1:], dtype=np.int64)  # the root is its own parent: walks stop there
+        rows, node = np.arange(n), np.arange(n)
+        mask = np.zeros((n, n), dtype=bool)
+        mask[rows, node] = True
+        for _ in range(max(self.depths)):
+            node = up[node]
+            mask[rows, node] = True
+        mask.flags.writeable = False
+        return mask
+
+    def padded(self, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(depths [W], parents [W], ancestor mask [W, W]) padded to `width` with nodes at depth 0, no parent,
+        that see only themselves: the verify block's rows for this shape."""
+        rows = self._padded.get(width)
+        if rows is None:
+            n = len(self.parents)
+            depths = np.zeros(width, dtype=np.int64)
+            depths[:n] = self.depth_array
+            parents = np.full(width, -1, dtype=np.int64)
+            parents[:n] = self.parents
+            mask = np.eye(width, dtype=bool)
+            mask[:n, :n] = self.mask
+            for a in (depths, parents, mask):
+                a.flags.writeable = False
+            rows = self._padded[width] = (depths, parents, mask)
+        return rows
+
+
+@lru_cache(maxsize=1024)
+def tree_layout(parents: tuple[int, ...]) -> TreeLayout:
+    """The cached layout of a tree shape (dynamic trees change shape every step: the cache is bounded)."""
+    return TreeLayout(parents)
 
 
 @dataclass(frozen=True, slots=True)

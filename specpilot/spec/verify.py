@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.metadata import BatchMetadata, packed_spans
 from specpilot.spec.tree import DraftTree
 
 
@@ -29,41 +30,60 @@ def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int
                   width: int | None = None, chains_as_trees: bool = False) -> BatchMetadata:
     """The verify block of a batch: nodes stored right after each request's committed prefix, RoPE positions by
     depth, the ancestor mask; smaller trees are padded (to `width` if given: a captured graph's fixed size) with
-    nodes that see only themselves."""
-    B, T = len(trees), max([t.num_nodes for t in trees] + [width or 0])
-    ids = torch.zeros(B, T, dtype=torch.long)
-    pos = torch.zeros(B, T, dtype=torch.long)
-    mask = torch.eye(T, dtype=torch.bool).repeat(B, 1, 1)
-    parents = torch.full((B, T), -1, dtype=torch.long)
-    for b, (tree, p) in enumerate(zip(trees, prefix_len)):
-        n = tree.num_nodes
-        ids[b, :n] = torch.tensor(tree.tokens)
-        parents[b, :n] = torch.tensor(tree.parents)
-        pos[b, :n] = tree.positions(p)
-        pos[b, n:] = p
-        mask[b, :n, :n] = tree.ancestor_mask()
-    prefix = torch.tensor(prefix_len, dtype=torch.long)
-    loc = prefix[:, None] + torch.arange(T)[None, :]
+    nodes that see only themselves. Every field views one packed int64 buffer, filled on the host from the
+    cached tree layouts and copied to the device in one non-blocking copy."""
+    B, T = len(trees), max(max(t.num_nodes for t in trees), width or 0)
+    layouts = [t.layout for t in trees]
     # chains need no mask: causal order is their ancestor order, and padding after a chain is seen by no real
     # node (this is also what lets recurrent layers, which take no mask, verify chains)
-    all_chains = all(t.parents == tuple(range(-1, t.num_nodes - 1)) for t in trees)
-    if all_chains and not chains_as_trees:
-        mask = parents = None
-    else:
-        mask, parents = mask.to(device), parents.to(device)
-    return BatchMetadata(ids.to(device), pos.to(device), loc.to(device), torch.tensor(slots, device=device),
-                         prefix.to(device), max(prefix_len), mask, parents=parents)
+    tree = chains_as_trees or not all(lay.is_chain for lay in layouts)
+    spans = packed_spans(B, T, tree)
+    host = host_int64(spans["block_mask" if tree else "prefix_len"][1], device)
+    _fill(host.numpy(), spans, trees, layouts, prefix_len, slots, T, tree)
+    packed = host.to(device, non_blocking=True)
+    return BatchMetadata.unpack(packed, B, T, tree, max(prefix_len))
+
+
+def _fill(buf: np.ndarray, spans, trees, layouts, prefix_len, slots, T: int, tree: bool) -> None:
+    B = len(trees)
+    rows = {name: buf[a:b] for name, (a, b) in spans.items() if name != "block_mask"}
+    ids, pos, loc = (rows[k].reshape(B, T) for k in ("input_ids", "positions", "cache_loc"))
+    rows["slots"][:] = slots
+    prefix = rows["prefix_len"]
+    prefix[:] = prefix_len
+    np.add(prefix[:, None], np.arange(T), out=loc)
+    ids.fill(0)
+    if tree:
+        a, _ = spans["block_mask"]
+        parents = rows["parents"].reshape(B, T)
+        buf[-1] = 0  # the mask's padding bytes, so the buffer equals BatchMetadata.pack() of its fields
+        mask = buf[a:].view(np.uint8)[:B * T * T].view(np.bool_).reshape(B, T, T)
+    for b, (t, lay) in enumerate(zip(trees, layouts)):
+        ids[b, :t.num_nodes] = t.tokens
+        depths, par, anc = lay.padded(T)
+        np.add(depths, prefix[b], out=pos[b])
+        if tree:
+            parents[b] = par
+            mask[b] = anc
+
+
+def host_int64(n: int, device) -> torch.Tensor:
+    """An uninitialised int64 host buffer to fill and send to `device`: pinned for a GPU, so the copy is truly
+    non-blocking (the caching host allocator keeps it until that copy is done)."""
+    return torch.empty(n, dtype=torch.long, pin_memory=torch.device(device).type == "cuda")
 
 
 def accept_greedy(trees: list[DraftTree], argmax: list[list[int]]) -> list[Acceptance]:
     """argmax[b][i]: the target's greedy token after node i of request b (host lists: the step's one sync)."""
     out = []
     for tree, best in zip(trees, argmax):
-        children: dict[tuple[int, int], int] = {}
-        for i in range(1, tree.num_nodes):
-            children.setdefault((tree.parents[i], tree.tokens[i]), i)
+        children, tokens = tree.layout.children, tree.tokens
         path = [0]
-        while (path[-1], best[path[-1]]) in children:
-            path.append(children[(path[-1], best[path[-1]])])
-        out.append(Acceptance(tuple(path), tuple(tree.tokens[i] for i in path[1:]) + (best[path[-1]],)))
+        while True:  # the first child (lowest index) carrying the target's token wins
+            want = best[path[-1]]
+            child = next((c for c in children[path[-1]] if tokens[c] == want), None)
+            if child is None:
+                break
+            path.append(child)
+        out.append(Acceptance(tuple(path), tuple(tokens[i] for i in path[1:]) + (best[path[-1]],)))
     return out

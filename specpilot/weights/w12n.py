@@ -105,7 +105,7 @@ def _join_bits(sign: torch.Tensor, exp: torch.Tensor, man: torch.Tensor) -> torc
 def _exponent_histogram(w: torch.Tensor) -> torch.Tensor:
     """bf16 w -> int64 [256] counts of finite nonzero exponents (0 and 255 can never be inside the window)."""
     _, exp, _ = _split_bits(w)
-    hist = torch.bincount(exp.flatten(), minlength=256)
+    hist = torch.bincount(exp.flatten(), minlength=256).cpu()  # 256 counts: the base search runs on the host
     hist[0] = hist[VERBATIM] = 0
     return hist
 

@@ -130,7 +130,7 @@ def test_forward_matches_independent_reference(target, tmp_path):
         runner.allocate(1, 32)
         _, features = runner.prefill_features(0, prompt, tuple(TARGET_LAYERS))
         drafter.start(1, prompt, features)
-        ours = drafter.block_logits(1, 42)
+        ours = drafter.block_logits([1], [42])[0]
         ref = reference_block_logits(tensors, target, features, 42, 317)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 

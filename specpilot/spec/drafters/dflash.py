@@ -6,21 +6,29 @@ target's hidden states at `target_layer_ids` are concatenated, projected by `fc`
 k_norm, RoPE at the tokens' absolute positions), kept in the drafter's cache. One forward over the block
 [root, MASK x (B-1)], bidirectional inside the block and seeing all context, gives a distribution for each
 of the B-1 next positions: a chain takes the argmax of each, a tree the top candidates per position.
-Block K/V are never cached; after verification the accepted tokens' target features extend the context.
+
+A step's proposal is one forward over every request's block (the drafter's own attention layers: the block's
+K/V go to scratch positions [context, context + B) of the slot, past the context, which the next context
+extension overwrites), then one device-to-host copy; on GPU that forward is a CUDA graph per (batch, depth,
+tree width). Accepted tokens' target features extend the context lazily: all requests' extensions since the
+last proposal go into the cache in one pass at the start of the next.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from specpilot.config import ConfigError, ModelConfig
 from specpilot.engine.cache import ModelCache
+from specpilot.layers import attention, linear
 from specpilot.layers import pointwise as pw
-from specpilot.layers.attention import Attention, block_attention
+from specpilot.layers.attention import Attention
 from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.mlp import MLP
@@ -60,15 +68,10 @@ class DFlashLayer(nn.Module):
         return k, v
 
     def forward(self, x, meta: BatchMetadata, kv, cos, sin) -> torch.Tensor:
-        attn = self.self_attn
-        B, T, _ = x.shape
-        H, KVH, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        q, k, v = attn.qkv_proj(self.input_layernorm(x)).split([H * D, KVH * D, KVH * D], dim=-1)
-        q, k = pw.qk_norm_rope(q.view(B, T, H, D), k.view(B, T, KVH, D), attn.q_norm.weight, attn.k_norm.weight,
-                               cos, sin, attn.q_norm.eps, False)
-        out = block_attention(q, k, v.view(B, T, KVH, D), kv, meta, attn.scale)
-        x = x + attn.o_proj(out.reshape(B, T, H * D))
-        return x + self.mlp.down_proj(pw.silu_mul(self.mlp.gate_up_proj(self.post_attention_layernorm(x))))
+        """The block's K/V are stored at meta.cache_loc, then attend to the prefix and the whole block (the
+        tree-attention op inside attention.block_kernel(), else SDPA)."""
+        x = x + self.self_attn(self.input_layernorm(x), meta, kv, cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashModel(nn.Module):
@@ -87,18 +90,20 @@ class DFlashModel(nn.Module):
     def reset_buffers(self) -> None:
         self.rotary.reset_buffers()
 
-    def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache: ModelCache, slot: int) -> None:
-        """features [n, K * H] of tokens at `positions` [n] -> their K/V in every layer's cache slot."""
+    def add_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                    cache: ModelCache) -> None:
+        """features [n, K * H] of tokens at `positions` [n] of cache slots `slots` [n] (any mix of requests)
+        -> their K/V in every layer's cache."""
         ctx = self.hidden_norm(self.fc(features[None].to(self.fc.weight.dtype)))
         cos, sin = self.rotary(positions[None])
         for i, layer in enumerate(self.layers):
             k, v = layer.context_kv(ctx, cos, sin)
             k_cache, v_cache = cache.kv(i)
-            k_cache[slot, :, positions] = k[0].transpose(0, 1).to(k_cache.dtype)
-            v_cache[slot, :, positions] = v[0].transpose(0, 1).to(v_cache.dtype)
+            k_cache[slots, :, positions] = k[0].to(k_cache.dtype)
+            v_cache[slots, :, positions] = v[0].to(v_cache.dtype)
 
     def forward(self, embeds: torch.Tensor, meta: BatchMetadata, cache: ModelCache) -> torch.Tensor:
-        """embeds [1, B, H] of the block -> final-normed hidden [1, B, H]; the block sees all of it and the
+        """embeds [R, B, H] of the blocks -> final-normed hidden [R, B, H]; a block sees all of itself and its
         cached context (meta.block_mask all true)."""
         cos, sin = self.rotary(meta.positions)
         x = embeds
@@ -107,24 +112,59 @@ class DFlashModel(nn.Module):
         return self.norm(x)
 
 
+class ProposalGraph:
+    """The proposal forward of a fixed (batch, depth, width), captured once and replayed: it reads one static
+    int64 input [3, n] (roots, slots, context lengths) and writes one static output."""
+
+    def __init__(self, run, inputs: torch.Tensor, warmup: int = 2):
+        self.inputs = inputs.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):  # compiles the pointwise helpers and autotunes outside the capture
+                run(self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = run(self.inputs)
+
+    def replay(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.inputs.copy_(inputs, non_blocking=True)
+        self.graph.replay()
+        return self.output
+
+
 class DFlashDrafter:
     name = "dflash"
 
     def __init__(self, model: DFlashModel, target: CausalLM, target_layers: tuple[int, ...], block_size: int,
-                 mask_token_id: int):
+                 mask_token_id: int, use_graphs: bool | None = None):
         self.model, self.target = model, target
         self.target_layers, self.block_size, self.mask_token_id = tuple(target_layers), block_size, mask_token_id
         self.device = next(model.parameters()).device
+        self.on_gpu = self.device.type == "cuda"
+        self.use_graphs = self.on_gpu if use_graphs is None else use_graphs
+        # the tree-attention op reads the prefix by its device length: no host bound, one read of the context
+        self.block_kernel = self.on_gpu
+        self.graphs: dict[tuple[int, int, int], ProposalGraph] = {}
         self.cache: ModelCache | None = None
         self.context_len: dict[int, int] = {}
+        self._pending: list[tuple[int, int, torch.Tensor]] = []  # (slot, start, features) not yet cached
+        self._offsets = torch.arange(block_size, device=self.device)
+        self._full_mask = torch.ones(1, block_size, block_size, dtype=torch.bool, device=self.device)
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
+        # block_size scratch positions past the longest context hold a proposal block's K/V
+        size = max_seq_len + self.block_size
         c = self.cache
-        if c is None or c.num_slots < num_slots or c.max_seq_len < max_seq_len:
-            self.cache = ModelCache(self.model.config, num_slots, max_seq_len, self.device, self.model.fc.weight.dtype)
+        if c is None or c.num_slots < num_slots or c.max_seq_len < size:
+            self.graphs.clear()
+            self.cache = None
+            self.cache = ModelCache(self.model.config, num_slots, size, self.device, self.model.fc.weight.dtype)
 
     @torch.inference_mode()
     def start(self, slot: int, prompt_ids: list[int], features: torch.Tensor | None) -> None:
+        self._pending = [p for p in self._pending if p[0] != slot]  # a finished request's last commit
         self.context_len[slot] = 0
         self._extend(slot, features)
 
@@ -134,36 +174,100 @@ class DFlashDrafter:
 
     def _extend(self, slot: int, features: torch.Tensor) -> None:
         start = self.context_len[slot]
-        positions = torch.arange(start, start + features.shape[0], device=self.device)
-        self.model.add_context(features, positions, self.cache, slot)
+        self._pending.append((slot, start, features))
         self.context_len[slot] = start + features.shape[0]
+
+    def _flush(self) -> None:
+        """Every pending context extension into the cache: one add_context for all requests."""
+        if not self._pending:
+            return
+        total = sum(f.shape[0] for _, _, f in self._pending)
+        host = torch.empty(2, total, dtype=torch.long, pin_memory=self.on_gpu)
+        index, at = host.numpy(), 0
+        for slot, start, f in self._pending:
+            n = f.shape[0]
+            index[0, at:at + n] = slot
+            index[1, at:at + n] = np.arange(start, start + n)
+            at += n
+        features = torch.cat([f for _, _, f in self._pending]) if len(self._pending) > 1 else self._pending[0][2]
+        slots, positions = host.to(self.device, non_blocking=True)
+        self.model.add_context(features, positions, slots, self.cache)
+        self._pending.clear()
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
-        return [self._propose_one(slot, root, spec) for slot, root in zip(slots, roots)]
-
-    def block_logits(self, slot: int, root: int) -> torch.Tensor:
-        """Draft logits [B-1, vocab] for the positions after the root (the root sits at the context length)."""
-        B, start, dev = self.block_size, self.context_len[slot], self.device
-        ids = torch.tensor([[root] + [self.mask_token_id] * (B - 1)], device=dev)
-        meta = BatchMetadata(ids, start + torch.arange(B, device=dev)[None], ids, torch.tensor([slot], device=dev),
-                             torch.tensor([start], device=dev), start, torch.ones(1, B, B, dtype=torch.bool,
-                                                                                  device=dev))
-        hidden = self.model(self.target.model.embed_tokens(ids), meta, self.cache)
-        return self.target.logits(hidden[0, 1:]).float()
-
-    def _propose_one(self, slot: int, root: int, spec: TreeSpec) -> DraftTree:
-        logits = self.block_logits(slot, root)
         depth = min(spec.depth, self.block_size - 1)
         if spec.kind == "chain":
-            return DraftTree.chain([root] + logits[:depth].argmax(-1).tolist())
+            return [DraftTree.chain([root] + row) for root, row in zip(roots, self._draft(slots, roots, depth, 0))]
         width = max(max(spec.branching, default=1), spec.top_k)
-        top = torch.log_softmax(logits, dim=-1).topk(width, dim=-1)
-        tokens, logps = top.indices.tolist(), top.values.tolist()
+        packed = self._draft(slots, roots, depth, width)  # [2, n, depth, width] int32: ids, log-prob bits
+        ids, logps = packed[0].tolist(), packed[1].view(torch.float32).tolist()
         capped = TreeSpec(spec.kind, depth, spec.branching[:depth], spec.top_k, spec.max_nodes)
         # positions in a block are predicted independently: a node's children are its depth's top tokens
-        return grow(capped, root, lambda tree, frontier: [(tokens[tree.depths[f]], logps[tree.depths[f]])
-                                                          for f in frontier])
+        return [grow(capped, root, lambda tree, frontier, t=t, lp=lp: [(t[tree.depths[f]], lp[tree.depths[f]])
+                                                                        for f in frontier])
+                for root, t, lp in zip(roots, ids, logps)]
+
+    def _draft(self, slots: list[int], roots: list[int], depth: int, width: int):
+        """The batch's proposal on the host, from one forward and one device-to-host copy: width 0 (chain)
+        argmax rows [n][depth]; else top-k ids and log-prob bits as an int32 host tensor [2, n, depth, width]."""
+        self._flush()
+        host = self._inputs(slots, roots)
+        with self._regions():
+            if self.use_graphs:
+                key = (len(slots), depth, width)
+                graph = self.graphs.get(key)
+                if graph is None:
+                    max_len = self.cache.max_seq_len  # a replay cannot follow a host bound: the SDPA path reads all
+                    graph = self.graphs[key] = ProposalGraph(lambda x: self._run(x, depth, width, max_len),
+                                                             host.to(self.device))
+                out = graph.replay(host)
+            else:
+                out = self._run(host.to(self.device, non_blocking=True), depth, width, int(host[2].max()))
+        return out.tolist() if width == 0 else out.cpu()
+
+    def _inputs(self, slots: list[int], roots: list[int]) -> torch.Tensor:
+        """The step's only host-to-device input, [3, n] (roots, slots, context lengths); pinned on GPU so that
+        its copy does not block."""
+        return torch.tensor([roots, slots, [self.context_len[s] for s in slots]], dtype=torch.long,
+                            pin_memory=self.on_gpu)
+
+    def _regions(self) -> contextlib.ExitStack:
+        """The runner's GPU regions for a fixed-shape forward of a few rows: fused pointwise helpers (only where
+        a graph fixes the shapes), Triton GEMVs, the tree-attention op."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(attention.block_kernel(self.block_kernel))
+        stack.enter_context(pw.compiled(self.on_gpu and self.use_graphs))
+        stack.enter_context(linear.decode_gemv(self.on_gpu))
+        return stack
+
+    def _run(self, inputs: torch.Tensor, depth: int, width: int, max_prefix_len: int) -> torch.Tensor:
+        """Device only (capturable): inputs [3, n] -> chain argmax [n, depth] int64, or (width > 0) the top-k
+        ids and log-prob bits [2, n, depth, width] int32, so one copy brings back both."""
+        logits = self._logits(inputs, depth, max_prefix_len)
+        if width == 0:
+            return logits.argmax(-1)
+        top = torch.log_softmax(logits, dim=-1).topk(width, dim=-1)
+        return torch.stack((top.indices.to(torch.int32), top.values.view(torch.int32)))
+
+    def _logits(self, inputs: torch.Tensor, depth: int, max_prefix_len: int) -> torch.Tensor:
+        """inputs [3, n] (roots, slots, context lengths) -> draft logits [n, depth, vocab] fp32 of the positions
+        after each root (a root sits at its context length, its block at the scratch positions from there)."""
+        roots, slots, start = inputs
+        n, B = inputs.shape[1], self.block_size
+        ids = torch.where(self._offsets == 0, roots[:, None], self.mask_token_id)  # [n, B]
+        pos = start[:, None] + self._offsets
+        meta = BatchMetadata(ids, pos, pos, slots, start, max_prefix_len, self._full_mask.expand(n, B, B))
+        hidden = self.model(self.target.model.embed_tokens(ids), meta, self.cache)
+        return self.target.logits(hidden[:, 1:1 + depth]).float()
+
+    @torch.inference_mode()
+    def block_logits(self, slots: list[int], roots: list[int]) -> torch.Tensor:
+        """Draft logits [n, B-1, vocab] fp32 for the positions after each root (eager)."""
+        self._flush()
+        host = self._inputs(slots, roots)
+        with self._regions():
+            return self._logits(host.to(self.device), self.block_size - 1, int(host[2].max()))
 
 
 def read_config(model_dir: Path) -> tuple[ModelConfig, tuple[int, ...] | None, int, int, dict]:

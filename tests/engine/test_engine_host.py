@@ -1,0 +1,134 @@
+"""The host side of a speculative step: the component timer, the packed verify-graph inputs, the commit's moves."""
+
+import contextlib
+import time
+
+import pytest
+import torch
+
+from specpilot.config import EngineConfig
+from specpilot.engine import runner as runner_module
+from specpilot.engine.engine import SpecEngine, _in_place, _Timer
+from specpilot.engine.graphs import VerifyGraph
+from specpilot.engine.runner import ModelRunner
+from specpilot.spec.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec.tree import TreeSpec
+from tests.engine.test_engine import PARAMS, RandomTreeDrafter, _models, _prompts, _reference
+
+
+def test_step_times_are_charged_to_every_component(checkpoint_factory):
+    target, _ = _models(checkpoint_factory, "qwen3")
+    out = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("static:2,1")).generate(
+        _prompts()[:2], PARAMS)
+    for _, stats in out:
+        assert set(stats.seconds) == {"draft", "verify", "accept", "commit", "other"}
+        assert all(s > 0 for s in stats.seconds.values()), stats.seconds
+
+
+class _Req:
+    def __init__(self):
+        self.stats = type("S", (), {"seconds": dict.fromkeys(("a", "b"), 0.0)})()
+
+
+def test_timer_splits_a_step_evenly_and_reads_marks_once():
+    timer, reqs = _Timer(torch.device("cpu")), [_Req(), _Req()]
+    for _ in range(3):
+        timer.start(reqs)
+        assert timer.run("a", lambda x: x + 1, 1) == 2
+        timer.run("b", sum, [1, 2])
+    assert all(r.stats.seconds["a"] == 0 for r in reqs)  # nothing is charged before the end
+    timer.charge()
+    assert reqs[0].stats.seconds == reqs[1].stats.seconds and reqs[0].stats.seconds["a"] > 0
+    assert timer.steps == []
+
+
+class _Event:
+    """A CUDA event stand-in: records the wall clock; elapsed_time in milliseconds like torch.cuda.Event."""
+
+    synced = 0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+    def synchronize(self):
+        _Event.synced += 1
+
+
+def test_timer_on_a_gpu_reads_events_after_one_sync(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    timer, reqs = _Timer(torch.device("cuda")), [_Req()]
+    timer.start(reqs)
+    timer.run("a", time.sleep, 0.01)
+    timer.run("b", lambda: None)
+    timer.charge()
+    assert _Event.synced == 1  # on the last mark only: earlier ones precede it on the stream
+    assert 0.01 <= reqs[0].stats.seconds["a"] < 1 and reqs[0].stats.seconds["b"] < 0.01
+
+
+def test_in_place_prefix():
+    assert _in_place((0, 1, 2)) == 3 and _in_place((0, 2)) == 1 and _in_place((0, 1, 4, 7)) == 2
+
+
+class _Graph:
+    """Stands in for a CUDA graph (none on CPU): replay() runs what ReplayedVerifyGraph sets."""
+
+    def replay(self):
+        self.rerun()
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+
+class ReplayedVerifyGraph(VerifyGraph):
+    """A VerifyGraph whose replay re-runs the eager forward on its static metadata and writes the captured
+    outputs in place, as a real replay does: what is checked is that the one packed copy refreshes every input."""
+
+    def __init__(self, run, meta, cache, warmup: int = 2):
+        super().__init__(run, meta, cache, warmup)
+
+        def rerun():
+            tokens, features = run(self.meta)
+            self.tokens.copy_(tokens)
+            if features is not None:
+                self.features.copy_(features)
+            for index, terms in cache.tree_stash.items():  # a replay rewrites the captured stash tensors
+                for dst, src in zip(self.stash[index], terms):
+                    dst.copy_(src)
+
+        self.graph.rerun = rerun
+
+
+@pytest.fixture
+def replayed_verify_graphs(monkeypatch):
+    @contextlib.contextmanager
+    def nothing(*args, **kwargs):
+        yield
+
+    for name, value in (("CUDAGraph", _Graph), ("graph", nothing), ("Stream", _Stream), ("stream", nothing),
+                        ("current_stream", _Stream)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(runner_module, "VerifyGraph", ReplayedVerifyGraph)
+
+
+@pytest.mark.parametrize("name,tree", [("qwen3", "static:4,3"), ("qwen3_5", "static:4,3"), ("qwen3_5", "chain:4")])
+def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_factory, replayed_verify_graphs):
+    """Random trees (padded to the spec's width) or the target drafting chains for itself, through verify graphs."""
+    target, _ = _models(checkpoint_factory, name)
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    runner = ModelRunner(target, EngineConfig(block_attention="tree"))
+    runner.use_verify_graphs = True
+    drafter = DraftLMDrafter(target) if tree.startswith("chain") else RandomTreeDrafter(3, truth, prompts)
+    engine = SpecEngine(runner, drafter, TreeSpec.parse(tree))
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == truth
+    assert runner.verify_graphs and all(isinstance(g, ReplayedVerifyGraph) for g in runner.verify_graphs.values())
+    assert any(s.tau > 1.2 for _, s in out)

@@ -1,0 +1,121 @@
+"""The DFlash drafter's batched proposal: one forward over every request's block equals each request drafted on
+its own (and the independent reference forward), through the SDPA path, the tree-attention kernel (interpreted)
+and a replayed proposal graph."""
+
+import contextlib
+
+import pytest
+import torch
+
+import specpilot.ops.tree_attention as tree_attention_op
+from specpilot.engine.engine import SpecEngine
+from specpilot.engine.generator import Generator
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams
+from specpilot.layers import attention
+from specpilot.spec.drafters import dflash
+from specpilot.spec.drafters.dflash import load_dflash
+from specpilot.spec.tree import TreeSpec
+from tests.spec.test_dflash import TARGET_LAYERS, _prompts, dflash_tensors, reference_block_logits, target, write_dflash
+
+__all__ = ["target"]  # the fixture, shared with test_dflash
+
+SPECS = ["chain:5", "chain:3", "static:2,2,1", "dynamic:3,4,8"]
+SLOTS, ROOTS = [2, 0, 1], [42, 7, 199]  # not in slot order, so the batch's rows index slots for real
+
+
+def _drafter(target, tmp_path, tensors):
+    """A drafter holding three requests of different context lengths (11, 16, 9 + a 3-token commit)."""
+    drafter = load_dflash(write_dflash(tmp_path / "d", tensors), target)
+    runner = ModelRunner(target)
+    runner.allocate(3, 40)
+    drafter.allocate(3, 40)
+    contexts = {}
+    gen = torch.Generator().manual_seed(11)
+    for slot, n in zip(SLOTS, (11, 16, 9)):
+        prompt = torch.randint(0, 300, (n,), generator=gen).tolist()
+        _, contexts[slot] = runner.prefill_features(slot, prompt, tuple(TARGET_LAYERS))
+        drafter.start(slot, prompt, contexts[slot])
+    extra = torch.randn(3, contexts[1].shape[1], generator=gen)
+    drafter.commit(1, [5, 6], extra)  # pending with the prompts: one flush writes both
+    contexts[1] = torch.cat([contexts[1], extra])
+    return drafter, contexts
+
+
+def test_batched_logits_match_the_reference_per_request(target, tmp_path):
+    tensors = dflash_tensors(torch.Generator().manual_seed(4))
+    drafter, contexts = _drafter(target, tmp_path, tensors)
+    ours = drafter.block_logits(SLOTS, ROOTS)
+    assert drafter.cache.max_seq_len == 40 + drafter.block_size  # scratch room for a block past any context
+    for row, (slot, root) in enumerate(zip(SLOTS, ROOTS)):
+        ref = reference_block_logits(tensors, target, contexts[slot], root, 317)
+        torch.testing.assert_close(ours[row], ref, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(drafter.block_logits([slot], [root])[0], ours[row], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tree", SPECS)
+def test_batched_proposal_equals_per_request(tree, target, tmp_path):
+    drafter, _ = _drafter(target, tmp_path, dflash_tensors(torch.Generator().manual_seed(4)))
+    spec = TreeSpec.parse(tree)
+    batched = drafter.propose(SLOTS, ROOTS, spec)
+    alone = [drafter.propose([slot], [root], spec)[0] for slot, root in zip(SLOTS, ROOTS)]
+    assert batched == alone
+    assert [t.tokens[0] for t in batched] == ROOTS and len({t.tokens for t in batched}) == 3
+
+
+@pytest.mark.parametrize("tree", ["chain:5", "dynamic:3,4,8"])
+def test_tree_attention_kernel_gives_the_same_trees(tree, target, tmp_path, monkeypatch):
+    drafter, _ = _drafter(target, tmp_path, dflash_tensors(torch.Generator().manual_seed(4)))
+    spec = TreeSpec.parse(tree)
+    sdpa = drafter.propose(SLOTS, ROOTS, spec)
+    calls = []
+    op = attention.tree_attention
+    monkeypatch.setattr(attention, "tree_attention", lambda *a: calls.append(1) or op(*a))
+    monkeypatch.setattr(tree_attention_op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
+    drafter.block_kernel = True
+    assert drafter.propose(SLOTS, ROOTS, spec) == sdpa
+    assert len(calls) == len(drafter.model.layers), "one tree-attention call per layer for the whole batch"
+
+
+class _Graph:
+    """Stands in for a CUDA graph (none on CPU): replay() runs what ReplayedProposalGraph sets."""
+
+    def replay(self):
+        self.rerun()
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+
+class ReplayedProposalGraph(dflash.ProposalGraph):
+    """Replay re-runs the forward on the static input and writes the captured output in place, as a real replay
+    does: what is checked is that the one input copy refreshes everything the step reads."""
+
+    def __init__(self, run, inputs, warmup: int = 2):
+        super().__init__(run, inputs, warmup)
+        self.graph.rerun = lambda: self.output.copy_(run(self.inputs))
+
+
+@pytest.fixture
+def replayed_graphs(monkeypatch):
+    @contextlib.contextmanager
+    def nothing(*args, **kwargs):
+        yield
+
+    for name, value in (("CUDAGraph", _Graph), ("graph", nothing), ("Stream", _Stream), ("stream", nothing),
+                        ("current_stream", _Stream)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(dflash, "ProposalGraph", ReplayedProposalGraph)
+
+
+@pytest.mark.parametrize("tree", ["chain:5", "dynamic:3,4,8"])
+def test_replayed_proposal_graphs_keep_output_exact(tree, target, tmp_path, replayed_graphs):
+    drafter = load_dflash(write_dflash(tmp_path / "d"), target)
+    drafter.use_graphs = True
+    params = SamplingParams(max_new_tokens=16)
+    ref = [r.token_ids for r in Generator(ModelRunner(target)).generate(_prompts(), params)]
+    out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree)).generate(_prompts(), params)
+    assert [r.token_ids for r, _ in out] == ref
+    assert drafter.graphs and all(isinstance(g, ReplayedProposalGraph) for g in drafter.graphs.values())
