@@ -9,10 +9,15 @@ for N in 1, 8, 16, 32, 64 nodes at batch 1 and 8: t(verify N)/t(verify 1) (wall 
 forward, synchronised), the commit time against the step, the tree kernel alone per layer at 64 nodes (GPU
 time from torch.profiler, and the torch form beside it), and the bytes stashed per request (the only memory
 a tree adds: no [HV, K, V] state per node). N = 1 is a chain: it updates the state in place (no stash).
+Last, the commit alone at the shape's layer count, batch 1 and 8: ops launched (top-level aten ops, and CUDA
+kernels on a GPU) and host time of ModelCache.commit_tree (one batched op for all layers and requests) against
+the per-layer per-request loop it replaced (ops/gdn_tree/reference.py). On the CPU the heads are cut to a
+minimum, so the host time is the dispatch cost alone; `--commit-only` runs just this section.
 
     PYTHONPATH=. python3 bench/hybrid_tree.py --out bench/results/hybrid_tree_h200.json
     PYTHONPATH=. python3 bench/hybrid_tree.py --out /tmp/ht.json --device cpu --shape tiny-hybrid \
         --sizes 1 4 8 --configs 1x32 2x16 --reps 2   # dry run
+    PYTHONPATH=. python3 bench/hybrid_tree.py --out /tmp/hc.json --device cpu --commit-only   # commit launches
 
 Every section runs inside its own try/except (errors are recorded in the JSON), and the JSON is written again
 after each section.
@@ -21,6 +26,7 @@ after each section.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -34,10 +40,11 @@ import specpilot.ops.gdn_tree as gdn_tree_op
 from bench.common import Report, attempt, failed, kernel_crashed, run_record
 from bench.verify_cost import random_tree
 from specpilot.config import ModelConfig
+from specpilot.engine.cache import ModelCache
 from specpilot.engine.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.ops.gated_delta_rule import gdn_gating
-from specpilot.ops.gdn_tree import ancestor_mask, chunk, tree_gated_delta_rule
+from specpilot.ops.gdn_tree import ancestor_mask, chunk, commit_paths_ref, tree_gated_delta_rule
 from specpilot.spec.verify import tree_metadata
 
 
@@ -208,6 +215,92 @@ def kernel_per_layer(model, nodes: int, batch: int, reps: int, rng: random.Rando
     return out
 
 
+def _commit_cache(cfg: ModelConfig, batch: int, nodes: int) -> tuple[ModelCache, list[list[int]]]:
+    """A cache at cfg's layer count with a random stash of `batch` trees of `nodes` nodes, written where a verify
+    pass writes it, and ragged root-first paths (lengths cycling through nodes, 3, 1, 5, ...)."""
+    cache = ModelCache(cfg, batch, 8, ar.DEVICE, torch.bfloat16 if ar.DEVICE == "cuda" else torch.float32)
+    for index in range(cfg.num_linear_layers):
+        terms = cache.tree_stash_out(index, batch, nodes)
+        for t in terms[:3]:
+            t.normal_()
+        terms[3].copy_(-torch.rand(terms[3].shape, device=ar.DEVICE).cumsum(1))
+        cache.tree_stash[index] = terms
+    lengths = [nodes, 3, 1, 5, 2, 7, 4, 6]
+    return cache, [list(range(min(nodes, lengths[b % len(lengths)]))) for b in range(batch)]
+
+
+def _count_ops(fn) -> dict:
+    """Top-level aten ops one call dispatches (each at least one launch on a GPU), and CUDA kernels on a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ar.DEVICE == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+        _sync()
+    events = prof.events()
+    out = {"aten_ops": sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)}
+    if ar.DEVICE == "cuda":
+        out["cuda_kernels"] = sum(1 for e in events if e.device_type.name == "CUDA")
+    return out
+
+
+def _host_ms(fn, reps: int) -> float:
+    """Median milliseconds until fn returns (no synchronisation: the host cost, which a step serialises)."""
+    times = []
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    _sync()
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def commit_overhead(cfg: ModelConfig, batch: int, nodes: int, reps: int) -> dict:
+    if ar.DEVICE != "cuda":  # launches do not depend on the head sizes; CPU compute on real ones would swamp them
+        cfg = dataclasses.replace(cfg, linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=4,
+                                  linear_value_head_dim=4, num_key_value_heads=1, head_dim=4)
+    cache, paths = _commit_cache(cfg, batch, nodes)
+    stash = dict(cache.tree_stash)
+    stacked = [torch.stack(t) for t in zip(*stash.values())]
+    rows = list(range(batch))
+
+    def batched():
+        cache.commit_tree(rows, rows, paths)
+        cache.tree_stash.update(stash)  # the next call folds the same stash again
+
+    def loop():
+        commit_paths_ref(cache.ssm, cache.conv, *stacked, rows, rows, paths)
+
+    out = {"linear_layers": cfg.num_linear_layers, "batch": batch, "nodes": nodes, "paths": [len(p) for p in paths]}
+    threads = torch.get_num_threads()
+    try:
+        if ar.DEVICE != "cuda":
+            # one intra-op thread: the batched ops are just big enough to go parallel, and on a shared CPU the
+            # OpenMP barriers then cost milliseconds that have nothing to do with dispatch
+            torch.set_num_threads(1)
+        for name, fn in (("batched", batched), ("per_layer_loop", loop)):
+            fn()
+            out[name] = {**_count_ops(fn), "host_ms": _host_ms(fn, reps)}
+            if ar.DEVICE == "cuda":  # the state traffic: one read and one write of every committed [K, V] state
+                out[name]["gpu_ms"] = _kernel_ms(fn, reps)["gpu_ms"]
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def commit_section(cfg: ModelConfig, reps: int, report: Report) -> None:
+    report["commit_overhead"] = [attempt(f"commit b{b}", commit_overhead, cfg, b, 16, reps) for b in (1, 8)]
+    print(f"\n{'B':>3} {'layers':>6} {'form':>15} {'aten ops':>8} {'kernels':>7} {'host ms':>8} {'gpu ms':>7}")
+    for r in report["commit_overhead"]:
+        for form in ("batched", "per_layer_loop"):
+            if form in r:
+                m = r[form]
+                print(f"{r['batch']:>3} {r['linear_layers']:>6} {form:>15} {m['aten_ops']:>8} "
+                      f"{m.get('cuda_kernels', '-'):>7} {m['host_ms']:8.3f} {m.get('gpu_ms', float('nan')):7.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -217,6 +310,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
+    p.add_argument("--commit-only", action="store_true", help="only the commit launch/host-time section")
     args = p.parse_args()
     ar.DEVICE = args.device
     rng = random.Random(0)
@@ -224,6 +318,9 @@ def main() -> None:
     report = Report(args.out, {**run_record(ar.DEVICE, args.commit), "shape": args.shape, "runs": []})
     config_cls, kw = ar.SHAPES[args.shape]
     cfg = ModelConfig.from_dict(config_cls(**kw).to_dict())
+    if args.commit_only:
+        commit_section(cfg, args.reps, report)
+        return
     crashed = kernel_crashed("gdn_tree")
     check = {"skipped": crashed} if crashed else check_gdn_kernel(cfg)
     report["gdn_kernel_check"] = check
@@ -253,6 +350,10 @@ def main() -> None:
     report["tree_kernel_per_layer"] = [attempt(f"kernel b{b}", kernel_per_layer, model, max(args.sizes), b,
                                                args.reps, rng) for b in (1, 8)]
     print(json.dumps(report["tree_kernel_per_layer"])[:1500])
+    del model
+    if ar.DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    commit_section(cfg, args.reps, report)
     print(f"\n{'B':>3} {'N':>4} {'verify ms':>9} {'ratio':>6} {'commit ms':>9} {'stash MiB/req':>13}")
     for r in report["runs"]:
         for i, n in enumerate(r.get("sizes", [])):

@@ -213,6 +213,7 @@ class EngineConfig:
     # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
     decode_pdl: bool = True
     decode_gated_down: bool = True  # batch-1 decode: the down projection's GEMV forms silu(gate) * up itself
+    decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
     verify_graphs: bool = False  # capture the verify forward per (batch, tree width) (GPU; needs block_attention=tree)
@@ -234,5 +235,7 @@ class EngineConfig:
                              "prefix by a host-side length, which a captured graph cannot follow)")
         if self.hybrid_chain_commit not in ("fold", "replay"):
             raise ValueError(f"EngineConfig.hybrid_chain_commit={self.hybrid_chain_commit!r}: use 'fold' or 'replay'")
+        if self.decode_attention_splits < 0:
+            raise ValueError(f"EngineConfig.decode_attention_splits={self.decode_attention_splits}: must be >= 0")
         if self.max_batch_size < 1:
             raise ValueError(f"EngineConfig.max_batch_size={self.max_batch_size}: must be >= 1")

@@ -2,8 +2,13 @@
 
 Attention layers keep K/V per slot as [N, KVH, S, D]; Gated DeltaNet layers keep the conv window
 [N, C, W-1] (model dtype) and the delta-rule state [N, HV, K, V] (fp32). Layers write through the views
-this object hands out; after a step, `keep` (compact accepted tree nodes) and `restore` (roll recurrent
-state back to a snapshot) are the only other writers.
+this object hands out; after a step, `keep` (compact accepted tree nodes), `commit_tree` (fold the kept
+paths) and `restore` (roll recurrent state back to a snapshot) are the only other writers.
+
+A tree verify pass stashes per linear layer and node what the fold needs (pre-conv x, k, u, G) into stacked
+buffers [L_lin, rows * nodes, ...] owned here (grown on demand, written in place, so a CUDA graph replay
+refreshes them), and records each layer's views in `tree_stash`; commit_tree folds all layers and requests at
+once from the stacked buffers.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot.config import ModelConfig
-from specpilot.ops.gdn_tree import commit_conv, fold_path
+from specpilot.ops.gdn_tree import commit_paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,12 @@ class ModelCache:
         self.ssm = torch.zeros(ssm_shape, device=device, dtype=torch.float32)
         # per linear layer, from the last tree verify pass: (pre-conv x, k, u, G) per node, for commit_tree
         self.tree_stash: dict[int, tuple[torch.Tensor, ...]] = {}
+        # per node row: x [C] (model dtype), k [H, K], u [HV, V], G [HV] (fp32); allocated on the first tree
+        self._stash_rows = ((conv_dim,), (cfg.linear_num_key_heads, cfg.linear_key_head_dim),
+                            (cfg.linear_num_value_heads, cfg.linear_value_head_dim), (cfg.linear_num_value_heads,))
+        self._stash_buffers: tuple[torch.Tensor, ...] | None = None
+        self._stash_views: dict[tuple[int, int], tuple] = {}  # (rows, nodes) -> (stacked, per-layer views)
+        self._device, self._dtype = device, dtype
 
     def kv(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]
@@ -57,15 +68,54 @@ class ModelCache:
         self.k[:, slot, :, dst] = self.k[:, slot, :, src_loc].clone()
         self.v[:, slot, :, dst] = self.v[:, slot, :, src_loc].clone()
 
+    def tree_stash_out(self, index: int, rows: int, nodes: int) -> tuple[torch.Tensor, ...]:
+        """Where a tree verify pass of `rows` x `nodes` writes linear layer `index`'s fold terms: contiguous views
+        (x [rows, nodes, C], k [.., H, K], u [.., HV, V], G [.., HV]) of the stacked stash buffers. The same
+        tensors for the same shape until the buffers grow; record them in tree_stash[index] once written."""
+        return self._stash_layout(rows, nodes)[1][index]
+
+    def _stash_layout(self, rows: int, nodes: int):
+        key = (rows, nodes)
+        if key not in self._stash_views:
+            if self._stash_buffers is None or self._stash_buffers[0].shape[1] < rows * nodes:
+                self._grow_stash(rows * nodes)
+            stacked = tuple(t[:, :rows * nodes].unflatten(1, (rows, nodes)) for t in self._stash_buffers)
+            layers = [tuple(t[i] for t in stacked) for i in range(self.ssm.shape[0])]
+            self._stash_views[key] = (stacked, layers)
+        return self._stash_views[key]
+
+    def _grow_stash(self, capacity: int) -> None:
+        # views handed out before stay valid (they keep the old buffers alive) but no longer stack: see commit_tree
+        n_lin = self.ssm.shape[0]
+        dtypes = (self._dtype, torch.float32, torch.float32, torch.float32)
+        self._stash_buffers = tuple(torch.empty((n_lin, capacity, *row), device=self._device, dtype=dt)
+                                    for row, dt in zip(self._stash_rows, dtypes))
+        self._stash_views.clear()
+
     def commit_tree(self, rows: list[int], slots: list[int], paths: list[list[int]]) -> None:
         """Recurrent state after a tree verify: for each request (row of the verify batch) fold the kept path's
-        stashed terms into its committed state and take the path's last inputs as its conv window. No state
-        per node is ever materialised."""
-        for index, (x, k, u, G) in self.tree_stash.items():
-            for row, slot, path in zip(rows, slots, paths):
-                self.ssm[index, slot] = fold_path(self.ssm[index, slot], k[row], u[row], G[row], path)
-                self.conv[index, slot] = commit_conv(self.conv[index, slot], x[row], path)
+        stashed terms into its committed state and take the path's last inputs as its conv window, for every
+        layer and request in one batched op. No state per node is ever materialised."""
+        if self.tree_stash:
+            stacked = self._stacked_stash()
+            if stacked is not None:
+                commit_paths(self.ssm, self.conv, stacked, rows, slots, paths)
+            else:
+                # a stash not (all) in the current buffers, e.g. replayed by a graph captured before they grew
+                for index, terms in self.tree_stash.items():
+                    commit_paths(self.ssm[index:index + 1], self.conv[index:index + 1], tuple(t[None] for t in terms),
+                                 rows, slots, paths)
         self.tree_stash.clear()
+
+    def _stacked_stash(self) -> tuple[torch.Tensor, ...] | None:
+        """The stash as stacked [L_lin, rows, nodes, ...] buffers, if every layer's entry is this cache's view."""
+        rows, nodes = next(iter(self.tree_stash.values()))[0].shape[:2]
+        layout = self._stash_views.get((rows, nodes))
+        if layout is None or len(self.tree_stash) != len(layout[1]):
+            return None
+        if any(self.tree_stash.get(i) is not views for i, views in enumerate(layout[1])):
+            return None
+        return layout[0]
 
     def tree_stash_bytes(self) -> int:
         """Bytes stashed by the last tree verify pass (all requests, all linear layers)."""

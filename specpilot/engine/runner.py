@@ -29,6 +29,7 @@ class ModelRunner:
         self.fused_rope = engine.fused_qk_rope_store and on_gpu
         self.pdl = engine.decode_pdl and on_gpu
         self.gated_down = engine.decode_gated_down
+        self.decode_splits = engine.decode_attention_splits
         self.block_kernel = engine.block_attention == "tree"
         self.weight_format = engine.weight_format
         self.use_verify_graphs = engine.verify_graphs and on_gpu
@@ -131,7 +132,8 @@ class ModelRunner:
         """
         with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv, self.gated_down),
               linear.weight_format(self.weight_format),
-              attention.fused_qk_rope_store(self.fused_rope), pdl.enabled(self.pdl)):
+              attention.fused_qk_rope_store(self.fused_rope), attention.decode_splits(self.decode_splits),
+              pdl.enabled(self.pdl)):
             return self._decode(input_ids, positions)
 
     def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from specpilot.ops.tree_attention import tree_attention
 
 _block_kernel = False
 _fused_decode = False
+_decode_splits: int | None = None
 
 
 @contextlib.contextmanager
@@ -52,6 +53,18 @@ def fused_qk_rope_store(enabled: bool = True):
         yield
     finally:
         _fused_decode = previous
+
+
+@contextlib.contextmanager
+def decode_splits(n: int):
+    """Inside this region decode attention splits each sequence into n chunks (0: chosen from the shapes;
+    EngineConfig.decode_attention_splits)."""
+    global _decode_splits
+    previous, _decode_splits = _decode_splits, n or None
+    try:
+        yield
+    finally:
+        _decode_splits = previous
 
 
 class Attention(nn.Module):
@@ -115,7 +128,7 @@ def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
 def decode(q, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     """q [B, 1, H, D] of one causal token per request, whose K/V are already stored -> [B, 1, H, D]."""
     kv_len = meta.kv_len if meta.kv_len is not None else meta.prefix_len + 1
-    return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale)[:, None]
+    return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale, _decode_splits)[:, None]
 
 
 def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:

@@ -4,7 +4,8 @@ in_proj packs the checkpoint's in_proj_qkv | in_proj_z | in_proj_b | in_proj_a (
 short causal conv and the delta rule read and update the request's state slot in place. Short blocks (decode,
 chains) take the fused recurrent kernel; long blocks (prefill) the chunked form. A tree block (meta.block_mask
 set) runs the conv through parent pointers and the tree-masked delta rule from the committed state, writes no
-state, and stashes per node what the commit of the kept path needs (ModelCache.commit_tree).
+state, and stashes per node what the commit of the kept path needs into the cache's buffers
+(ModelCache.tree_stash_out, then ModelCache.commit_tree).
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ class GatedDeltaNet(nn.Module):
         conv = tree_causal_conv1d(mixed, meta.parents, conv_pool[meta.slots], weight)
         q, k, v = self._split_heads(conv)
         g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-        o, (kn, u, G) = tree_gated_delta_rule(q, k, v, g, beta, meta.block_mask, ssm_pool[meta.slots])
-        cache.tree_stash[index] = (mixed, kn, u, G)
+        # the fold terms go straight into the cache's stacked stash (one batched commit for all layers)
+        stash = cache.tree_stash_out(index, *mixed.shape[:2])
+        stash[0].copy_(mixed)
+        o, _ = tree_gated_delta_rule(q, k, v, g, beta, meta.block_mask, ssm_pool[meta.slots], out=stash[1:])
+        cache.tree_stash[index] = stash
         return o
 
     def _sequence(self, mixed, a, b, weight, meta: BatchMetadata, conv_pool, ssm_pool) -> torch.Tensor:

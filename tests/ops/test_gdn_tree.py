@@ -1,4 +1,5 @@
-"""Gated DeltaNet over trees: the one-shot tree form and the fold commit against the per-path truth."""
+"""Gated DeltaNet over trees: the one-shot tree form and the fold commit against the per-path truth, and the
+batched commit of all layers and requests (torch form and Triton kernels) against the per-layer per-request loop."""
 
 import pytest
 import torch
@@ -7,8 +8,9 @@ from hypothesis import strategies as st
 
 from specpilot.ops.causal_conv1d import causal_conv1d_prefill
 from specpilot.ops.gated_delta_rule import chunk_gated_delta_rule, gdn_gating
-from specpilot.ops.gdn_tree import (ancestor_mask, commit_conv, commit_path_ref, fold_path, tree_causal_conv1d,
-                                    tree_causal_conv1d_ref, tree_gated_delta_rule, tree_gated_delta_rule_ref)
+from specpilot.ops.gdn_tree import (PathIndex, ancestor_mask, commit_conv, commit_path_ref, commit_paths,
+                                    commit_paths_ref, fold_path, tree_causal_conv1d, tree_causal_conv1d_ref,
+                                    tree_gated_delta_rule, tree_gated_delta_rule_ref)
 from specpilot.ops.testing import assert_close
 
 
@@ -103,3 +105,66 @@ def test_triton_tree_kernel_matches_reference(B, T, H, HV, K, V):
     assert_close("u", u_r, u, 1e-5)
     assert_close("k", kn_r, kn, 1e-6)
     assert_close("G", G_r, G, 1e-6)
+    # into preallocated stash views (a slice of bigger buffers), as the layer writes them
+    bufs = [torch.full((B * T + 3, *t.shape[2:]), float("nan")) for t in (kn, u, G)]
+    out = tuple(b[:B * T].unflatten(0, (B, T)) for b in bufs)
+    _, stash = kernel(qkv[:, :, :H], qkv[:, :, H:], v, g, beta, mask, S0, out=out, block_v=16)
+    assert all(s is o for s, o in zip(stash, out))
+    assert torch.equal(out[0], kn) and torch.equal(out[1], u) and torch.equal(out[2], G)
+
+
+def random_commit(L, N, R, T, H, HV, K, V, C, width, seed):
+    """State pools, a stacked stash of R rows x T nodes and L layers, and ragged root-first paths (one empty, one
+    shorter than the conv window) of 3 requests on shuffled rows and slots."""
+    gen = torch.Generator().manual_seed(seed)
+    ssm, conv = torch.randn(L, N, HV, K, V, generator=gen), torch.randn(L, N, C, width, generator=gen)
+    stash = (torch.randn(L, R, T, C, generator=gen), torch.randn(L, R, T, H, K, generator=gen) * 0.3,
+             torch.randn(L, R, T, HV, V, generator=gen), -torch.rand(L, R, T, HV, generator=gen).cumsum(2))
+    parents = _random_parents(R, T, seed)
+    paths = []
+    for length in (T, 0, 2):
+        node, path = T - 1 - len(paths), []
+        while node >= 0:
+            path.append(node)
+            node = parents[len(paths) % R, node].item()
+        paths.append(path[::-1][:length])
+    rows = torch.randperm(R, generator=gen)[:3].tolist()
+    slots = torch.randperm(N, generator=gen)[:3].tolist()
+    return ssm, conv, stash, rows, slots, paths
+
+
+@pytest.mark.parametrize("L", [1, 2, 5])
+@pytest.mark.parametrize("width", [3, 1, 0])
+def test_batched_commit_equals_per_layer_loop(L, width):
+    ssm, conv, stash, rows, slots, paths = random_commit(L, 5, 4, 9, 2, 4, 8, 6, 11, width, seed=L + width)
+    ssm_ref, conv_ref = ssm.clone(), conv.clone()
+    commit_paths_ref(ssm_ref, conv_ref, *stash, rows, slots, paths)
+    commit_paths(ssm, conv, stash, rows, slots, paths)
+    assert_close("state", ssm_ref, ssm, 1e-6)
+    assert torch.equal(conv_ref, conv)
+
+
+def test_path_index_pads_ragged_paths():
+    index = PathIndex.build([2, 0, 1], [7, 3, 5], [[0, 2, 4], [], [0]], "cpu")
+    assert index.packed.tolist() == [[2, 7, 3, 0, 2, 4], [0, 3, 0, 0, 0, 0], [1, 5, 1, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("L,H,HV,K,V,C,width",
+                         [(2, 1, 3, 12, 20, 37, 3), (3, 2, 2, 16, 8, 5, 1), (1, 1, 1, 8, 33, 9, 0)],
+                         ids=["gva3-odd-dims", "gva1", "no-conv"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32-conv", "bf16-conv"])
+def test_triton_commit_matches_reference(L, H, HV, K, V, C, width, dtype):
+    pytest.importorskip("triton")
+    from specpilot.ops.gdn_tree.triton import commit_paths as kernel
+
+    ssm, conv, stash, rows, slots, paths = random_commit(L, 6, 3, 7, H, HV, K, V, C, width, seed=C)
+    conv, stash = conv.to(dtype), (stash[0].to(dtype), *stash[1:])  # x and the conv window in the model dtype
+    ssm_ref, conv_ref = ssm.clone(), conv.clone()
+    commit_paths_ref(ssm_ref, conv_ref, *stash, rows, slots, paths)
+    x, k, u, G = stash
+    # the stash as the cache hands it out: a [:R*T] slice of bigger stacked buffers
+    views = [torch.cat([t.flatten(1, 2), torch.randn_like(t.flatten(1, 2))], 1)[:, :3 * 7].unflatten(1, (3, 7))
+             for t in (x, k, u, G)]
+    kernel(ssm, conv, *views, PathIndex.build(rows, slots, paths, "cpu"), block_v=16, block_c=32, num_warps=1)
+    assert_close("state", ssm_ref, ssm, 1e-5)
+    assert torch.equal(conv_ref, conv)

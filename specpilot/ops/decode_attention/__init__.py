@@ -15,11 +15,13 @@ def decode_attention(
     slot: torch.Tensor,
     kv_len: torch.Tensor,
     scale: float,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
-    """q [B, H, D]; k_cache, v_cache [N, KVH, S, D]; slot, kv_len [B] int (kv_len >= 1) -> o [B, H, D]."""
+    """q [B, H, D]; k_cache, v_cache [N, KVH, S, D]; slot, kv_len [B] int (kv_len >= 1) -> o [B, H, D].
+    num_splits: sequence chunks per (request, kv head) on the GPU (default: from the shapes)."""
     if use_triton(q):
         # Imported lazily so CPU-only installs without triton can still use the reference.
         from specpilot.ops.decode_attention.triton import decode_attention as decode_attention_triton
 
-        return decode_attention_triton(q, k_cache, v_cache, slot, kv_len, scale)
+        return decode_attention_triton(q, k_cache, v_cache, slot, kv_len, scale, num_splits=num_splits)
     return decode_attention_ref(q, k_cache, v_cache, slot, kv_len, scale)

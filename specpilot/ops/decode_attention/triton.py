@@ -1,8 +1,10 @@
 """Flash-decoding batch decode attention over a slotted KV cache (split-K partials, then an LSE combine).
 
 Two kernels: _split_kernel splits each request's sequence into num_splits chunks, one program per
-(request, kv head, chunk), and writes fp32 partial outputs plus their log2-sum-exp; combine_kernel (ops/split_softmax.py) merges the
-chunks per (request, query head). The grid depends only on shapes, so the op is CUDA-graph safe.
+(request, kv head, chunk), and writes fp32 partial outputs plus their log2-sum-exp; combine_kernel
+(ops/split_softmax.py) merges the chunks per (request, query head). With one split the split kernel writes the
+output itself and there is no combine launch (short contexts, where the step is a chain of short kernels).
+The grid depends only on shapes, so the op is CUDA-graph safe.
 """
 
 import math
@@ -38,6 +40,7 @@ def _split_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    DIRECT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One program: query heads [kvh*G, kvh*G+G) of request b over chunk `split` of its live positions."""
@@ -82,6 +85,10 @@ def _split_kernel(
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST_DOT)
         m_i = m_new
 
+    if DIRECT:  # a single split: the chunk is the whole sequence (kv_len >= 1, so l_i > 0)
+        tl.store(part_o_ptr + rows[:, None] * D + offs_d[None, :], (acc / l_i[:, None]).to(part_o_ptr.dtype.element_ty),
+                 mask=g_mask[:, None])
+        return
     # An empty chunk (lo >= kv_len) leaves l_i = 0: write lse = -inf and zeros so the combine weights it 0.
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -148,16 +155,19 @@ def decode_attention(
         num_splits = default_num_splits(B, KVH, S, block_n, sm_count(q.device))
     assert num_splits >= 1, f"num_splits={num_splits}"
 
-    part_o = torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
-    part_lse = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
     o = torch.empty_like(q)
+    direct = num_splits == 1  # the split kernel writes o itself: no partials, no combine launch
+    part_o = o if direct else torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
+    part_lse = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
     on = pdl.active(q)
     _split_kernel[(B, KVH, num_splits)](
         q, k_cache, v_cache, slot, kv_len, part_o, part_lse, scale * _LOG2E, S, num_splits,
         H=H, KVH=KVH, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
-        UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), DIRECT=direct, num_warps=num_warps, num_stages=num_stages,
         PDL=on, **pdl.launch_kwargs(on),
     )  # fmt: skip
+    if direct:
+        return o
     combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps,
                            PDL=on, **pdl.launch_kwargs(on))
     return o

@@ -1,23 +1,39 @@
-"""Gated DeltaNet over a draft tree (tree-masked WY form, tree conv) and the commit of a kept path.
+"""Gated DeltaNet over a draft tree (tree-masked WY form, tree conv) and the commit of the kept paths.
 
-`tree_gated_delta_rule` runs the Triton kernel (triton.py) on CUDA and the torch form (chunk.py) elsewhere;
-reference.py holds the per-path truth both are tested against. The conv and the fold are torch for now.
+`tree_gated_delta_rule` and `commit_paths` run the Triton kernels (triton.py) on CUDA and the torch forms
+(chunk.py) elsewhere; reference.py holds the per-path truth both are tested against. The tree conv is torch.
 """
 
 from specpilot.ops.dispatch import use_triton
 from specpilot.ops.gdn_tree import chunk
-from specpilot.ops.gdn_tree.chunk import ancestor_mask, commit_conv, fold_path, tree_causal_conv1d
-from specpilot.ops.gdn_tree.reference import commit_path_ref, tree_causal_conv1d_ref, tree_gated_delta_rule_ref
+from specpilot.ops.gdn_tree.chunk import PathIndex, ancestor_mask, tree_causal_conv1d
+from specpilot.ops.gdn_tree.reference import (commit_conv, commit_path_ref, commit_paths_ref, fold_path,
+                                              tree_causal_conv1d_ref, tree_gated_delta_rule_ref)
 
-__all__ = ["ancestor_mask", "commit_conv", "fold_path", "tree_causal_conv1d", "tree_gated_delta_rule",
-           "commit_path_ref", "tree_causal_conv1d_ref", "tree_gated_delta_rule_ref"]
+__all__ = ["PathIndex", "ancestor_mask", "commit_paths", "tree_causal_conv1d", "tree_gated_delta_rule",
+           "commit_conv", "commit_path_ref", "commit_paths_ref", "fold_path", "tree_causal_conv1d_ref",
+           "tree_gated_delta_rule_ref"]
 
 
-def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None):
+def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None):
     """q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T] inclusive ancestor mask; initial_state
-    [B,HV,K,V] fp32 -> (o [B,T,HV,V], fold stash (k [B,T,H,K] per key head, u [B,T,HV,V], G [B,T,HV]))."""
+    [B,HV,K,V] fp32 -> (o [B,T,HV,V], fold stash (k [B,T,H,K] per key head, u [B,T,HV,V], G [B,T,HV])), the
+    stash written into `out` (three contiguous fp32 tensors of those shapes) if given."""
     if use_triton(v):
         from specpilot.ops.gdn_tree.triton import tree_gated_delta_rule as kernel
 
-        return kernel(q, k, v, g, beta, mask, initial_state, scale)
-    return chunk.tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale)
+        return kernel(q, k, v, g, beta, mask, initial_state, scale, out)
+    return chunk.tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale, out)
+
+
+def commit_paths(ssm, conv, stash, rows: list[int], slots: list[int], paths: list[list[int]]) -> None:
+    """Fold each request's kept path (root first) into its state and take the path's last inputs as its conv
+    window, for every layer at once, in place: ssm [L,N,HV,K,V] fp32, conv [L,N,C,W-1]; stash = (x [L,R,T,C],
+    k [L,R,T,H,K], u [L,R,T,HV,V], G [L,R,T,HV]) from a tree verify of R rows; request i reads stash row
+    rows[i] and owns state slot slots[i]. One host-to-device copy and a fixed number of launches."""
+    index = PathIndex.build(rows, slots, paths, ssm.device)
+    if use_triton(ssm):
+        from specpilot.ops.gdn_tree.triton import commit_paths as kernel
+
+        return kernel(ssm, conv, *stash, index)
+    return chunk.commit_paths(ssm, conv, *stash, index)

@@ -1,4 +1,4 @@
-"""Gated DeltaNet over a draft tree in one shot (the tree-masked WY form), and the fold that commits a path.
+"""Gated DeltaNet over a draft tree in one shot (the tree-masked WY form), and the batched commit of kept paths.
 
 Per request and value head, with P the inclusive ancestor mask and G = P g the path-summed log-decay:
     D[i,j] = exp(G_i - G_j) for j ancestor-or-self of i, else 0
@@ -7,9 +7,14 @@ Per request and value head, with P the inclusive ancestor mask and G = P g the p
 (I + A) only links nodes along ancestor chains, so on each root-to-leaf path it is that chain's own system: the
 result is exactly the per-path recurrence, with no per-node state. U rows depend only on ancestors, so the state
 after a kept path is the fold S* = exp(G_leaf) S0 + sum_{j in path} exp(G_leaf - G_j) k_j u_j^T.
+
+commit_paths folds every layer and every request of a verify batch at once (ragged paths padded to the longest
+and masked), and takes each path's last W-1 inputs as its conv window: a fixed number of ops per step.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,10 +34,11 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None):
+def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None):
     """q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T] inclusive ancestor mask; initial_state
     [B,HV,K,V] fp32. Returns (o [B,T,HV,V] in v.dtype, stash) where stash = (k [B,T,H,K] normalised fp32, per
-    KEY head, u [B,T,HV,V] fp32, G [B,T,HV] fp32) is what fold_path needs. Writes no state."""
+    KEY head, u [B,T,HV,V] fp32, G [B,T,HV] fp32) is what the fold needs, written into `out` if given. Writes no
+    state."""
     HV = v.shape[2]
     qn, kn = prepare_qk(q, k, HV, scale)
     qh, kh = qn.transpose(1, 2), kn.transpose(1, 2)  # [B,HV,T,K]
@@ -49,19 +55,11 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None):
     o = G.exp()[..., None] * (qh @ S0) + ((qh @ kh.transpose(-1, -2)) * D) @ U
     group = HV // k.shape[2]
     stash = (kn[:, :, ::group].contiguous(), U.transpose(1, 2), G.transpose(1, 2))  # k once per key head
+    if out is not None:
+        for dst, src in zip(out, stash):
+            dst.copy_(src)
+        stash = tuple(out)
     return o.transpose(1, 2).to(v.dtype), stash
-
-
-def fold_path(initial_state, k, u, G, path: list[int]) -> torch.Tensor:
-    """State after keeping `path` (root first) of one request: initial_state [HV,K,V]; k [T,H,K] (per key head);
-    u [T,HV,V]; G [T,HV] (tree_gated_delta_rule's stash) -> [HV,K,V] fp32. One [K,L] x [L,V] product per head."""
-    idx = torch.tensor(path, device=k.device)
-    k = k.repeat_interleave(u.shape[1] // k.shape[1], dim=1)  # value head hv reads key head hv // group
-    Gp = G[idx]  # [L,HV]
-    leaf = Gp[-1]  # [HV]
-    w = torch.exp(leaf[None] - Gp)  # [L,HV]
-    kw = (k[idx] * w[..., None]).permute(1, 2, 0)  # [HV,K,L]
-    return leaf.exp()[:, None, None] * initial_state.float() + kw @ u[idx].transpose(0, 1)
 
 
 def tree_causal_conv1d(x, parents, conv_state, weight) -> torch.Tensor:
@@ -89,8 +87,71 @@ def tree_causal_conv1d(x, parents, conv_state, weight) -> torch.Tensor:
     return y.transpose(1, 2).to(x.dtype)
 
 
-def commit_conv(conv_state, x, path: list[int]) -> torch.Tensor:
-    """New conv window [C,W-1] of one request: the last W-1 pre-conv inputs along the kept path."""
-    width = conv_state.shape[-1]
-    idx = torch.tensor(path, device=x.device)
-    return torch.cat([conv_state, x[idx].T.to(conv_state.dtype)], dim=-1)[:, -width:]
+@dataclass(frozen=True, slots=True)
+class PathIndex:
+    """Stash row, state slot, path length and root-first path nodes of each request of a commit, packed in one
+    [B, 3 + P] int64 tensor so that one host-to-device copy moves them. Paths are padded to the longest (P >= 1)
+    by repeating their last node (node 0 for an empty path), so padded reads stay inside the tree."""
+
+    packed: torch.Tensor
+
+    @classmethod
+    def build(cls, rows: list[int], slots: list[int], paths: list[list[int]], device) -> PathIndex:
+        width = max(1, max((len(p) for p in paths), default=0))
+        table = [[r, s, len(p), *p, *[p[-1] if p else 0] * (width - len(p))] for r, s, p in zip(rows, slots, paths)]
+        packed = torch.tensor(table, dtype=torch.long).reshape(len(table), 3 + width)
+        if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the queued GPU work
+            return cls(packed.pin_memory().to(device, non_blocking=True))
+        return cls(packed.to(device))
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.packed[:, 0]
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return self.packed[:, 1]
+
+    @property
+    def lens(self) -> torch.Tensor:
+        return self.packed[:, 2]
+
+    @property
+    def nodes(self) -> torch.Tensor:
+        return self.packed[:, 3:]
+
+
+def commit_paths(ssm, conv, x, k, u, G, index: PathIndex) -> None:
+    """Commit the kept paths of every layer and request in place. ssm [L,N,HV,K,V] fp32 and conv [L,N,C,W-1] are
+    the state pools; x [L,R,T,C], k [L,R,T,H,K], u [L,R,T,HV,V], G [L,R,T,HV] the stacked verify stash."""
+    _fold_paths(ssm, k, u, G, index)
+    _commit_conv_windows(conv, x, index)
+
+
+def _fold_paths(ssm, k, u, G, index: PathIndex) -> None:
+    rows, slots, lens, nodes = index.rows[:, None], index.slots, index.lens, index.nodes
+    B, P = nodes.shape
+    valid = torch.arange(P, device=nodes.device) < lens[:, None]  # [B,P]
+    Gp = G[:, rows, nodes]  # [L,B,P,HV]
+    last = (lens - 1).clamp(min=0)
+    leaf = torch.where(lens[:, None] > 0, Gp[:, torch.arange(B, device=nodes.device), last], 0.0)  # [L,B,HV]
+    # padding repeats a real node, so its terms are finite: the mask alone keeps them out of the sum
+    w = torch.where(valid[None, :, :, None], torch.exp(leaf[:, :, None] - Gp), 0.0)  # [L,B,P,HV]
+    kp = k[:, rows, nodes].repeat_interleave(u.shape[-2] // k.shape[-2], dim=-2)  # [L,B,P,HV,K]
+    added = torch.einsum("lbphk,lbphv->lbhkv", kp * w[..., None], u[:, rows, nodes])
+    ssm[:, slots] = leaf.exp()[..., None, None] * ssm[:, slots] + added
+
+
+def _commit_conv_windows(conv, x, index: PathIndex) -> None:
+    width = conv.shape[-1]
+    if width == 0:
+        return
+    rows, slots, lens, nodes = index.rows[:, None], index.slots, index.lens, index.nodes
+    L, B, C = conv.shape[0], nodes.shape[0], conv.shape[2]
+    # window column c is position len + c of [old window | path inputs]
+    pos = lens[:, None] + torch.arange(width, device=nodes.device)  # [B,W-1]
+    from_x = pos >= width
+    src = nodes.gather(1, (pos - width).clamp(0, nodes.shape[1] - 1))  # [B,W-1]
+    new_x = x[:, rows, src].transpose(-1, -2).to(conv.dtype)  # [L,B,C,W-1]
+    old = conv[:, slots].gather(-1, pos.clamp(max=width - 1)[None, :, None].expand(L, B, C, width))
+    conv[:, slots] = torch.where(from_x[None, :, None], new_x, old)

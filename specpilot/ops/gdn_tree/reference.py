@@ -1,6 +1,7 @@
 """Plain-torch truth for Gated DeltaNet over a draft tree: every node runs the chain recurrence along its own
 root-to-node path from the committed state; the conv window follows parent pointers into the committed conv
-state. Slow (each node replays its path) and obviously right.
+state. Slow (each node replays its path) and obviously right. Also the commit of a kept path one request and
+one layer at a time (fold_path, commit_conv, commit_paths_ref), which the batched commit is tested against.
 
 Trees come as parent indices [B, T] in topological order (parent < index; -1 for nodes whose parent is the
 committed state: the root, and padding).
@@ -64,3 +65,33 @@ def commit_path_ref(initial_state, conv_state, q, k, v, g, beta, x, path: list[i
     width = conv_state.shape[-1]
     window = torch.cat([conv_state, x[path].T.to(conv_state.dtype)], dim=-1)[:, -width:]
     return S, window
+
+
+def fold_path(initial_state, k, u, G, path: list[int]) -> torch.Tensor:
+    """State after keeping `path` (root first) of one request: initial_state [HV,K,V]; k [T,H,K] (per key head);
+    u [T,HV,V]; G [T,HV] (tree_gated_delta_rule's stash) -> [HV,K,V] fp32. One [K,L] x [L,V] product per head:
+    S* = exp(G_leaf) S0 + sum_{j in path} exp(G_leaf - G_j) k_j u_j^T."""
+    idx = torch.tensor(path, dtype=torch.long, device=k.device)
+    k = k.repeat_interleave(u.shape[1] // k.shape[1], dim=1)  # value head hv reads key head hv // group
+    Gp = G[idx]  # [L,HV]
+    leaf = Gp[-1] if path else torch.zeros_like(G[0])  # [HV]
+    w = torch.exp(leaf[None] - Gp)  # [L,HV]
+    kw = (k[idx] * w[..., None]).permute(1, 2, 0)  # [HV,K,L]
+    return leaf.exp()[:, None, None] * initial_state.float() + kw @ u[idx].transpose(0, 1)
+
+
+def commit_conv(conv_state, x, path: list[int]) -> torch.Tensor:
+    """New conv window [C,W-1] of one request: the last W-1 pre-conv inputs along the kept path."""
+    idx = torch.tensor(path, dtype=torch.long, device=x.device)
+    window = torch.cat([conv_state, x[idx].T.to(conv_state.dtype)], dim=-1)
+    return window[:, window.shape[-1] - conv_state.shape[-1]:]
+
+
+def commit_paths_ref(ssm, conv, x, k, u, G, rows: list[int], slots: list[int], paths: list[list[int]]) -> None:
+    """Commit kept paths in place, one layer and one request at a time. ssm [L,N,HV,K,V] fp32 and conv [L,N,C,W-1]
+    are the state pools; x [L,R,T,C], k [L,R,T,H,K], u [L,R,T,HV,V], G [L,R,T,HV] the stacked stash of a verify
+    batch of R rows; request i is stash row rows[i], state slot slots[i] and keeps paths[i] (root first)."""
+    for layer in range(ssm.shape[0]):
+        for row, slot, path in zip(rows, slots, paths):
+            ssm[layer, slot] = fold_path(ssm[layer, slot], k[layer, row], u[layer, row], G[layer, row], path)
+            conv[layer, slot] = commit_conv(conv[layer, slot], x[layer, row], path)

@@ -1,10 +1,15 @@
-"""Triton kernel for the tree-masked gated delta rule (the one-shot WY form of chunk.py), one launch per layer.
+"""Triton kernels for the tree-masked gated delta rule (the one-shot WY form of chunk.py), one launch per layer,
+and for the commit of kept paths (the fold and the conv windows of every layer and request, one launch each).
 
 One program per (value-tile, request * value head). The tree's T nodes (padded to BT, a power of two >= 16)
 fit one tile: the program builds the path-summed decay G = P g, the masked decay D, A = beta D (K K^T) below the
 diagonal, inverts the unit lower-triangular (I + A) by the nilpotent product (I - A)(I + A^2)(I + A^4)...
 (log2 BT matrix products, no sequential solve), and writes the outputs and the fold stash (normalised k, u, G).
 Value columns are independent in the solve, so the [K, V] committed state is read in [K, BV] tiles.
+
+The fold runs one program per (layer * request * value head, value tile): it walks the request's path (up to the
+longest, masked) accumulating exp(G_leaf - G_j) k_j u_j^T into a [K, BV] tile, then rewrites that tile of the
+state in place. The conv commit runs one program per (layer * request, channel tile).
 """
 
 import torch
@@ -12,6 +17,7 @@ import triton
 import triton.language as tl
 
 from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
+from specpilot.ops.gdn_tree.chunk import PathIndex
 
 
 @triton.jit
@@ -79,9 +85,11 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, o_p
             tl.store(kn_ptr + key_rows[:, None] * K + offs_k[None, :], k, mask=row_ok[:, None])
 
 
-def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, *, block_v: int = 32, num_warps: int = 4):
+def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, *, block_v: int = 32,
+                          num_warps: int = 4):
     """Same contract as chunk.tree_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T]
-    bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV]))."""
+    bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV])),
+    the stash written into `out` (contiguous fp32) if given."""
     B, T, H, K = q.shape
     HV, V = v.shape[-2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0
@@ -93,9 +101,13 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, *, 
     mask = mask.contiguous().view(torch.uint8)
     s0 = initial_state.float().contiguous()
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
-    kn = torch.empty(B, T, H, K, dtype=torch.float32, device=v.device)
-    u = torch.empty(B, T, HV, V, dtype=torch.float32, device=v.device)
-    G = torch.empty(B, T, HV, dtype=torch.float32, device=v.device)
+    if out is None:
+        out = (torch.empty(B, T, H, K, dtype=torch.float32, device=v.device),
+               torch.empty(B, T, HV, V, dtype=torch.float32, device=v.device),
+               torch.empty(B, T, HV, dtype=torch.float32, device=v.device))
+    kn, u, G = out
+    assert kn.shape == (B, T, H, K) and u.shape == (B, T, HV, V) and G.shape == (B, T, HV)
+    assert all(t.is_contiguous() and t.dtype == torch.float32 for t in out), "the stash is written densely in fp32"
     block_v = min(block_v, max(16, triton.next_power_of_2(V)))
     grid = (triton.cdiv(V, block_v), B * HV)
     _tree_gdn_kernel[grid](q, k, v, g, beta, mask, s0, o, kn, u, G, T, HV, V, K**-0.5 if scale is None else scale,
@@ -104,3 +116,92 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, *, 
                            GROUP=HV // H, K=K, BT=BT, BV=block_v, LOG2_BT=BT.bit_length() - 1, EPS=L2NORM_EPS,
                            num_warps=num_warps)
     return o, (kn, u, G)
+
+
+@triton.jit
+def _fold_kernel(ssm_ptr, k_ptr, u_ptr, G_ptr, idx_ptr, B, HV, K, V, P,
+                 s_l, s_n, k_l, k_r, k_t, u_l, u_r, u_t, G_l, G_r, G_t, idx_b,
+                 GROUP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    pid = tl.program_id(0)  # layer * request * value head can pass the 65535 limit of grid axis 1
+    i_v = tl.program_id(1)
+    layer = (pid // (B * HV)).to(tl.int64)
+    b = (pid // HV) % B
+    hv = pid % HV
+    h = hv // GROUP
+    entry = idx_ptr + b * idx_b  # row, slot, path length, nodes (padded to P)
+    row = tl.load(entry).to(tl.int64)
+    slot = tl.load(entry + 1).to(tl.int64)
+    n = tl.load(entry + 2)
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    k_ok = offs_k < K
+    v_ok = offs_v < V
+    k_base = k_ptr + layer * k_l + row * k_r + h * K
+    u_base = u_ptr + layer * u_l + row * u_r + hv * V
+    G_base = G_ptr + layer * G_l + row * G_r + hv
+    leaf = tl.load(entry + 3 + tl.maximum(n - 1, 0))
+    G_leaf = tl.where(n > 0, tl.load(G_base + leaf * G_t), 0.0)
+    acc = tl.zeros([BK, BV], dtype=tl.float32)
+    for p in range(0, P):
+        t = tl.load(entry + 3 + p)
+        w = tl.where(p < n, tl.exp(G_leaf - tl.load(G_base + t * G_t)), 0.0)
+        kt = tl.load(k_base + t * k_t + offs_k, mask=k_ok, other=0.0)
+        ut = tl.load(u_base + t * u_t + offs_v, mask=v_ok, other=0.0)
+        acc += (w * kt)[:, None] * ut[None, :]
+    s_ptrs = ssm_ptr + layer * s_l + slot * s_n + (hv * K + offs_k[:, None]) * V + offs_v[None, :]
+    s_mask = k_ok[:, None] & v_ok[None, :]
+    state = tl.load(s_ptrs, mask=s_mask, other=0.0)
+    tl.store(s_ptrs, tl.exp(G_leaf) * state + acc, mask=s_mask)
+
+
+@triton.jit
+def _conv_commit_kernel(conv_ptr, x_ptr, idx_ptr, B, C, c_l, c_n, x_l, x_r, x_t, idx_b,
+                        WIDTH: tl.constexpr, BC: tl.constexpr):
+    pid = tl.program_id(0)
+    i_c = tl.program_id(1)
+    layer = (pid // B).to(tl.int64)
+    b = pid % B
+    entry = idx_ptr + b * idx_b
+    row = tl.load(entry).to(tl.int64)
+    slot = tl.load(entry + 1).to(tl.int64)
+    n = tl.load(entry + 2)
+    ch = i_c * BC + tl.arange(0, BC)
+    ch_ok = ch < C
+    window = conv_ptr + layer * c_l + slot * c_n + ch * WIDTH
+    x_base = x_ptr + layer * x_l + row * x_r + ch
+    # in place: column c takes old column n + c (a left shift, read before it is overwritten, by the same thread:
+    # BC >= threads, so no element is held twice) or path input n + c - WIDTH
+    for c in tl.static_range(WIDTH):
+        pos = n + c
+        from_x = pos >= WIDTH
+        node = tl.load(entry + 3 + tl.maximum(pos - WIDTH, 0))
+        # where, not &: the interpreter rejects a block mask combined with a scalar one
+        new = tl.load(x_base + node * x_t, mask=tl.where(from_x, ch_ok, False), other=0.0)
+        old = tl.load(window + tl.minimum(pos, WIDTH - 1), mask=tl.where(from_x, False, ch_ok), other=0.0)
+        new = new.to(conv_ptr.dtype.element_ty)
+        tl.store(window + c, tl.where(from_x, new, old), mask=ch_ok)
+
+
+def commit_paths(ssm, conv, x, k, u, G, index: PathIndex, *, block_v: int = 32, block_c: int = 256,
+                 num_warps: int = 4) -> None:
+    """Same contract as chunk.commit_paths (state pools updated in place), in two launches."""
+    L, _, HV, K, V = ssm.shape
+    H, C, width = k.shape[-2], conv.shape[2], conv.shape[-1]
+    packed = index.packed.contiguous()
+    B, P = packed.shape[0], packed.shape[1] - 3
+    assert k.shape[0] == u.shape[0] == G.shape[0] == x.shape[0] == L and HV % H == 0
+    assert ssm.stride()[2:] == (K * V, V, 1) and (width == 0 or conv.stride()[2:] == (width, 1)), "dense slots"
+    assert k.stride()[3:] == (K, 1) and u.stride()[3:] == (V, 1) and G.stride(3) == 1 and x.stride(3) == 1
+    if B == 0:
+        return
+    block_v = min(block_v, max(16, triton.next_power_of_2(V)))
+    _fold_kernel[(L * B * HV, triton.cdiv(V, block_v))](
+        ssm, k, u, G, packed, B, HV, K, V, P, ssm.stride(0), ssm.stride(1), k.stride(0), k.stride(1), k.stride(2),
+        u.stride(0), u.stride(1), u.stride(2), G.stride(0), G.stride(1), G.stride(2), packed.stride(0),
+        GROUP=HV // H, BK=triton.next_power_of_2(K), BV=block_v, num_warps=num_warps)
+    if width == 0:
+        return
+    block_c = max(block_c, 32 * num_warps)  # no replicated elements: the in-place shift relies on it
+    _conv_commit_kernel[(L * B, triton.cdiv(C, block_c))](
+        conv, x, packed, B, C, conv.stride(0), conv.stride(1), x.stride(0), x.stride(1), x.stride(2),
+        packed.stride(0), WIDTH=width, BC=block_c, num_warps=num_warps)

@@ -1,0 +1,93 @@
+"""ModelCache.commit_tree: the batched commit of all linear layers and requests from the stacked stash equals the
+per-layer per-request loop it replaced, through the cache's own stash views, loose stashes and a grown buffer."""
+
+import pytest
+import torch
+
+from specpilot.bench.shapes import hf_config
+from specpilot.config import ModelConfig
+from specpilot.engine.cache import ModelCache
+from specpilot.ops.gdn_tree import commit_paths_ref
+from specpilot.ops.testing import assert_close
+
+ROWS, NODES = 4, 9
+PATHS = [[0, 2, 5, 6, 8], [], [0, 1]]  # ragged: one empty, one shorter than the conv window
+ROWS_OF, SLOTS_OF = [3, 0, 2], [4, 1, 2]
+
+
+def _cache(n_lin: int) -> ModelCache:
+    cfg = ModelConfig.from_dict(hf_config("tiny-hybrid", num_hidden_layers=2 * n_lin).to_dict())
+    cache = ModelCache(cfg, 5, 16, "cpu", torch.float32)
+    cache.ssm.normal_()
+    cache.conv.normal_()
+    return cache
+
+
+def _fill(cache: ModelCache, rows: int, nodes: int, loose: bool = False) -> None:
+    """Random fold terms for every linear layer, written as a tree verify pass writes them."""
+    for index in range(cache.ssm.shape[0]):
+        views = cache.tree_stash_out(index, rows, nodes)
+        terms = tuple(torch.empty_like(t) for t in views) if loose else views
+        terms[0].normal_()
+        terms[1].normal_(std=0.3)
+        terms[2].normal_()
+        terms[3].copy_(-torch.rand(terms[3].shape).cumsum(1))
+        cache.tree_stash[index] = terms
+
+
+def _expected(cache: ModelCache):
+    ssm, conv = cache.ssm.clone(), cache.conv.clone()
+    stacked = [torch.stack(t) for t in zip(*(cache.tree_stash[i] for i in sorted(cache.tree_stash)))]
+    commit_paths_ref(ssm, conv, *stacked, ROWS_OF, SLOTS_OF, PATHS)
+    return ssm, conv
+
+
+def _check(cache: ModelCache) -> None:
+    ssm, conv = _expected(cache)
+    cache.commit_tree(ROWS_OF, SLOTS_OF, PATHS)
+    assert not cache.tree_stash
+    assert_close("state", ssm, cache.ssm, 1e-6)
+    assert torch.equal(conv, cache.conv)
+
+
+@pytest.mark.parametrize("n_lin", [1, 2, 5])
+def test_batched_commit_equals_per_layer_loop(n_lin):
+    cache = _cache(n_lin)
+    _fill(cache, ROWS, NODES)
+    assert cache._stacked_stash() is not None  # the one batched op, no stacking copy
+    _check(cache)
+
+
+def test_stash_survives_a_graph_style_restore():
+    # VerifyGraph keeps dict(tree_stash) after capture and puts it back after each replay
+    cache = _cache(2)
+    _fill(cache, ROWS, NODES)
+    kept = dict(cache.tree_stash)
+    cache.tree_stash.clear()
+    cache.tree_stash.update(kept)
+    assert cache._stacked_stash() is not None
+    _check(cache)
+
+
+@pytest.mark.parametrize("n_lin", [1, 3])
+def test_loose_or_outgrown_stash_commits_the_same(n_lin):
+    cache = _cache(n_lin)
+    _fill(cache, ROWS, NODES, loose=True)
+    assert cache._stacked_stash() is None
+    _check(cache)
+    _fill(cache, ROWS, NODES)
+    held = dict(cache.tree_stash)
+    cache.tree_stash_out(0, ROWS, 4 * NODES)  # a bigger tree grows the buffers; held views keep the old ones
+    cache.tree_stash.update(held)
+    assert cache._stacked_stash() is None
+    _check(cache)
+
+
+def test_stash_views_are_reused_and_sized():
+    cache = _cache(2)
+    views = cache.tree_stash_out(1, 2, 3)
+    assert views is cache.tree_stash_out(1, 2, 3)
+    assert [tuple(t.shape) for t in views] == [(2, 3, 128), (2, 3, 2, 16), (2, 3, 4, 16), (2, 3, 4)]
+    assert all(t.is_contiguous() for t in views)
+    cache.tree_stash_out(0, 3, 2)  # same number of node rows: no growth, the earlier views stay current
+    assert views is cache.tree_stash_out(1, 2, 3)
