@@ -5,8 +5,9 @@ Correctness first: the Triton GDN tree kernel against the torch tree form at the
 fails, the rest runs on the torch form, labelled "gdn_tree_impl"); then, on the real shape cut to 4 layers in
 fp32, the verify logits of a random tree equal those of each node's own chain (prefill of prompt + path), and
 the committed state after folding a kept path equals a prefill of prompt + path. Then, at full depth in bf16,
-for N in 1, 8, 16, 32, 64 nodes at batch 1 and 8: t(verify N)/t(verify 1) (wall clock of an eager verify
-forward, synchronised), the commit time against the step, the tree kernel alone per layer at 64 nodes (GPU
+for N in 1, 8, 16, 32, 64 nodes at batch 1 and 8: t(verify N)/t(verify 1) (GPU time of the engine's verify
+path: a CUDA graph per shape, CUDA-event-timed replays), the commit time against the step (the larger of its
+GPU time and its host time), the tree kernel alone per layer at 64 nodes (GPU
 time from torch.profiler, and the torch form beside it), and the bytes stashed per request (the only memory
 a tree adds: no [HV, K, V] state per node). N = 1 is a chain: it updates the state in place (no stash).
 Last, the commit alone at the shape's layer count, batch 1 and 8: ops launched (top-level aten ops, and CUDA
@@ -39,7 +40,7 @@ import bench.ar_decode as ar
 import specpilot.ops.gdn_tree as gdn_tree_op
 from bench.common import Report, attempt, failed, kernel_crashed, run_record
 from bench.verify_cost import random_tree
-from specpilot.config import ModelConfig
+from specpilot.config import EngineConfig, ModelConfig
 from specpilot.engine.cache import ModelCache
 from specpilot.engine.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
@@ -129,13 +130,17 @@ def check_fp32(shape: str, rng: random.Random) -> dict:
 
 @torch.inference_mode()
 def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.Random, report: Report) -> dict:
+    """Per tree size: the engine's verify path (a CUDA graph per shape on a GPU, chains verified as trees and
+    folded as the engine does by default), GPU time of a replay; then the commit of each tree's deepest path
+    (K/V compaction + the batched recurrent fold), GPU time by CUDA events and host time by wall clock."""
     vocab = model.config.vocab_size
-    runner = ModelRunner(model)
-    runner.allocate(batch, ctx + max(sizes) + 8)
+    gpu = ar.DEVICE == "cuda"
+    runner = ModelRunner(model, EngineConfig(block_attention="tree", verify_graphs=gpu))
+    runner.allocate(batch, ctx + max(sizes) + reps + 8)
     for b in range(batch):
         runner.prefill(b, [rng.randrange(vocab) for _ in range(ctx)])
-    out = {"batch": batch, "ctx": ctx, "sizes": [], "verify_s": [], "commit_s": [], "stash_bytes_per_request": [],
-           "errors": {}}
+    out = {"batch": batch, "ctx": ctx, "path": "verify graphs" if gpu else "eager", "sizes": [], "verify_s": [],
+           "commit_gpu_s": [], "commit_host_s": [], "stash_bytes_per_request": [], "errors": {}}
     report["runs"].append(out)
     saved = runner.cache.ssm.clone(), runner.cache.conv.clone()
     for n in sizes:
@@ -144,37 +149,54 @@ def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.
             out["errors"][str(n)] = r["error"]
             continue
         out["sizes"].append(n)
-        for key in ("verify_s", "commit_s", "stash_bytes_per_request"):
+        for key in ("verify_s", "commit_gpu_s", "commit_host_s", "stash_bytes_per_request"):
             out[key].append(r[key])
         report.save()
     if out["sizes"]:
         t1 = out["verify_s"][0]
         out["verify_ratio"] = [t / t1 for t in out["verify_s"]]
-        out["commit_fraction_of_step"] = [c / (v + c) for v, c in zip(out["verify_s"], out["commit_s"])]
+        out["commit_fraction_of_step"] = [max(c, h) / (v + max(c, h)) for v, c, h in
+                                          zip(out["verify_s"], out["commit_gpu_s"], out["commit_host_s"])]
     report.save()
+    runner.verify_graphs.clear()
     runner.cache = None
     return out
 
 
 def _one_size(model, runner, batch, ctx, n, reps, rng, saved) -> dict:
+    import bench.verify_cost as vc
+
     vocab, dev = model.config.vocab_size, ar.DEVICE
+    vc.DEVICE = dev
     trees = [random_tree(n, vocab, rng) for _ in range(batch)]
-    meta = tree_metadata(trees, [ctx] * batch, list(range(batch)), dev)
-    verify_s = _median_s(lambda: model.logits(runner.forward(meta)), reps)
+    meta = tree_metadata(trees, [ctx] * batch, list(range(batch)), dev, chains_as_trees=True)
+    runner.verify(meta)  # captures the graph (GPU) and stashes the fold terms
+    graph = next(iter(runner.verify_graphs.values()), None)
+    replay = graph.graph.replay if graph is not None else lambda: runner.verify(meta)
+    verify_s = vc.time_replays(replay, reps)
+    runner.verify(meta)  # restores the stash views this shape's graph writes
     stash = runner.cache.tree_stash_bytes() / batch
     # commit the deepest path of each tree: K/V compaction of the attention layers + the recurrent fold
     paths = [max(t.paths(), key=len) for t in trees]
-    runner.forward(meta)
+    moves = [(b, ctx + node, ctx + i) for b, path in enumerate(paths) for i, node in enumerate(path)]
     _sync()
     t0 = time.perf_counter()
-    for b, path in enumerate(paths):
-        runner.cache.keep(b, ctx + torch.tensor(path, device=dev), ctx)
+    start = torch.cuda.Event(True) if dev == "cuda" else None
+    if start is not None:
+        start.record()
+    index = torch.tensor(moves, device=dev).T
+    runner.cache.keep(index[0], index[1], index[2])
     runner.cache.commit_tree(list(range(batch)), list(range(batch)), paths)
+    host_s = time.perf_counter() - t0
+    if start is not None:
+        end = torch.cuda.Event(True)
+        end.record()
     _sync()
-    commit_s = time.perf_counter() - t0
+    gpu_s = start.elapsed_time(end) / 1e3 if start is not None else time.perf_counter() - t0
     runner.cache.ssm.copy_(saved[0])
     runner.cache.conv.copy_(saved[1])
-    return {"verify_s": verify_s, "commit_s": commit_s, "stash_bytes_per_request": stash}
+    runner.verify_graphs.clear()
+    return {"verify_s": verify_s, "commit_gpu_s": gpu_s, "commit_host_s": host_s, "stash_bytes_per_request": stash}
 
 
 def _kernel_ms(fn, reps: int) -> dict:
@@ -354,11 +376,13 @@ def main() -> None:
     if ar.DEVICE == "cuda":
         torch.cuda.empty_cache()
     commit_section(cfg, args.reps, report)
-    print(f"\n{'B':>3} {'N':>4} {'verify ms':>9} {'ratio':>6} {'commit ms':>9} {'stash MiB/req':>13}")
+    print(f"\n{'B':>3} {'N':>4} {'verify ms':>9} {'ratio':>6} {'commit gpu ms':>13} {'host ms':>8} {'% step':>6} "
+          f"{'stash MiB/req':>13}")
     for r in report["runs"]:
         for i, n in enumerate(r.get("sizes", [])):
             print(f"{r['batch']:>3} {n:>4} {1e3 * r['verify_s'][i]:9.2f} {r['verify_ratio'][i]:6.2f} "
-                  f"{1e3 * r['commit_s'][i]:9.2f} {r['stash_bytes_per_request'][i] / 2**20:13.2f}")
+                  f"{1e3 * r['commit_gpu_s'][i]:13.3f} {1e3 * r['commit_host_s'][i]:8.3f} "
+                  f"{100 * r['commit_fraction_of_step'][i]:6.1f} {r['stash_bytes_per_request'][i] / 2**20:13.2f}")
 
 
 if __name__ == "__main__":

@@ -61,12 +61,12 @@ class ModelCache:
         self.conv[:, slots] = 0
         self.ssm[:, slots] = 0
 
-    def keep(self, slot: int, src_loc: torch.Tensor, dst_start: int) -> None:
-        """Move the K/V of kept block tokens (src_loc [n], in order) to contiguous positions from dst_start."""
-        n = src_loc.numel()
-        dst = slice(dst_start, dst_start + n)
-        self.k[:, slot, :, dst] = self.k[:, slot, :, src_loc].clone()
-        self.v[:, slot, :, dst] = self.v[:, slot, :, src_loc].clone()
+    def keep(self, slots: torch.Tensor, src_loc: torch.Tensor, dst_loc: torch.Tensor) -> None:
+        """Move the K/V of kept block tokens: position src_loc[i] of slot slots[i] to dst_loc[i], in every
+        attention layer, for all requests at once ([M] device int64 each). The gather copies before the
+        scatter writes, so overlapping source and destination ranges are safe."""
+        for t in (self.k, self.v):
+            t[:, slots, :, dst_loc] = t[:, slots, :, src_loc]
 
     def tree_stash_out(self, index: int, rows: int, nodes: int) -> tuple[torch.Tensor, ...]:
         """Where a tree verify pass of `rows` x `nodes` writes linear layer `index`'s fold terms: contiguous views

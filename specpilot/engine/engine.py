@@ -169,18 +169,19 @@ class SpecEngine:
 
     def _keep(self, active: list[_Request], accepted: list[Acceptance]) -> None:
         """Moves the K/V of accepted nodes that are not already in place (a path starting 0, 1, 2, ... is: a
-        chain never moves); the moved nodes' locations of all requests go to the device in one copy."""
+        chain never moves); the moves of all requests go to the device in one copy and run as one gather and
+        one scatter per K and V."""
         moves = [(r, first, acc.path[first:]) for r, acc in zip(active, accepted)
                  if (first := _in_place(acc.path)) < len(acc.path)]
         if not moves:
             return
-        locs = [r.committed + node for r, _, nodes in moves for node in nodes]
-        host = host_int64(len(locs), self.runner.device)
-        host.numpy()[:] = locs
-        src, at = host.to(self.runner.device, non_blocking=True), 0
-        for r, first, nodes in moves:
-            self.runner.cache.keep(r.slot, src[at:at + len(nodes)], r.committed + first)
-            at += len(nodes)
+        slots = [r.slot for r, _, nodes in moves for _ in nodes]
+        src = [r.committed + node for r, _, nodes in moves for node in nodes]
+        dst = [r.committed + first + i for r, first, nodes in moves for i in range(len(nodes))]
+        host = host_int64(3 * len(src), self.runner.device)
+        host.numpy()[:] = slots + src + dst
+        index = host.to(self.runner.device, non_blocking=True).view(3, -1)
+        self.runner.cache.keep(index[0], index[1], index[2])
 
     def _path_features(self, row: int, path: tuple[int, ...]) -> torch.Tensor:
         # a copy either way: a verify graph's features are a static buffer that the next replay overwrites

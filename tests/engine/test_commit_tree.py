@@ -91,3 +91,24 @@ def test_stash_views_are_reused_and_sized():
     assert all(t.is_contiguous() for t in views)
     cache.tree_stash_out(0, 3, 2)  # same number of node rows: no growth, the earlier views stay current
     assert views is cache.tree_stash_out(1, 2, 3)
+
+
+def test_keep_moves_every_request_at_once_with_overlap():
+    """ModelCache.keep: each (slot, src -> dst) move lands, ranges that overlap within a slot included, and
+    nothing else changes."""
+    cfg = type("Cfg", (), dict(num_attention_layers=2, num_linear_layers=0, num_key_value_heads=2, head_dim=4,
+                               linear_num_key_heads=0, linear_key_head_dim=0, linear_num_value_heads=0,
+                               linear_value_head_dim=0, linear_conv_kernel_dim=0))()
+    cache = ModelCache(cfg, 3, 20, "cpu", torch.float32)
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    slots = torch.tensor([1, 1, 1, 2, 2])
+    src = torch.tensor([14, 15, 17, 5, 9])
+    dst = torch.tensor([12, 13, 14, 4, 5])
+    cache.keep(slots, src, dst)
+    want_k, want_v = k0.clone(), v0.clone()
+    for s_, a, b in zip(slots.tolist(), src.tolist(), dst.tolist()):
+        want_k[:, s_, :, b], want_v[:, s_, :, b] = k0[:, s_, :, a], v0[:, s_, :, a]
+    torch.testing.assert_close(cache.k, want_k, rtol=0, atol=0)
+    torch.testing.assert_close(cache.v, want_v, rtol=0, atol=0)

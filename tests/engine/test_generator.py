@@ -112,7 +112,7 @@ def test_block_write_keep_and_state_restore(name, checkpoint_factory):
         snap = cache.snapshot(torch.tensor([0]))
         # a 4-token block stored at 12..15, run as one causal block; keep tokens 0 and 1
         model(BatchMetadata.contiguous(extra, torch.tensor([12]), torch.tensor([0]), 12), cache)
-        cache.keep(0, torch.tensor([12, 13]), 12)
+        cache.keep(torch.tensor([0, 0]), torch.tensor([12, 13]), torch.tensor([12, 13]))
         if model.config.is_hybrid:
             cache.restore(snap)
             model(BatchMetadata.contiguous(extra[:, :2], torch.tensor([12]), torch.tensor([0]), 12), cache)
