@@ -84,7 +84,8 @@ def tree_causal_conv1d(x, parents, conv_state, weight) -> torch.Tensor:
     idx = torch.stack(cols[::-1], dim=-1)  # [B,T,W] oldest first
     windows = seq.gather(2, idx.reshape(B, 1, T * W).expand(B, C, T * W)).view(B, C, T, W)
     y = F.silu((windows * weight.float()[:, None, :]).sum(-1))
-    return y.transpose(1, 2).to(x.dtype)
+    # dense [B,T,C]: the heads split from it feed kernels that need a dense head dim
+    return y.transpose(1, 2).to(x.dtype).contiguous()
 
 
 @dataclass(frozen=True, slots=True)
