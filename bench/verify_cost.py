@@ -12,8 +12,11 @@ graph's greedy tokens against eager masked SDPA.
 Host overhead (issue 3: at most 5% of a step at batch 1): a SpecEngine step (schedule, propose, verify,
 accept, commit, emit) with a drafter that proposes the tree spec's full shape at no device cost, at batch 1
 and context 512, timed by wall clock (synchronised after each step) and, over the same number of steps, its
-GPU busy time (sum of kernel and copy durations from torch.profiler). overhead = 1 - busy / wall: the share
-of the step the GPU waits for the host. The verify call alone is measured the same way. Variants: eager SDPA,
+GPU busy time (sum of kernel and copy durations from torch.profiler). The step's GPU time is that busy time
+plus the launch gaps inside the verify graph (its back-to-back replay time minus its kernel time: gaps the
+device has with no host work at all); host overhead = 1 - GPU time / wall, the share of the step the GPU
+waits for the host. 1 - busy / wall is reported beside it as the GPU idle share. The verify call alone is
+measured the same way. Variants: eager SDPA,
 eager tree attention, and verify CUDA graphs (EngineConfig(verify_graphs=True, block_attention="tree")).
 
     PYTHONPATH=. python3 bench/verify_cost.py --out bench/results/verify_cost_h200.json
@@ -264,15 +267,23 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
     v_walls = _walls(verify, steps)
     v_busy = _profiled(verify, steps)
     wall, v_wall = statistics.median(walls), statistics.median(v_walls)
+    # the verify graph replayed back to back: its GPU time with the launch gaps between its kernels, which are
+    # the device's own (a replay loop with no host work has them too), unlike the kernel-time sum `v_busy`
+    graph = next(iter(runner.verify_graphs.values()), None)
+    graph_ms = time_replays(graph.graph.replay, steps) * 1e3 if graph is not None else None
+    in_graph_gaps = max(0.0, graph_ms - v_busy) if graph_ms is not None else 0.0
+    gpu_step = busy + in_graph_gaps  # what the step costs the GPU with an infinitely fast host
     runner.verify_graphs.clear()  # graphs hold the cache: free both now
     runner.cache = None
     return {"tree": tree, "nodes": spec.max_tree_nodes, "ctx": ctx, "batch": 1, "steps": steps,
             "tokens_per_step": emitted / steps,
             "step_wall_ms_median": wall, "step_wall_ms_min": min(walls), "step_gpu_busy_ms": busy,
-            "step_host_overhead_ms": wall - busy, "step_host_overhead_fraction": 1 - busy / wall,
+            "verify_graph_replay_ms": graph_ms, "in_graph_gaps_ms": in_graph_gaps, "step_gpu_ms": gpu_step,
+            "step_host_overhead_ms": wall - gpu_step, "step_host_overhead_fraction": 1 - gpu_step / wall,
+            "step_gpu_idle_fraction": 1 - busy / wall,
             "verify_wall_ms_median": v_wall, "verify_gpu_busy_ms": v_busy,
-            "verify_host_overhead_fraction": 1 - v_busy / v_wall,
-            "meets_issue3_5pct": (1 - busy / wall) <= 0.05}
+            "verify_gpu_idle_fraction": 1 - v_busy / v_wall,
+            "meets_issue3_5pct": (1 - gpu_step / wall) <= 0.05}
 
 
 OVERHEAD_VARIANTS = {
@@ -357,11 +368,12 @@ def main() -> None:
             t1, ar_s = r["verify_s"][0], r.get("ar_step_s")
             print(f"{r['batch']:>3} {r['ctx']:>5} " + " ".join(f(x) for x in r["ratio"])
                   + f"   {f(t1 * 1e3 if t1 else None)}  {f(ar_s * 1e3 if isinstance(ar_s, float) else None)}")
-    print(f"\n{'host overhead (batch 1)':34} {'wall ms':>8} {'busy ms':>8} {'overhead':>8} {'verify ovh':>10}")
+    print(f"\n{'host overhead (batch 1)':34} {'wall ms':>8} {'busy ms':>8} {'GPU ms':>8} {'overhead':>8} "
+          f"{'GPU idle':>8}")
     for key, r in report["host_overhead"].items():
         if "step_wall_ms_median" in r:
-            print(f"{key:34} {r['step_wall_ms_median']:8.2f} {r['step_gpu_busy_ms']:8.2f} "
-                  f"{100 * r['step_host_overhead_fraction']:7.1f}% {100 * r['verify_host_overhead_fraction']:9.1f}%")
+            print(f"{key:34} {r['step_wall_ms_median']:8.2f} {r['step_gpu_busy_ms']:8.2f} {r['step_gpu_ms']:8.2f} "
+                  f"{100 * r['step_host_overhead_fraction']:7.1f}% {100 * r['step_gpu_idle_fraction']:7.1f}%")
         else:
             print(f"{key:34} {r.get('error', r.get('skipped', ''))[:80]}")
 
