@@ -67,15 +67,7 @@ class VerifyGraph:
         B, T = meta.input_ids.shape
         self.meta = BatchMetadata.unpack(self.packed, B, T, meta.block_mask is not None, cache.max_seq_len)
         self.cache = cache
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                run(self.meta)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.tokens, self.features = run(self.meta)
+        self.graph, (self.tokens, self.features) = capture(run, self.meta, warmup=warmup)
         # the tree pass stashes its fold terms by assignment, which a replay does not redo: keep this graph's
         self.stash = dict(cache.tree_stash)
 
@@ -85,6 +77,21 @@ class VerifyGraph:
         self.cache.tree_stash.clear()
         self.cache.tree_stash.update(self.stash)
         return self.tokens, self.features
+
+
+def capture(run, *args, warmup: int = 2):
+    """Runs run(*args) `warmup` times on a side stream (compiles and autotuning must not happen inside a
+    capture), then captures one call: (graph, that call's outputs, which every replay rewrites in place)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            run(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(*args)
+    return graph, out
 
 
 def _packed(meta: BatchMetadata) -> torch.Tensor:

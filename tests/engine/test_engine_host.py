@@ -1,6 +1,5 @@
 """The host side of a speculative step: the component timer, the packed verify-graph inputs, the commit's moves."""
 
-import contextlib
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from specpilot.engine.graphs import VerifyGraph
 from specpilot.engine.runner import ModelRunner
 from specpilot.spec.drafters.draft_lm import DraftLMDrafter
 from specpilot.spec.tree import TreeSpec
+from tests.cuda_graph_fakes import fake_cuda_graphs
 from tests.engine.test_engine import PARAMS, RandomTreeDrafter, _models, _prompts, _reference
 
 
@@ -75,18 +75,6 @@ def test_in_place_prefix():
     assert _in_place((0, 1, 2)) == 3 and _in_place((0, 2)) == 1 and _in_place((0, 1, 4, 7)) == 2
 
 
-class _Graph:
-    """Stands in for a CUDA graph (none on CPU): replay() runs what ReplayedVerifyGraph sets."""
-
-    def replay(self):
-        self.rerun()
-
-
-class _Stream:
-    def wait_stream(self, other):
-        pass
-
-
 class ReplayedVerifyGraph(VerifyGraph):
     """A VerifyGraph whose replay re-runs the eager forward on its static metadata and writes the captured
     outputs in place, as a real replay does: what is checked is that the one packed copy refreshes every input."""
@@ -108,13 +96,7 @@ class ReplayedVerifyGraph(VerifyGraph):
 
 @pytest.fixture
 def replayed_verify_graphs(monkeypatch):
-    @contextlib.contextmanager
-    def nothing(*args, **kwargs):
-        yield
-
-    for name, value in (("CUDAGraph", _Graph), ("graph", nothing), ("Stream", _Stream), ("stream", nothing),
-                        ("current_stream", _Stream)):
-        monkeypatch.setattr(torch.cuda, name, value)
+    fake_cuda_graphs(monkeypatch)
     monkeypatch.setattr(runner_module, "VerifyGraph", ReplayedVerifyGraph)
 
 

@@ -2,7 +2,6 @@
 its own (and the independent reference forward), through the SDPA path, the tree-attention kernel (interpreted)
 and a replayed proposal graph."""
 
-import contextlib
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from specpilot.layers import attention
 from specpilot.spec.drafters import dflash
 from specpilot.spec.drafters.dflash import load_dflash
 from specpilot.spec.tree import TreeSpec
+from tests.cuda_graph_fakes import fake_cuda_graphs
 from tests.spec.test_dflash import TARGET_LAYERS, _prompts, dflash_tensors, reference_block_logits, target, write_dflash
 
 __all__ = ["target"]  # the fixture, shared with test_dflash
@@ -77,18 +77,6 @@ def test_tree_attention_kernel_gives_the_same_trees(tree, target, tmp_path, monk
     assert len(calls) == len(drafter.model.layers), "one tree-attention call per layer for the whole batch"
 
 
-class _Graph:
-    """Stands in for a CUDA graph (none on CPU): replay() runs what ReplayedProposalGraph sets."""
-
-    def replay(self):
-        self.rerun()
-
-
-class _Stream:
-    def wait_stream(self, other):
-        pass
-
-
 class ReplayedProposalGraph(dflash.ProposalGraph):
     """Replay re-runs the forward on the static input and writes the captured output in place, as a real replay
     does: what is checked is that the one input copy refreshes everything the step reads."""
@@ -100,13 +88,7 @@ class ReplayedProposalGraph(dflash.ProposalGraph):
 
 @pytest.fixture
 def replayed_graphs(monkeypatch):
-    @contextlib.contextmanager
-    def nothing(*args, **kwargs):
-        yield
-
-    for name, value in (("CUDAGraph", _Graph), ("graph", nothing), ("Stream", _Stream), ("stream", nothing),
-                        ("current_stream", _Stream)):
-        monkeypatch.setattr(torch.cuda, name, value)
+    fake_cuda_graphs(monkeypatch)
     monkeypatch.setattr(dflash, "ProposalGraph", ReplayedProposalGraph)
 
 

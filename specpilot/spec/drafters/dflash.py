@@ -26,6 +26,7 @@ from torch import nn
 
 from specpilot.config import ConfigError, ModelConfig
 from specpilot.engine.cache import ModelCache
+from specpilot.engine.graphs import capture
 from specpilot.layers import attention, linear
 from specpilot.layers import pointwise as pw
 from specpilot.layers.attention import Attention
@@ -118,15 +119,7 @@ class ProposalGraph:
 
     def __init__(self, run, inputs: torch.Tensor, warmup: int = 2):
         self.inputs = inputs.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):  # compiles the pointwise helpers and autotunes outside the capture
-                run(self.inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.output = run(self.inputs)
+        self.graph, self.output = capture(run, self.inputs, warmup=warmup)
 
     def replay(self, inputs: torch.Tensor) -> torch.Tensor:
         self.inputs.copy_(inputs, non_blocking=True)
