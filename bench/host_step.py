@@ -27,6 +27,7 @@ from unittest import mock
 import torch
 
 from bench.common import Report, run_record
+from bench.verify_cost import FullTreeDrafter
 from specpilot.bench.shapes import hf_config, random_model
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
@@ -40,25 +41,15 @@ COLUMNS = ("schedule", "draft", "verify", "metadata", "replay", "accept", "commi
 TREES = ("chain:5", "static:3,2,1", "static:4,2,2,1")
 
 
-class FixedTreeDrafter:
+class FixedTreeDrafter(FullTreeDrafter):
     """Proposes the same tree (shape and draft tokens) every step, at no cost: only the DraftTree is built."""
 
     name = "fixed-tree"
-    target_layers = ()
 
     def __init__(self, spec: TreeSpec, vocab: int):
         shape = full_shape(spec, 0)
         self.parents = shape.parents
         self.drafts = tuple(1 + i % (vocab - 1) for i in range(1, shape.num_nodes))  # never token 0
-
-    def allocate(self, num_slots: int, max_seq_len: int) -> None:
-        pass
-
-    def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
-        pass
-
-    def commit(self, slot: int, accepted: list[int], features=None) -> None:
-        pass
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         return [DraftTree((root,) + self.drafts, self.parents) for root in roots]
