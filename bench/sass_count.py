@@ -27,8 +27,9 @@ import re
 
 ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "stride_xm", "stride_an", "stride_bn",
            "stride_ym")
-ARG_TYPES = {"x_ptr": "*bf16", "a_ptr": "*u8", "b_ptr": "*u8", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i16", "y_ptr": "*i16"}  # every other runtime argument is an i32 scalar (SCALE: fp32)
+# x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
+ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
+             "v_ptr": "*i64", "y_ptr": "*i16"}  # every other runtime argument is an i32 scalar (SCALE: fp32)
 
 
 # one instruction, as cuobjdump (`/*0040*/  @P0 LDG.E ...;`, Triton 3.6's get_sass) or nvdisasm with control
@@ -123,8 +124,8 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     per_thread = block_n * block_k / (32 * num_warps)
     out = []
     for m in ms:
-        common = dict(M=m, BLOCK_M=1 << (m - 1).bit_length(), BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True,
-                      OUT_BF16=True, USE_ASM=True)
+        common = dict(M=m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, X_WORDS=True, OUT_BF16=True,
+                      USE_ASM=True)
         out.append((f"w12n.M{m}", kernels._w12n_gemv_kernel, dict(common, SEGMENT=segment), num_warps, per_thread))
         if m in (1, 8):
             out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, common, num_warps, per_thread))

@@ -245,7 +245,7 @@ def test_asm_decode_compiles_for_sm90(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
-    budget = {"w12n.M1": 13, "fp8.M1": 6}  # measured 11.6-11.7 and 4.7-5.1 (Triton 3.6 / 3.9)
+    budget = {"w12n.M1": 10.5, "fp8.M1": 4.5}  # measured 9.3-9.6 and 3.5 (Triton 3.9 / 3.6)
     for name in ("w12n.M1", "w12n.M8", "w12n.M16", "fp8.M1", "fp8.M8"):
         assert "per_weight" in res[name], res[name]
         assert res[name]["per_weight"] <= budget.get(name, 64), (name, res[name])

@@ -1,21 +1,22 @@
 """Fused W12N decode + GEMV for decode steps (M = 1..16), and the FP8-view GEMV (A plane only).
 
 Each program owns BLOCK_N output rows and walks K segment by segment, BLOCK_K weights at a time (BLOCK_K
-divides the segment, so a tile never straddles two segments and needs one XE byte per row). Per tile it loads
-the A bytes and the B nibble bytes, rebuilds every weight's fp32 bit pattern in registers with integer ops
-(the exact bf16 value, widened), and then, for each activation row m, reduces x[m] * w over the tile into an
-fp32 [BLOCK_M, BLOCK_N] accumulator. Decoded weights never go back to memory. The decode has two formulations
-with the same bits, picked by the constexpr USE_ASM: PTX byte ops (prmt / lop3 on 16-bit lanes, 4 weights per
-inline-asm instance) on a GPU, plain tl integer ops under the interpreter, which cannot run inline asm; the FP8
-view likewise uses the hardware e4m3 -> f16 convert or integer ops (README.md: scheme and SASS counts). Verbatim segments
+divides the segment, so a tile never straddles two segments and needs one XE byte per row). A tile is read in
+words of 4 weights: A as int32, B as int16 (4 nibbles), bf16 x as int64, so every load, the decode and the FMAs
+share one register layout (no shared-memory conversion). The decode rebuilds every weight's fp32 bit pattern
+(the exact bf16 value, widened) in registers; each activation row m keeps its own fp32 partial sums, one per
+(row, word) lane, updated by one fused multiply-add per weight; they are reduced once, after the K loop.
+Decoded weights never go back to memory. The decode has two formulations with the same bits, picked by the
+constexpr USE_ASM: PTX byte ops (prmt / lop3 on 16-bit lanes, one A word per inline-asm instance) on a GPU,
+plain tl integer ops under the interpreter, which cannot run inline asm; the FP8 view likewise uses the
+hardware e4m3 -> f16 convert or integer ops (README.md: scheme and SASS counts). Verbatim segments
 (XE == 255) are rare: a uniform branch loads that tile's bf16 words from the pool at
 rvb[row] + (number of verbatim segments already passed in this row), a per-row counter kept in registers.
 
-Determinism and batch invariance: no atomics, no split-K; the [BLOCK_N, BLOCK_K] product of row m and its
-sum over K have the same shape (hence layout and reduction tree) for every M, and partial sums are added
-tile by tile in K order, so row m of an M-row call equals the M = 1 call on that row bitwise. (On a GPU this
-rests on the compiler picking the same layout for that tile at every M; CI on the GPU must check it per
-config, see README.md.)
+Determinism and batch invariance: no atomics, no split-K. Row m's partial sums go through the same elementwise
+fma chain (tiles in K order, weights 4w+0..3 in order) for every M, and the final reduction is a fixed pairwise
+tree written out with split/add, so neither depends on the register layout the compiler picks: row m of an
+M-row call equals the M = 1 call on that row bitwise, by construction.
 """
 
 import os
@@ -29,25 +30,27 @@ from specpilot.weights.w12n import VERBATIM, W12NTensor
 MAX_M = 16
 assert VERBATIM == 255  # the kernel compares XE against the literal 255
 
-# One instance decodes 4 consecutive weights: $4 = their A bytes, $5 = their B bytes duplicated (b_j b_j b_j+1
-# b_j+1), $6 = XE<<7 | XE<<23, $10 = base<<7 | base<<23 (the 16-bit-lane exponent offsets); $0..$3 = the fp32
-# bits of weights 0..3. Weights are built two at a time in 16-bit bf16 lanes (lanes = weights 0 and 2, 1 and 3):
+# One instance decodes one A word and one B half-word: 4 consecutive weights. $4 = their A bytes, $5 = their B
+# nibbles (weight i at bits 4i+3..4i), $6 = XE<<7 | XE<<23, $7 = base<<7 | base<<23 (16-bit-lane exponent
+# offsets); $0..$3 = the fp32 bits of weights 0..3. Weights are built two at a time in 16-bit bf16 lanes
+# (lanes = weights 0 and 2, 1 and 3):
 #   u  = prmt: lane = A byte << 8 | a B byte holding the lane's nibble in its high half (s c m at 15..8)
 #   z  = (a & 0x78787878) + 0x78787878: bit 7 of byte r is set iff code_r != 0 (no carry between bytes)
 #   k  = prmt sign-replicate of z's bytes: 0xFFFF lanes where code != 0; e = k ? base : XE (lop3 select)
 #   q  = ((u >> 4) & 0x07FF07FF) + e: code+base (or XE) at 14..7, m6..m0 at 6..0; lanes never carry (<= 0x7F7F)
 #   q  = lop3 sign bits 15/31 from u; fp32 = lane << 16 (weights 0, 1) or lane & 0xFFFF0000 (weights 2, 3)
 _W12N_ASM: tl.constexpr = tl.constexpr("""{
-.reg .b32 b4, u02, u13, z, k02, k13, e02, e13, q02, q13;
-shl.b32 b4, $5, 4;
-prmt.b32 u02, $4, b4, 0x2604;
-prmt.b32 u13, $4, $5, 0x3715;
+.reg .b32 b, b4, u02, u13, z, k02, k13, e02, e13, q02, q13;
+cvt.u32.u16 b, $5;
+shl.b32 b4, b, 4;
+prmt.b32 u02, $4, b4, 0x2504;
+prmt.b32 u13, $4, b, 0x3514;
 and.b32 z, $4, 0x78787878;
 add.u32 z, z, 0x78787878;
 prmt.b32 k02, z, 0, 0xAA88;
 prmt.b32 k13, z, 0, 0xBB99;
-lop3.b32 e02, k02, $10, $6, 0xCA;
-lop3.b32 e13, k13, $10, $6, 0xCA;
+lop3.b32 e02, k02, $7, $6, 0xCA;
+lop3.b32 e13, k13, $7, $6, 0xCA;
 shr.u32 q02, u02, 4;
 shr.u32 q13, u13, 4;
 and.b32 q02, q02, 0x07FF07FF;
@@ -63,73 +66,103 @@ and.b32 $3, q13, 0xFFFF0000;
 }""")
 
 
+_FP8_ASM: tl.constexpr = tl.constexpr("""{
+.reg .b16 lo, hi, f0, f1, f2, f3;
+.reg .b32 h01, h23;
+mov.b32 {lo, hi}, $4;
+cvt.rn.f16x2.e4m3x2 h01, lo;
+cvt.rn.f16x2.e4m3x2 h23, hi;
+mov.b32 {f0, f1}, h01;
+mov.b32 {f2, f3}, h23;
+cvt.f32.f16 $0, f0;
+cvt.f32.f16 $1, f1;
+cvt.f32.f16 $2, f2;
+cvt.f32.f16 $3, f3;
+}""")
+
+
 def use_asm(device: torch.device) -> bool:
     """PTX decode on a CUDA device; the pure-tl decode (same bits) under the Triton interpreter."""
     return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @triton.jit
-def _w12n_decode(a, bb, xe, base, USE_ASM: tl.constexpr):
-    """A bytes a [BN, BK], B bytes bb [BN, BK/2] (uint8), segment XE xe [BN, 1] (uint32) -> the exact weights as
-    fp32 [BN, BK] (a bf16 widened: its bits << 16). base: the tensor's base exponent."""
+def _w12n_decode(a, b, xe, base, USE_ASM: tl.constexpr):
+    """A words a [BN, W] (uint32: 4 A bytes), B half-words b [BN, W] (uint16: 4 nibbles), segment XE xe [BN, 1]
+    (uint32) -> the exact weights 4w+i of the tile (i = 0..3) as 4 fp32 [BN, W] (bf16 widened: bits << 16).
+    base: the tensor's base exponent."""
     if USE_ASM:
         lanes = tl.zeros(a.shape, tl.uint32)
         return tl.inline_asm_elementwise(
-            _W12N_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
-            [a, tl.join(bb, bb).reshape(a.shape), lanes + ((xe << 7) | (xe << 23)), lanes + ((base << 7) | (base << 23))],
-            dtype=tl.float32, is_pure=True, pack=4)
+            _W12N_ASM, "=r,=r,=r,=r,r,h,r,r",
+            [a, b, lanes + ((xe << 7) | (xe << 23)), lanes + ((base << 7) | (base << 23))],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     else:
-        a = a.to(tl.uint32)
-        nib = tl.join(bb & 0xF, bb >> 4).reshape(a.shape).to(tl.uint32)
-        # fp32 bits: sign<<31 | exponent<<23 | m6..m4<<20 | m3..m0<<16, exponent = base + code (code != 0) or XE
-        exp23 = tl.where((a & 0x78) == 0, xe << 23, base.to(tl.uint32) << 23)
-        bits = ((a & 0x80) << 24) | (((a & 0x7F) << 20) + exp23) | (nib << 16)
-        return bits.to(tl.float32, bitcast=True)
+        return (_w12n_weight(a, b, xe, base, 0), _w12n_weight(a, b, xe, base, 1),
+                _w12n_weight(a, b, xe, base, 2), _w12n_weight(a, b, xe, base, 3))
+
+
+@triton.jit
+def _w12n_weight(a, b, xe, base, i: tl.constexpr):
+    """Pure-tl decode of weight i of each word: sign<<31 | exponent<<23 | m6..m4<<20 | m3..m0<<16, exponent =
+    base + code (code != 0) or XE."""
+    a = (a >> (8 * i)) & 0xFF
+    nib = (b.to(tl.uint32) >> (4 * i)) & 0xF
+    exp23 = tl.where((a & 0x78) == 0, xe << 23, base.to(tl.uint32) << 23)
+    bits = ((a & 0x80) << 24) | (((a & 0x7F) << 20) + exp23) | (nib << 16)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _fp8_view(a, USE_ASM: tl.constexpr):
-    """A bytes a [BN, BK] uint8 -> the E4M3fn values they hold, fp32 (exact, subnormals included)."""
-    if USE_ASM:  # hardware cvt e4m3x2 -> f16x2 (1 per 2 weights), then f16 -> f32
-        return a.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:  # the interpreter has no usable uint8 -> fp8 bitcast: the same bits with integer ops
-        a = a.to(tl.uint32)
-        sign = (a & 0x80) << 24
-        normal = sign | (((a & 0x7F) << 20) + (120 << 23))  # 2^(code-7) * 1.m6m5m4
-        sub = ((a & 7).to(tl.float32) * 0.001953125).to(tl.uint32, bitcast=True) | sign  # (m/8) * 2^-6
-        return tl.where((a & 0x78) == 0, sub, normal).to(tl.float32, bitcast=True)
+    """A words a [BN, W] uint32 -> the E4M3fn values of bytes 0..3 as 4 fp32 [BN, W] (exact, subnormals
+    included)."""
+    if USE_ASM:  # hardware cvt e4m3x2 -> f16x2 (1 per 2 weights, low byte -> low half), then f16 -> f32
+        return tl.inline_asm_elementwise(_FP8_ASM, "=r,=r,=r,=r,r", [a], is_pure=True, pack=1,
+                                         dtype=(tl.float32, tl.float32, tl.float32, tl.float32))
+    else:  # the interpreter runs no inline asm: the same bits with integer ops
+        return _fp8_byte(a, 0), _fp8_byte(a, 1), _fp8_byte(a, 2), _fp8_byte(a, 3)
 
 
 @triton.jit
-def _store_rows(y_ptr, acc, m_ids, rows, mask, stride_ym, OUT_BF16: tl.constexpr):
-    """Stores the fp32 [BLOCK_M, BLOCK_N] result; OUT_BF16: y_ptr is the int16 view of a bf16 output and the
-    value is rounded to nearest even with integer ops, bit-identical to torch's fp32 -> bf16 (subnormals, inf,
-    NaN included). Why not `.to(tl.bfloat16)`: same result on a GPU, but the interpreter truncates instead."""
-    y_ptrs = y_ptr + m_ids[:, None] * stride_ym + rows[None, :]
-    if OUT_BF16:
-        u = acc.to(tl.uint32, bitcast=True)
-        rne = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rne)  # NaN -> canonical quiet NaN, like torch
-        tl.store(y_ptrs, bits.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
-    else:
-        tl.store(y_ptrs, acc, mask=mask)
+def _fp8_byte(a, i: tl.constexpr):
+    a = (a >> (8 * i)) & 0xFF
+    sign = (a & 0x80) << 24
+    normal = sign | (((a & 0x7F) << 20) + (120 << 23))  # 2^(code-7) * 1.m6m5m4
+    sub = ((a & 7).to(tl.float32) * 0.001953125).to(tl.uint32, bitcast=True) | sign  # (m/8) * 2^-6
+    return tl.where((a & 0x78) == 0, sub, normal).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store_rows(y_ptr, accs, rows, row_ok, stride_ym, scale, M: tl.constexpr, OUT_BF16: tl.constexpr):
+    """y[m, rows] = scale * sum over W of accs[m] [BN, W]; OUT_BF16: y_ptr is the int16 view of a bf16 output and
+    the value is rounded to nearest even with integer ops, bit-identical to torch's fp32 -> bf16 (subnormals,
+    inf, NaN included). Why not `.to(tl.bfloat16)`: same result on a GPU, but the interpreter truncates instead."""
+    for m in tl.static_range(M):
+        y = _tree_sum(accs[m]) * scale
+        if OUT_BF16:
+            u = y.to(tl.uint32, bitcast=True)
+            rne = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+            bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rne)  # NaN -> canonical quiet NaN, like torch
+            tl.store(y_ptr + m * stride_ym + rows, bits.to(tl.uint16).to(tl.int16, bitcast=True), mask=row_ok)
+        else:
+            tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
 
 
 @triton.jit
 def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, S, BASE,
                       stride_xm, stride_an, stride_bn, stride_xen, stride_ym,
-                      M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SEGMENT: tl.constexpr, EVEN_K: tl.constexpr, OUT_BF16: tl.constexpr, USE_ASM: tl.constexpr):
+                      M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SEGMENT: tl.constexpr,
+                      EVEN_K: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr, USE_ASM: tl.constexpr):
+    # a_ptr / b_ptr / v_ptr: the A plane as int32 words, B as int16 words, the pool as int64 words (4 weights each)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
     a_rows = a_ptr + rows64[:, None] * stride_an
     b_rows = b_ptr + rows64[:, None] * stride_bn
-    cols0 = tl.arange(0, BLOCK_K)
-    half0 = tl.arange(0, BLOCK_K // 2)
-    m_ids = tl.arange(0, BLOCK_M)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    words = tl.arange(0, BLOCK_K // 4)
+    accs = (tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32),) * M
     # pool row of this row's next verbatim segment: rvb[row], bumped after each verbatim segment
     pool_row = tl.load(rvb_ptr + rows, mask=row_ok, other=0)
     for s in range(0, S):
@@ -138,57 +171,95 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
         any_v = tl.max(is_v.to(tl.int32), axis=0)
         for kk in range(0, SEGMENT, BLOCK_K):
             k0 = s * SEGMENT + kk
-            a = tl.load(a_rows + (k0 + cols0)[None, :], mask=row_ok[:, None], other=0)
-            bb = tl.load(b_rows + (k0 // 2 + half0)[None, :], mask=row_ok[:, None], other=0)
-            w = _w12n_decode(a, bb, xe[:, None], BASE, USE_ASM)
+            a = tl.load(a_rows + (k0 // 4 + words)[None, :], mask=row_ok[:, None], other=0)
+            b = tl.load(b_rows + (k0 // 4 + words)[None, :], mask=row_ok[:, None], other=0)
+            w = _w12n_decode(a.to(tl.uint32, bitcast=True), b.to(tl.uint16, bitcast=True), xe[:, None], BASE,
+                             USE_ASM)
             if any_v > 0:  # uniform, rare: the tile holds a verbatim segment of some row
-                vw = tl.load(v_ptr + pool_row.to(tl.int64)[:, None] * SEGMENT + (kk + cols0)[None, :],
+                vw = tl.load(v_ptr + pool_row.to(tl.int64)[:, None] * (SEGMENT // 4) + (kk // 4 + words)[None, :],
                              mask=is_v[:, None] & row_ok[:, None], other=0)
-                # the pool's bf16 bits (an int16 view) widened by a shift: exact for subnormals too, which the
-                # interpreter's bf16 -> fp32 conversion mangles
-                vw = (vw.to(tl.uint16).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-                w = tl.where(is_v[:, None], vw, w)
-            acc = _accumulate(acc, w, x_ptr, stride_xm, k0, cols0, K, m_ids, M, EVEN_K)
+                # the pool's bf16 bits widened by shifts: exact for subnormals too, which the interpreter's
+                # bf16 -> fp32 conversion mangles
+                v = _bf16_words(vw)
+                w = (tl.where(is_v[:, None], v[0], w[0]), tl.where(is_v[:, None], v[1], w[1]),
+                     tl.where(is_v[:, None], v[2], w[2]), tl.where(is_v[:, None], v[3], w[3]))
+            accs = _accumulate(accs, w, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS)
         pool_row += is_v.to(tl.int32)
-    _store_rows(y_ptr, acc, m_ids, rows, (m_ids[:, None] < M) & row_ok[None, :], stride_ym, OUT_BF16)
+    _store_rows(y_ptr, accs, rows, row_ok, stride_ym, 1.0, M, OUT_BF16)
 
 
 @triton.jit
-def _accumulate(acc, w, x_ptr, stride_xm, k0, cols0, K, m_ids, M: tl.constexpr, EVEN_K: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] += x[m, k0:k0+BK] . w[n, :] for each row m < M: the same product and reduction
-    shape for every m and M (batch invariance)."""
-    for m in tl.static_range(M):
-        # x loaded in the tile's shape (every row reads the same addresses): the load then takes the tile's
-        # layout instead of a 1-D one converted through shared memory for every m (measured: -1.2 instr/weight)
-        offs = tl.broadcast_to((k0 + cols0)[None, :], w.shape)
+def _bf16_words(v):
+    """int64 [BN, W] words of 4 bf16 -> their 4 fp32 values (bits << 16), elements 4w+0..3."""
+    v = v.to(tl.uint64, bitcast=True)
+    lo = v.to(tl.uint32)
+    hi = (v >> 32).to(tl.uint32)
+    return ((lo << 16).to(tl.float32, bitcast=True), (lo & 0xFFFF0000).to(tl.float32, bitcast=True),
+            (hi << 16).to(tl.float32, bitcast=True), (hi & 0xFFFF0000).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _x_words(x_ptr, word, K, EVEN_K: tl.constexpr, X_WORDS: tl.constexpr):
+    """x elements 4w+0..3 for word index w [BN, W] (every row reads the same addresses: the load then takes the
+    tile's layout instead of a 1-D one converted through shared memory) -> 4 fp32 [BN, W]; columns >= K read 0.
+    X_WORDS: x_ptr is an int64 view of bf16 x (K % 4 == 0), one load per 4 elements; else x is read per element."""
+    if X_WORDS:
         if EVEN_K:
-            x = tl.load(x_ptr + m * stride_xm + offs).to(tl.float32)
-        else:  # padding columns: x reads 0 (the pad weights decode to finite values, never inf/NaN)
-            x = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        part = tl.sum(w * x, axis=1)
-        acc = tl.where(m_ids[:, None] == m, acc + part[None, :], acc)
-    return acc
+            return _bf16_words(tl.load(x_ptr + word))
+        else:
+            return _bf16_words(tl.load(x_ptr + word, mask=word < K // 4, other=0))
+    else:  # padding columns: x reads 0 (the pad weights decode to finite values, never inf/NaN)
+        return (tl.load(x_ptr + 4 * word, mask=4 * word < K, other=0.0).to(tl.float32),
+                tl.load(x_ptr + 4 * word + 1, mask=4 * word + 1 < K, other=0.0).to(tl.float32),
+                tl.load(x_ptr + 4 * word + 2, mask=4 * word + 2 < K, other=0.0).to(tl.float32),
+                tl.load(x_ptr + 4 * word + 3, mask=4 * word + 3 < K, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _accumulate(accs, w, x_ptr, stride_xm, words, K, M: tl.constexpr, EVEN_K: tl.constexpr, X_WORDS: tl.constexpr):
+    """accs[m] [BN, W] += x[m, 4w+i] * w[i] for i = 0..3, one fused multiply-add per weight in a fixed order:
+    the same elementwise chain for every m and M, whatever the layout (batch invariance)."""
+    offs = tl.broadcast_to(words[None, :], w[0].shape)
+    out = ()
+    for m in tl.static_range(M):
+        x = _x_words(x_ptr + m * stride_xm, offs, K, EVEN_K, X_WORDS)
+        acc = accs[m]
+        for i in tl.static_range(4):
+            acc = tl.fma(w[i], x[i], acc)
+        out = out + (acc,)
+    return out
+
+
+@triton.jit
+def _tree_sum(acc):
+    """[BN, W] -> [BN]: adjacent pairs added, halving W until 1: an order fixed by the code, not by the layout."""
+    for _ in tl.static_range(16):
+        if acc.shape[1] > 1:
+            lo, hi = tl.split(acc.reshape([acc.shape[0], acc.shape[1] // 2, 2]))
+            acc = lo + hi
+    return acc.reshape([acc.shape[0]])
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, SCALE,
                      stride_xm, stride_an, stride_ym,
-                     M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, OUT_BF16: tl.constexpr, USE_ASM: tl.constexpr):
+                     M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EVEN_K: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr, USE_ASM: tl.constexpr):
+    # a_ptr: the A plane as int32 words (4 weights each)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_an
-    cols0 = tl.arange(0, BLOCK_K)
-    m_ids = tl.arange(0, BLOCK_M)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    words = tl.arange(0, BLOCK_K // 4)
+    accs = (tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32),) * M
     for k0 in range(0, KP, BLOCK_K):
         # KP is a multiple of BLOCK_K (it divides the segment): A loads need no column mask
-        a = tl.load(a_rows + (k0 + cols0)[None, :], mask=row_ok[:, None], other=0)
-        acc = _accumulate(acc, _fp8_view(a, USE_ASM), x_ptr, stride_xm, k0, cols0, K, m_ids, M, EVEN_K)
-    # the view's scale 2^(base-120) is a power of two: applied once here, the sums round exactly as if every
-    # weight carried it (barring fp32 overflow/underflow of the partial sums)
-    _store_rows(y_ptr, acc * SCALE, m_ids, rows, (m_ids[:, None] < M) & row_ok[None, :], stride_ym, OUT_BF16)
+        a = tl.load(a_rows + (k0 // 4 + words)[None, :], mask=row_ok[:, None], other=0)
+        w = _fp8_view(a.to(tl.uint32, bitcast=True), USE_ASM)
+        accs = _accumulate(accs, w, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS)
+    # the view's scale 2^(base-120) is a power of two: applied once at the end, the sums round exactly as if
+    # every weight carried it (barring fp32 overflow/underflow of the partial sums)
+    _store_rows(y_ptr, accs, rows, row_ok, stride_ym, SCALE, M, OUT_BF16)
 
 
 def default_block_k(segment: int, cap: int = 512) -> int:
@@ -201,13 +272,21 @@ def _out(y: torch.Tensor) -> torch.Tensor:
     return y.view(torch.int16) if y.dtype == torch.bfloat16 else y
 
 
+def _x_view(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """What the kernels read x through: an int64 view (4 bf16 per load) when x is bf16 with K % 4 == 0 and
+    8-byte aligned rows, else x itself (read element by element)."""
+    ok = x.dtype == torch.bfloat16 and x.shape[1] % 4 == 0 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
+    return (x.view(torch.int64), True) if ok else (x, False)
+
+
 def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int) -> None:
     if x.dim() != 2 or x.shape[1] != t.k or not 1 <= x.shape[0] <= MAX_M:
         raise ValueError(f"x must be [M <= {MAX_M}, K={t.k}] for a {t.n}x{t.k} W12N weight, got {list(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1:
         raise ValueError(f"x must be fp32 or bf16 with a dense last dim, got {x.dtype} strides {x.stride()}")
-    if block_k < 2 or block_k & (block_k - 1) or t.segment % block_k:
-        raise ValueError(f"block_k must be a power of two >= 2 dividing the segment {t.segment}, got {block_k}")
+    # the kernels read 4 weights per A word / B half-word, so a tile is a whole number of words
+    if block_k < 4 or block_k & (block_k - 1) or t.segment % block_k:
+        raise ValueError(f"block_k must be a power of two >= 4 dividing the segment {t.segment}, got {block_k}")
     if block_n < 1 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two, got {block_n}")
     for name in ("a", "b", "xe"):
@@ -221,7 +300,7 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int 
               num_warps: int = 4, asm: bool | None = None) -> torch.Tensor:
     """Same contract as w12n_gemv_ref: x [M <= 16, K] fp32/bf16, t = W12N of W [N, K] -> y [M, N] in x.dtype.
 
-    block_k (default: the segment, capped at 512) must be a power of two dividing t.segment. asm (default:
+    block_k (default: the segment, capped at 512) must be a power of two >= 4 dividing t.segment. asm (default:
     use_asm(x.device)) picks the PTX decode or the pure-tl one; both give the same bits.
     """
     block_k = default_block_k(t.segment) if block_k is None else block_k
@@ -229,13 +308,12 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int 
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
     pool = t.verbatim if t.verbatim.numel() else t.verbatim.new_zeros(1, t.segment)  # never read when V = 0
-    pool = pool.view(torch.int16)
+    a, b, pool, (xw, x_words) = t.a.view(torch.int32), t.b.view(torch.int16), pool.view(torch.int64), _x_view(x)
     _w12n_gemv_kernel[(triton.cdiv(t.n, block_n),)](
-        x, t.a, t.b, t.xe, t.rvb, pool, _out(y), t.n, t.k, t.padded_k // t.segment, t.base,
-        x.stride(0), t.a.stride(0), t.b.stride(0), t.xe.stride(0), y.stride(0),
-        M=M, BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=t.segment,
-        EVEN_K=t.k == t.padded_k, OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm,
-        num_warps=num_warps)
+        xw, a, b, t.xe, t.rvb, pool, _out(y), t.n, t.k, t.padded_k // t.segment, t.base,
+        xw.stride(0), a.stride(0), b.stride(0), t.xe.stride(0), y.stride(0),
+        M=M, BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, X_WORDS=x_words,
+        OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm, num_warps=num_warps)
     return y
 
 
@@ -246,11 +324,10 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int |
     _check(x, t, block_n, block_k)
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
+    a, (xw, x_words) = t.a.view(torch.int32), _x_view(x)
     _fp8_gemv_kernel[(triton.cdiv(t.n, block_n),)](
-        x, t.a, _out(y), t.n, t.k, t.padded_k, 2.0 ** (t.base - 120),
-        x.stride(0), t.a.stride(0), y.stride(0),
-        M=M, BLOCK_M=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=t.k == t.padded_k, OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm,
-        num_warps=num_warps)
+        xw, a, _out(y), t.n, t.k, t.padded_k, 2.0 ** (t.base - 120),
+        xw.stride(0), a.stride(0), y.stride(0),
+        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=t.k == t.padded_k, X_WORDS=x_words,
+        OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm, num_warps=num_warps)
     return y
-
