@@ -5,6 +5,11 @@ acceptance means nothing; every number produced this way is labelled synthetic.
 A profile gives, per depth d, the probability that the rank-0 child of a node on the true path is the true
 next token (conditional on its parent being right); a sibling of rank r is right with per_depth[d] *
 sibling_decay**r when the earlier ranks missed. At most one child of a node is right.
+
+Re-anchoring: in bf16 a random target's logits are nearly flat, so a near-tie can flip between two equally
+valid kernels (verify block vs AR decode) and the speculative output leaves the stock continuation; every
+draft after that would be wrong (tau -> 1). With an `anchor` the oracle then asks for the stock continuation
+of the prefix actually emitted, and drafts from that. The output is still whatever the target verifies.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from specpilot.spec.tree import DraftTree, TreeSpec, grow
 
@@ -57,12 +63,17 @@ class SyntheticDrafter:
     """Wraps a drafter: the drafter still runs (its cost is real), but the tree has the spec's full shape and its
     tokens come from the oracle."""
 
-    def __init__(self, inner, truth: dict[int, list[int]], profile: AcceptanceProfile, vocab_size: int, seed: int = 0):
+    def __init__(self, inner, truth: dict[int, list[int]], profile: AcceptanceProfile, vocab_size: int, seed: int = 0,
+                 anchor: Callable[[list[int], int], list[int]] | None = None):
         self.inner, self.truth, self.profile, self.vocab = inner, truth, profile, vocab_size
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
         self.rng = random.Random(seed)
         self.emitted: dict[int, int] = {}
+        # anchor(context ids, n): the stock AR continuation of n tokens (the caller keeps it out of the timing)
+        self.anchor = anchor
+        self.prompts: dict[int, list[int]] = {}
+        self.out: dict[int, list[int]] = {}
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         self.inner.allocate(num_slots, max_seq_len)
@@ -70,15 +81,27 @@ class SyntheticDrafter:
     def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
         self.inner.start(slot, prompt_ids, features)
         self.emitted[slot] = 1  # the first token comes from the prefill
+        self.prompts[slot], self.out[slot] = list(prompt_ids), []
 
     def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.inner.commit(slot, accepted, features)
         self.emitted[slot] += len(accepted) + 1
+        self.out.setdefault(slot, []).extend(accepted)
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         self.inner.propose(slots, roots, spec)
+        for s, root in zip(slots, roots):
+            self.out.setdefault(s, []).append(root)  # the root is the last emitted token
+            self._follow(s)
         spec = self._capped(spec)
         return [self._rewrite(shape(spec, root), self.truth[s][self.emitted[s]:]) for s, root in zip(slots, roots)]
+
+    def _follow(self, slot: int) -> None:
+        """Re-anchors the slot's truth on the emitted prefix when that prefix has left it."""
+        out, truth = self.out[slot], self.truth[slot]
+        if self.anchor is None or truth[:len(out)] == out or len(out) >= len(truth):
+            return
+        self.truth[slot] = out + self.anchor(self.prompts.get(slot, []) + out, len(truth) - len(out))
 
     def _capped(self, spec: TreeSpec) -> TreeSpec:
         """The spec no deeper than the inner drafter can draft (a DFlash block of B drafts B - 1 tokens deep, as
