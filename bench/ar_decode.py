@@ -11,6 +11,12 @@ device copy bandwidth. Correctness first: our prefill logits and decode logits a
 Prints a table last and writes the full JSON (GPU, commit, command, every timing), again after every
 measurement; each measurement runs inside its own try/except (an error is recorded and the rest goes on).
 With --w12n, the W12N step's logits are first compared with the bf16 step's (same weights, bit-exact decode).
+--variant NAME:FIELD=VALUE,... times the step with EngineConfig fields changed, beside the main one, after a
+greedy check against it. --gemv-sweep NxK ... replaces the runs by the batch-1 step timed with every M = 1 GEMV
+config of those projection shapes (ops/gemv/configs.py holds the winners):
+
+    PYTHONPATH=. python3 bench/ar_decode.py --out /tmp/gs.json --shapes Qwen3-8B --configs 1x512 --steps 30 \
+        --gemv-sweep 4096x4096 6144x4096 4096x12288
 """
 
 from __future__ import annotations
@@ -277,6 +283,34 @@ def time_variant(model, fields: dict, batch: int, ctx: int, steps: int, vocab: i
         _release(runner)
 
 
+def gemv_sweep(model, shapes: list[tuple[int, int]], ctx: int, steps: int, vocab: int) -> dict:
+    """The batch-1 decode step with each M = 1 GEMV launch config (bench/gemv.py's grid) for one projection
+    shape at a time, the other shapes at their table entry: configs tuned on a lone GEMV need not be best
+    inside the step (PDL overlaps each GEMV with the kernel before it)."""
+    from bench.gemv import CONFIGS
+    from specpilot.ops.gemv import configs
+
+    out = {}
+    for n, k in shapes:
+        table = configs.H200.get((n, k))
+        rows = []
+        try:
+            for cfg in CONFIGS:
+                configs.H200[(n, k)] = (cfg["block_n"], cfg["block_k"], cfg["num_warps"])
+                r = attempt(f"gemv sweep {n}x{k} {cfg}", time_variant, model, {}, 1, ctx, steps, vocab)
+                rows.append({**cfg, "step_ms": r.get("step_ms_median") if isinstance(r, dict) else None})
+                print(f"gemv sweep {n}x{k} {cfg}: {rows[-1]['step_ms']}", flush=True)
+        finally:
+            if table is None:
+                configs.H200.pop((n, k), None)
+            else:
+                configs.H200[(n, k)] = table
+        timed = [r for r in rows if r["step_ms"]]
+        best = min(timed, key=lambda r: r["step_ms"]) if timed else None
+        out[f"{n}x{k}"] = {"table": table, "rows": rows, "best": best}
+    return out
+
+
 def greedy_run(runner, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens of `steps` decode steps after the prompt (slot 0), and the first step's logits."""
     runner.allocate(1, len(prompt) + steps + 8)
@@ -424,6 +458,9 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE[,...]",
                    help="also time the step with these EngineConfig fields changed, side by side (repeatable)")
     p.add_argument("--base", default="", metavar="FIELD=VALUE[,...]", help="EngineConfig fields of every runner")
+    p.add_argument("--gemv-sweep", nargs="*", default=None, metavar="NxK",
+                   help="instead of the runs: the batch-1 step (first --configs context) with every M = 1 GEMV "
+                        "config of each projection shape NxK")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args()
@@ -441,6 +478,18 @@ def main() -> None:
         bandwidth = 4.2e12  # the H200's usual figure, so that the rooflines still print
     report["copy_bandwidth_bytes_per_s"] = bandwidth
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    if args.gemv_sweep is not None:
+        ctx = args.configs[0][1]
+        for name in args.shapes:
+            config_cls, kw = SHAPES[name]
+            model = random_model(config_cls(**kw))
+            shapes = [tuple(map(int, s.split("x"))) for s in args.gemv_sweep]
+            report["shapes"].append({"shape": name, "ctx": ctx, "gemv_sweep": gemv_sweep(
+                model, shapes, ctx, args.steps, model.config.vocab_size)})
+            report.save()
+            del model
+            _empty_cache()
+        return
     for name in args.shapes:
         r = attempt(f"shape {name}", bench_shape, name, args, bandwidth, report)
         if failed(r):
