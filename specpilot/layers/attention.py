@@ -2,8 +2,8 @@
 
 One block of T tokens per request: q/k/v from one packed projection, optional per-head q/k norm, RoPE at the
 given positions, K/V written into the slot at `cache_loc`, then attention over the committed prefix plus the
-block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel, and inside the
-runner's decode region its norm, RoPE and K/V store run as one kernel (ops/qk_norm_rope_store).
+block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel. Inside the
+runner's decode and verify regions the norm, RoPE and K/V store run as one kernel (ops/qk_norm_rope_store).
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ def block_kernel(enabled: bool = True):
 
 @contextlib.contextmanager
 def fused_qk_rope_store(enabled: bool = True):
-    """Inside this region a decode step (one causal token per request) normalises and rotates q and k and stores
-    k and v in one kernel, instead of the pointwise helper then store_kv (EngineConfig.fused_qk_rope_store). The
-    runner opens it for decode steps only; prefill and verify blocks keep the unfused path."""
+    """Inside this region a decode step (one causal token per request), and a block on the tree-attention path
+    (which reads the block's K/V back from the cache), normalises and rotates q and k and stores k and v in one
+    kernel, instead of the pointwise helper then store_kv (EngineConfig.fused_qk_rope_store). The runner opens
+    it for decode steps and verify blocks; prefill keeps the unfused path."""
     global _fused_decode
     previous, _fused_decode = _fused_decode, enabled
     try:
@@ -97,10 +98,11 @@ class Attention(nn.Module):
             q = q.view(B, T, H, D)
         k, v = k.view(B, T, KVH, D), v.view(B, T, KVH, D)
         q_weight, k_weight, eps, zero_centered = self._norms()
-        if _fused_decode and meta.is_decode:
+        if _fused_decode and (meta.is_decode or _block_kernel):
             q = qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps, zero_centered, kv[0], kv[1],
                                    meta.slots, meta.cache_loc)
-            out = decode(q, kv, meta, self.scale)
+            out = decode(q, kv, meta, self.scale) if meta.is_decode else tree_attention(
+                q, kv[0], kv[1], meta.slots, meta.prefix_len, meta.cache_loc, meta.block_mask, self.scale)
         else:
             q, k = pw.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, zero_centered)
             out = attend(q, k, v, kv, meta, self.scale)

@@ -45,3 +45,39 @@ def test_fused_decode_equals_unfused(name, kernel, dtype, checkpoint_factory, mo
     assert len(calls) == steps * model.config.num_attention_layers, "only decode steps take the fused op"
     assert torch.equal(fused.argmax(-1), unfused.argmax(-1))
     torch.testing.assert_close(fused, unfused, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel,dtype", [("reference", "float32"), ("triton", "float32")])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_fused_prologue_in_verify_blocks(name, kernel, dtype, checkpoint_factory, monkeypatch):
+    """A tree verify block on the tree-attention path through the fused prologue: the same greedy tokens and the
+    same K/V in the cache as the unfused path (rope by depth, K/V at the nodes' storage positions)."""
+    from specpilot.spec.tree import DraftTree
+    from specpilot.spec.verify import tree_metadata
+
+    path, _ = checkpoint_factory(name)
+    model = load_model(str(path), "cpu", dtype)
+    runner = ModelRunner(model, EngineConfig(block_attention="tree"))
+    prompts = [torch.randint(0, 300, (n,)).tolist() for n in (7, 12)]
+    trees = [DraftTree((5, 9, 11, 13, 2), (-1, 0, 0, 1, 3)), DraftTree((4, 8, 6), (-1, 0, 1))]
+
+    def verify():
+        runner.allocate(2, 32)
+        for i, p in enumerate(prompts):
+            runner.prefill(i, p)
+        meta = tree_metadata(trees, [len(p) for p in prompts], [0, 1], "cpu", chains_as_trees=True)
+        tokens, _ = runner.verify(meta)
+        return tokens, runner.cache.k.clone(), runner.cache.v.clone()
+
+    want = verify()
+    calls = []
+    fused_op = attention.qk_norm_rope_store
+    monkeypatch.setattr(attention, "qk_norm_rope_store", lambda *a: calls.append(1) or fused_op(*a))
+    if kernel == "triton":
+        monkeypatch.setattr(op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
+    runner.fused_rope = True
+    got = verify()
+    assert len(calls) == model.config.num_attention_layers, "one fused call per attention layer of the verify pass"
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-5)
