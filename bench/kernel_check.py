@@ -97,6 +97,25 @@ def check_gdn_tree(dev, dtype, B, T, H, HV, K, V):
             "tol": 1e-2 if dtype != torch.float32 else 1e-3}
 
 
+def check_tree_conv(dev, dtype, B, T, C, W):
+    """The Triton tree conv (parent-pointer walk into the committed window) vs the per-path reference, in fp32
+    on the same rounded inputs."""
+    import torch
+
+    from bench.common import rel_err
+    from specpilot.ops.gdn_tree import tree_causal_conv1d_ref
+    from specpilot.ops.gdn_tree.triton import tree_causal_conv1d
+
+    rng, gen = random.Random(2), torch.Generator().manual_seed(2)
+    x, state = torch.randn(B, T, C, generator=gen), torch.randn(B, C, W - 1, generator=gen)
+    weight = torch.randn(C, W, generator=gen) * 0.5
+    parents = torch.tensor([_parents(T, "tree", rng) for _ in range(B)])
+    x, state, weight = (t.to(dtype) for t in (x, state, weight))
+    ref = tree_causal_conv1d_ref(x.float(), parents, state.float(), weight.float())
+    out = tree_causal_conv1d(x.to(dev), parents.to(dev), state.to(dev), weight.to(dev))
+    return {**rel_err(out.float().cpu(), ref), "tol": 1e-2 if dtype != torch.float32 else 1e-5}
+
+
 def check_qk_norm_rope_store(dev, dtype, B, H, KVH, D, R, zero_centered, gate):
     """The fused decode prologue (q/k RMSNorm + RoPE + K/V store, on by default in every GPU decode step) vs its
     reference: the rotated q and both caches (NaN-poisoned: only the stored positions may change)."""
@@ -315,6 +334,10 @@ def checks(device: str):
         out.append((f"tree_attention.{name}", "tree_attention", check_tree_attention, dict(dtype=bf, **kw)))
     for name, kw in gdn:
         out.append((f"gdn_tree.{name}", "gdn_tree", check_gdn_tree, dict(dtype=bf, **kw)))
+    conv = ([("qwen3.5-27b.T64", dict(B=2, T=64, C=10240, W=4)), ("qwen3.5-27b.T1", dict(B=8, T=1, C=10240, W=4))]
+            if device == "cuda" else [("tiny.T9", dict(B=2, T=9, C=40, W=4))])
+    for name, kw in conv:
+        out.append((f"tree_conv.{name}", "gdn_tree", check_tree_conv, dict(dtype=bf, **kw)))
     for name, kw in gemv:
         out.append((f"w12n_gemv.{name}", "w12n_gemv", check_w12n_gemv, kw))
         if kw["M"] in (1, 8, 16, 3):

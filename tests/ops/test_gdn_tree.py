@@ -168,3 +168,22 @@ def test_triton_commit_matches_reference(L, H, HV, K, V, C, width, dtype):
     kernel(ssm, conv, *views, PathIndex.build(rows, slots, paths, "cpu"), block_v=16, block_c=32, num_warps=1)
     assert_close("state", ssm_ref, ssm, 1e-5)
     assert torch.equal(conv_ref, conv)
+
+
+@pytest.mark.parametrize("B,T,C,W,dtype", [(1, 1, 5, 4, torch.float32), (3, 7, 70, 4, torch.float32),
+                                           (2, 33, 300, 2, torch.float32), (2, 9, 40, 1, torch.float32),
+                                           (2, 12, 64, 4, torch.bfloat16)],
+                         ids=["one-node", "ragged-c", "two-tiles-w2", "w1", "bf16"])
+def test_triton_tree_conv_matches_reference(B, T, C, W, dtype):
+    pytest.importorskip("triton")
+    from specpilot.ops.gdn_tree.triton import tree_causal_conv1d as kernel
+
+    gen = torch.Generator().manual_seed(T + C)
+    x = torch.randn(B, T, C + 3, generator=gen)[..., :C].to(dtype)  # strided rows, dense channels
+    state = torch.randn(B, C, W - 1, generator=gen).to(dtype)
+    weight = torch.randn(C, W, generator=gen).to(dtype)
+    parents = _random_parents(B, T, seed=C)
+    ref = tree_causal_conv1d_ref(x, parents, state, weight)
+    out = kernel(x, parents, state, weight, block_c=64)
+    assert out.is_contiguous() and out.dtype == dtype
+    assert_close("triton tree conv", ref.float(), out.float(), 1e-6 if dtype == torch.float32 else 1e-2)

@@ -1,18 +1,28 @@
 """Gated DeltaNet over a draft tree (tree-masked WY form, tree conv) and the commit of the kept paths.
 
-`tree_gated_delta_rule` and `commit_paths` run the Triton kernels (triton.py) on CUDA and the torch forms
-(chunk.py) elsewhere; reference.py holds the per-path truth both are tested against. The tree conv is torch.
+`tree_causal_conv1d`, `tree_gated_delta_rule` and `commit_paths` run the Triton kernels (triton.py) on CUDA and
+the torch forms (chunk.py) elsewhere; reference.py holds the per-path truth both are tested against.
 """
 
 from specpilot.ops.dispatch import use_triton
 from specpilot.ops.gdn_tree import chunk
-from specpilot.ops.gdn_tree.chunk import PathIndex, ancestor_mask, tree_causal_conv1d
+from specpilot.ops.gdn_tree.chunk import PathIndex, ancestor_mask
 from specpilot.ops.gdn_tree.reference import (commit_conv, commit_path_ref, commit_paths_ref, fold_path,
                                               tree_causal_conv1d_ref, tree_gated_delta_rule_ref)
 
 __all__ = ["PathIndex", "ancestor_mask", "commit_paths", "tree_causal_conv1d", "tree_gated_delta_rule",
            "commit_conv", "commit_path_ref", "commit_paths_ref", "fold_path", "tree_causal_conv1d_ref",
            "tree_gated_delta_rule_ref"]
+
+
+def tree_causal_conv1d(x, parents, conv_state, weight):
+    """x [B,T,C] pre-conv inputs; parents [B,T]; conv_state [B,C,W-1] (oldest first); weight [C,W] -> y [B,T,C]:
+    each node's causal conv along its path to the root, continued into the committed window, then silu."""
+    if use_triton(x):
+        from specpilot.ops.gdn_tree.triton import tree_causal_conv1d as kernel
+
+        return kernel(x, parents, conv_state, weight)
+    return chunk.tree_causal_conv1d(x, parents, conv_state, weight)
 
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None):

@@ -205,3 +205,48 @@ def commit_paths(ssm, conv, x, k, u, G, index: PathIndex, *, block_v: int = 32, 
     _conv_commit_kernel[(L * B, triton.cdiv(C, block_c))](
         conv, x, packed, B, C, conv.stride(0), conv.stride(1), x.stride(0), x.stride(1), x.stride(2),
         packed.stride(0), WIDTH=width, BC=block_c, num_warps=num_warps)
+
+
+@triton.jit
+def _tree_conv_kernel(x_ptr, parents_ptr, state_ptr, w_ptr, y_ptr, T, C, sx_b, sx_t, sp_b, ss_b, ss_c, sy_b, sy_t,
+                      W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One program per (channel tile, request * node): walk W - 1 parent pointers up from the node (into the
+    committed conv window above the root), then y = silu(sum_w weight[:, w] * window[w]) in fp32."""
+    i_c, i_bt = tl.program_id(0), tl.program_id(1)
+    b, i = i_bt // T, i_bt % T
+    cols = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = cols < C
+    x_b = x_ptr + b.to(tl.int64) * sx_b
+    s_b = state_ptr + b.to(tl.int64) * ss_b + cols * ss_c
+    # window position of the newest input: node i; positions < 0 count back through the state's W - 1 columns
+    node = i
+    acc = tl.load(w_ptr + cols * W + (W - 1), mask=ok, other=0.0).to(tl.float32) * \
+        tl.load(x_b + node * sx_t + cols, mask=ok, other=0.0).to(tl.float32)
+    for j in tl.static_range(W - 1):
+        w = W - 2 - j
+        # a node steps to its parent; the root's parent is state column W - 2; inside the state, one column left
+        par = tl.load(parents_ptr + b * sp_b + tl.maximum(node, 0))
+        node = tl.where(node >= 0, tl.where(par >= 0, par, -1), node - 1)
+        in_x = (cols * 0 + node) >= 0  # the scalar test as a channel vector (masks must be vectors)
+        val = tl.load(x_b + tl.maximum(node, 0) * sx_t + cols, mask=ok & in_x, other=0.0).to(tl.float32)
+        sv = tl.load(s_b + (W - 1 + tl.minimum(node, -1)), mask=ok & ~in_x, other=0.0).to(tl.float32)
+        acc += tl.load(w_ptr + cols * W + w, mask=ok, other=0.0).to(tl.float32) * tl.where(in_x, val, sv)
+    y = acc * tl.sigmoid(acc)
+    tl.store(y_ptr + b.to(tl.int64) * sy_b + i * sy_t + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def tree_causal_conv1d(x, parents, conv_state, weight, *, block_c: int = 256, num_warps: int = 4):
+    """Same contract as chunk.tree_causal_conv1d: x [B,T,C] (dense channels); parents [B,T]; conv_state [B,C,W-1]
+    (oldest first); weight [C,W] -> y [B,T,C] in x.dtype, dense."""
+    B, T, C = x.shape
+    W = weight.shape[1]
+    assert x.stride(-1) == 1 and weight.is_contiguous() and parents.shape == (B, T)
+    assert W == 1 or conv_state.stride(-1) == 1, "the conv window's columns must be dense"
+    assert conv_state.shape == (B, C, W - 1), f"conv_state {tuple(conv_state.shape)} != {(B, C, W - 1)}"
+    parents = parents.contiguous()
+    y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+    state = conv_state if W > 1 else x.new_zeros(B, C, 1)  # never read when W == 1
+    _tree_conv_kernel[(triton.cdiv(C, block_c), B * T)](
+        x, parents, state, weight, y, T, C, x.stride(0), x.stride(1), parents.stride(0), state.stride(0),
+        state.stride(1), y.stride(0), y.stride(1), W=W, BLOCK_C=block_c, num_warps=num_warps)
+    return y
