@@ -64,11 +64,12 @@ class GatedDeltaNet(nn.Module):
         conv_pool, ssm_pool = cache.linear_state(index)
         conv = tree_causal_conv1d(mixed, meta.parents, conv_pool[meta.slots], weight)
         q, k, v = self._split_heads(conv)
-        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
+        g, beta = pw.gdn_gating(a, b, self.A_log, self.dt_bias)
         # the fold terms go straight into the cache's stacked stash (one batched commit for all layers)
         stash = cache.tree_stash_out(index, *mixed.shape[:2])
         stash[0].copy_(mixed)
-        o, _ = tree_gated_delta_rule(q, k, v, g, beta, meta.block_mask, ssm_pool[meta.slots], out=stash[1:])
+        o, _ = tree_gated_delta_rule(q, k, v, g, beta, meta.block_mask, ssm_pool, out=stash[1:],
+                                     state_slots=meta.slots)
         cache.tree_stash[index] = stash
         return o
 

@@ -12,6 +12,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from specpilot.ops.gated_delta_rule.reference import gdn_gating as _gdn_gating
+
 _compile_enabled = False
 
 
@@ -117,3 +119,10 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, zero_centered: 
         norm = rms_norm_zero_centered.__wrapped__ if zero_centered else rms_norm.__wrapped__
         q, k = norm(q, q_weight, eps), norm(k, k_weight, eps)
     return apply_rotary.__wrapped__(q, cos, sin), apply_rotary.__wrapped__(k, cos, sin)
+
+
+@pointwise
+def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """Gated DeltaNet log-decay and write strength (ops/gated_delta_rule/reference.py::gdn_gating), one fused
+    kernel in a captured verify graph instead of eight."""
+    return _gdn_gating(a, b, A_log, dt_bias)

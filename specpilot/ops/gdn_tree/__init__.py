@@ -25,15 +25,16 @@ def tree_causal_conv1d(x, parents, conv_state, weight):
     return chunk.tree_causal_conv1d(x, parents, conv_state, weight)
 
 
-def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None):
+def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None):
     """q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T] inclusive ancestor mask; initial_state
-    [B,HV,K,V] fp32 -> (o [B,T,HV,V], fold stash (k [B,T,H,K] per key head, u [B,T,HV,V], G [B,T,HV])), the
-    stash written into `out` (three contiguous fp32 tensors of those shapes) if given."""
+    [B,HV,K,V] fp32 (or, with state_slots [B], the cache's pool [N,HV,K,V], read in place at those slots) ->
+    (o [B,T,HV,V], fold stash (k [B,T,H,K] per key head, u [B,T,HV,V], G [B,T,HV])), the stash written into
+    `out` (three contiguous fp32 tensors of those shapes) if given."""
     if use_triton(v):
         from specpilot.ops.gdn_tree.triton import tree_gated_delta_rule as kernel
 
-        return kernel(q, k, v, g, beta, mask, initial_state, scale, out)
-    return chunk.tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale, out)
+        return kernel(q, k, v, g, beta, mask, initial_state, scale, out, state_slots)
+    return chunk.tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale, out, state_slots)
 
 
 def commit_paths(ssm, conv, stash, rows: list[int], slots: list[int], paths: list[list[int]]) -> None:

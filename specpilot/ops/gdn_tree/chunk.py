@@ -34,11 +34,13 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None):
+def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None):
     """q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T] inclusive ancestor mask; initial_state
-    [B,HV,K,V] fp32. Returns (o [B,T,HV,V] in v.dtype, stash) where stash = (k [B,T,H,K] normalised fp32, per
+    [B,HV,K,V] fp32, or with state_slots [B] a pool [N,HV,K,V] that request b reads at slot state_slots[b]. Returns (o [B,T,HV,V] in v.dtype, stash) where stash = (k [B,T,H,K] normalised fp32, per
     KEY head, u [B,T,HV,V] fp32, G [B,T,HV] fp32) is what the fold needs, written into `out` if given. Writes no
     state."""
+    if state_slots is not None:
+        initial_state = initial_state[state_slots]
     HV = v.shape[2]
     qn, kn = prepare_qk(q, k, HV, scale)
     qh, kh = qn.transpose(1, 2), kn.transpose(1, 2)  # [B,HV,T,K]

@@ -26,11 +26,11 @@ def _dot(a, b):
 
 
 @triton.jit
-def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, o_ptr, kn_ptr, u_ptr, G_ptr,
+def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slot_ptr, o_ptr, kn_ptr, u_ptr, G_ptr,
                      T, HV, V, scale,
                      sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
                      GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr,
-                     EPS: tl.constexpr):
+                     EPS: tl.constexpr, HAS_SLOTS: tl.constexpr):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
@@ -61,7 +61,11 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, o_p
     strict = rows[:, None] != rows[None, :]
     A = tl.where(strict, beta[:, None] * D * _dot(k, tl.trans(k)), 0.0)
 
-    s0 = tl.load(s0_ptr + ((b * HV + hv) * K + offs_k[:, None]) * V + offs_v[None, :], mask=v_ok[None, :], other=0.0)
+    if HAS_SLOTS:  # the committed state read in place from the cache's pool
+        sb = tl.load(slot_ptr + b).to(tl.int64)
+    else:
+        sb = b
+    s0 = tl.load(s0_ptr + ((sb * HV + hv) * K + offs_k[:, None]) * V + offs_v[None, :], mask=v_ok[None, :], other=0.0)
     rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * _dot(k, s0))
     # (I + A)^-1 = sum_n (-A)^n, and -A is nilpotent (strictly lower in topological order): the product of
     # (I + (-A)^(2^i)) for i < log2(BT) is exact
@@ -85,8 +89,8 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, o_p
             tl.store(kn_ptr + key_rows[:, None] * K + offs_k[None, :], k, mask=row_ok[:, None])
 
 
-def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, *, block_v: int = 32,
-                          num_warps: int = 4):
+def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None, *,
+                          block_v: int = 32, num_warps: int = 4):
     """Same contract as chunk.tree_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T]
     bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV])),
     the stash written into `out` (contiguous fp32) if given."""
@@ -99,7 +103,11 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     BT = max(16, triton.next_power_of_2(T))
     g, beta = g.float().contiguous(), beta.float().contiguous()
     mask = mask.contiguous().view(torch.uint8)
-    s0 = initial_state.float().contiguous()
+    if state_slots is None:
+        s0, slots = initial_state.float().contiguous(), mask  # slots: any pointer, never read
+    else:
+        assert initial_state.dtype == torch.float32 and initial_state.is_contiguous(), "the state pool is dense fp32"
+        s0, slots = initial_state, state_slots
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
     if out is None:
         out = (torch.empty(B, T, H, K, dtype=torch.float32, device=v.device),
@@ -110,11 +118,12 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     assert all(t.is_contiguous() and t.dtype == torch.float32 for t in out), "the stash is written densely in fp32"
     block_v = min(block_v, max(16, triton.next_power_of_2(V)))
     grid = (triton.cdiv(V, block_v), B * HV)
-    _tree_gdn_kernel[grid](q, k, v, g, beta, mask, s0, o, kn, u, G, T, HV, V, K**-0.5 if scale is None else scale,
+    _tree_gdn_kernel[grid](q, k, v, g, beta, mask, s0, slots, o, kn, u, G, T, HV, V,
+                           K**-0.5 if scale is None else scale,
                            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                            v.stride(0), v.stride(1), v.stride(2),
                            GROUP=HV // H, K=K, BT=BT, BV=block_v, LOG2_BT=BT.bit_length() - 1, EPS=L2NORM_EPS,
-                           num_warps=num_warps)
+                           HAS_SLOTS=state_slots is not None, num_warps=num_warps)
     return o, (kn, u, G)
 
 
