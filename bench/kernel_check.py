@@ -112,8 +112,12 @@ def check_tree_conv(dev, dtype, B, T, C, W):
     parents = torch.tensor([_parents(T, "tree", rng) for _ in range(B)])
     x, state, weight = (t.to(dtype) for t in (x, state, weight))
     ref = tree_causal_conv1d_ref(x.float(), parents, state.float(), weight.float())
-    out = tree_causal_conv1d(x.to(dev), parents.to(dev), state.to(dev), weight.to(dev))
-    return {**rel_err(out.float().cpu(), ref), "tol": 1e-2 if dtype != torch.float32 else 1e-5}
+    x_out = torch.empty(B, T, C, dtype=dtype, device=dev)
+    out = tree_causal_conv1d(x.to(dev), parents.to(dev), state.to(dev), weight.to(dev), x_out)
+    copied = bool(torch.equal(x_out.cpu(), x))
+    # the child's status rule: batch_invariant False marks a mismatch (here: the stash copy)
+    return {**rel_err(out.float().cpu(), ref), "tol": 1e-2 if dtype != torch.float32 else 1e-5,
+            "x_out_equal": copied, "batch_invariant": copied}
 
 
 def check_qk_norm_rope_store(dev, dtype, B, H, KVH, D, R, zero_centered, gate):

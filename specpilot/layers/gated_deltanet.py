@@ -62,12 +62,12 @@ class GatedDeltaNet(nn.Module):
 
     def _tree(self, mixed, a, b, weight, meta: BatchMetadata, cache, index: int) -> torch.Tensor:
         conv_pool, ssm_pool = cache.linear_state(index)
-        conv = tree_causal_conv1d(mixed, meta.parents, conv_pool[meta.slots], weight)
+        # the pre-conv inputs and the fold terms go straight into the cache's stacked stash (one batched commit
+        # for all layers)
+        stash = cache.tree_stash_out(index, *mixed.shape[:2])
+        conv = tree_causal_conv1d(mixed, meta.parents, conv_pool[meta.slots], weight, x_out=stash[0])
         q, k, v = self._split_heads(conv)
         g, beta = pw.gdn_gating(a, b, self.A_log, self.dt_bias)
-        # the fold terms go straight into the cache's stacked stash (one batched commit for all layers)
-        stash = cache.tree_stash_out(index, *mixed.shape[:2])
-        stash[0].copy_(mixed)
         o, _ = tree_gated_delta_rule(q, k, v, g, beta, meta.block_mask, ssm_pool, out=stash[1:],
                                      state_slots=meta.slots)
         cache.tree_stash[index] = stash

@@ -184,8 +184,10 @@ def test_triton_tree_conv_matches_reference(B, T, C, W, dtype):
     weight = torch.randn(C, W, generator=gen).to(dtype)
     parents = _random_parents(B, T, seed=C)
     ref = tree_causal_conv1d_ref(x, parents, state, weight)
-    out = kernel(x, parents, state, weight, block_c=64)
+    x_out = torch.full((B, T, C), float("nan")).to(dtype)
+    out = kernel(x, parents, state, weight, x_out, block_c=64)
     assert out.is_contiguous() and out.dtype == dtype
+    assert torch.equal(x_out, x), "the stash copy of the pre-conv inputs"
     assert_close("triton tree conv", ref.float(), out.float(), 1e-6 if dtype == torch.float32 else 1e-2)
 
 

@@ -15,13 +15,16 @@ __all__ = ["PathIndex", "ancestor_mask", "commit_paths", "tree_causal_conv1d", "
            "tree_gated_delta_rule_ref"]
 
 
-def tree_causal_conv1d(x, parents, conv_state, weight):
+def tree_causal_conv1d(x, parents, conv_state, weight, x_out=None):
     """x [B,T,C] pre-conv inputs; parents [B,T]; conv_state [B,C,W-1] (oldest first); weight [C,W] -> y [B,T,C]:
-    each node's causal conv along its path to the root, continued into the committed window, then silu."""
+    each node's causal conv along its path to the root, continued into the committed window, then silu. x is
+    also copied into x_out if given (the commit's stash)."""
     if use_triton(x):
         from specpilot.ops.gdn_tree.triton import tree_causal_conv1d as kernel
 
-        return kernel(x, parents, conv_state, weight)
+        return kernel(x, parents, conv_state, weight, x_out)
+    if x_out is not None:
+        x_out.copy_(x)
     return chunk.tree_causal_conv1d(x, parents, conv_state, weight)
 
 

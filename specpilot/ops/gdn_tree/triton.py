@@ -217,8 +217,8 @@ def commit_paths(ssm, conv, x, k, u, G, index: PathIndex, *, block_v: int = 32, 
 
 
 @triton.jit
-def _tree_conv_kernel(x_ptr, parents_ptr, state_ptr, w_ptr, y_ptr, T, C, sx_b, sx_t, sp_b, ss_b, ss_c, sy_b, sy_t,
-                      W: tl.constexpr, BLOCK_C: tl.constexpr):
+def _tree_conv_kernel(x_ptr, parents_ptr, state_ptr, w_ptr, y_ptr, xo_ptr, T, C, sx_b, sx_t, sp_b, ss_b, ss_c, sy_b,
+                      sy_t, W: tl.constexpr, BLOCK_C: tl.constexpr, STORE_X: tl.constexpr):
     """One program per (channel tile, request * node): walk W - 1 parent pointers up from the node (into the
     committed conv window above the root), then y = silu(sum_w weight[:, w] * window[w]) in fp32."""
     i_c, i_bt = tl.program_id(0), tl.program_id(1)
@@ -229,8 +229,10 @@ def _tree_conv_kernel(x_ptr, parents_ptr, state_ptr, w_ptr, y_ptr, T, C, sx_b, s
     s_b = state_ptr + b.to(tl.int64) * ss_b + cols * ss_c
     # window position of the newest input: node i; positions < 0 count back through the state's W - 1 columns
     node = i
-    acc = tl.load(w_ptr + cols * W + (W - 1), mask=ok, other=0.0).to(tl.float32) * \
-        tl.load(x_b + node * sx_t + cols, mask=ok, other=0.0).to(tl.float32)
+    x_i = tl.load(x_b + node * sx_t + cols, mask=ok, other=0.0)
+    if STORE_X:  # the node's pre-conv input, which the commit needs: a dense copy (same layout as y)
+        tl.store(xo_ptr + b.to(tl.int64) * sy_b + i * sy_t + cols, x_i, mask=ok)
+    acc = tl.load(w_ptr + cols * W + (W - 1), mask=ok, other=0.0).to(tl.float32) * x_i.to(tl.float32)
     for j in tl.static_range(W - 1):
         w = W - 2 - j
         # a node steps to its parent; the root's parent is state column W - 2; inside the state, one column left
@@ -244,9 +246,10 @@ def _tree_conv_kernel(x_ptr, parents_ptr, state_ptr, w_ptr, y_ptr, T, C, sx_b, s
     tl.store(y_ptr + b.to(tl.int64) * sy_b + i * sy_t + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def tree_causal_conv1d(x, parents, conv_state, weight, *, block_c: int = 256, num_warps: int = 4):
+def tree_causal_conv1d(x, parents, conv_state, weight, x_out=None, *, block_c: int = 256, num_warps: int = 4):
     """Same contract as chunk.tree_causal_conv1d: x [B,T,C] (dense channels); parents [B,T]; conv_state [B,C,W-1]
-    (oldest first); weight [C,W] -> y [B,T,C] in x.dtype, dense."""
+    (oldest first); weight [C,W] -> y [B,T,C] in x.dtype, dense; x is also copied into x_out (dense, like y) if
+    given."""
     B, T, C = x.shape
     W = weight.shape[1]
     assert x.stride(-1) == 1 and weight.is_contiguous() and parents.shape == (B, T)
@@ -255,7 +258,10 @@ def tree_causal_conv1d(x, parents, conv_state, weight, *, block_c: int = 256, nu
     parents = parents.contiguous()
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     state = conv_state if W > 1 else x.new_zeros(B, C, 1)  # never read when W == 1
+    if x_out is not None:
+        assert x_out.shape == (B, T, C) and x_out.is_contiguous(), "x_out must be a dense [B, T, C]"
     _tree_conv_kernel[(triton.cdiv(C, block_c), B * T)](
-        x, parents, state, weight, y, T, C, x.stride(0), x.stride(1), parents.stride(0), state.stride(0),
-        state.stride(1), y.stride(0), y.stride(1), W=W, BLOCK_C=block_c, num_warps=num_warps)
+        x, parents, state, weight, y, y if x_out is None else x_out, T, C, x.stride(0), x.stride(1),
+        parents.stride(0), state.stride(0), state.stride(1), y.stride(0), y.stride(1), W=W, BLOCK_C=block_c,
+        STORE_X=x_out is not None, num_warps=num_warps)
     return y
