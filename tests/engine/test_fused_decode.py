@@ -23,6 +23,18 @@ def greedy_decode(runner, prompts, steps: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def fuse(runner, kernel: str, monkeypatch) -> list:
+    """Turns the fused prologue on (through the reference, or the interpreted kernel on CPU tensors); returns
+    the list that gets one entry per call of the fused op."""
+    calls = []
+    fused_op = attention.qk_norm_rope_store
+    monkeypatch.setattr(attention, "qk_norm_rope_store", lambda *a: calls.append(1) or fused_op(*a))
+    if kernel == "triton":
+        monkeypatch.setattr(op, "use_triton", lambda x: True)
+    runner.fused_rope = True
+    return calls
+
+
 @pytest.mark.parametrize("kernel,dtype", [("reference", "float32"), ("triton", "bfloat16")])
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
 def test_fused_decode_equals_unfused(name, kernel, dtype, checkpoint_factory, monkeypatch):
@@ -35,12 +47,7 @@ def test_fused_decode_equals_unfused(name, kernel, dtype, checkpoint_factory, mo
     steps = 6
     unfused = greedy_decode(runner, prompts, steps)
 
-    calls = []
-    fused_op = attention.qk_norm_rope_store
-    monkeypatch.setattr(attention, "qk_norm_rope_store", lambda *a: calls.append(1) or fused_op(*a))
-    if kernel == "triton":
-        monkeypatch.setattr(op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
-    runner.fused_rope = True
+    calls = fuse(runner, kernel, monkeypatch)
     fused = greedy_decode(runner, prompts, steps)
     assert len(calls) == steps * model.config.num_attention_layers, "only decode steps take the fused op"
     assert torch.equal(fused.argmax(-1), unfused.argmax(-1))
@@ -70,12 +77,7 @@ def test_fused_prologue_in_verify_blocks(name, kernel, dtype, checkpoint_factory
         return tokens, runner.cache.k.clone(), runner.cache.v.clone()
 
     want = verify()
-    calls = []
-    fused_op = attention.qk_norm_rope_store
-    monkeypatch.setattr(attention, "qk_norm_rope_store", lambda *a: calls.append(1) or fused_op(*a))
-    if kernel == "triton":
-        monkeypatch.setattr(op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
-    runner.fused_rope = True
+    calls = fuse(runner, kernel, monkeypatch)
     got = verify()
     assert len(calls) == model.config.num_attention_layers, "one fused call per attention layer of the verify pass"
     assert torch.equal(got[0], want[0])
