@@ -29,6 +29,7 @@ the JSON is written again after each section.
 
 from __future__ import annotations
 
+import contextlib
 import argparse
 import json
 import os
@@ -231,8 +232,22 @@ def _walls(fn, steps: int) -> list[float]:
     return out
 
 
+def _trace(step, path: str, steps: int = 6) -> None:
+    """A chrome trace (gzipped JSON) of a few steps, each phase labelled: where the GPU waits for the host."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            with record_function("step"):
+                step(record_function)
+            _sync()
+    prof.export_chrome_trace(path)
+
+
 @torch.inference_mode()
-def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, rng: random.Random) -> dict:
+def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, rng: random.Random,
+                  trace: str | None = None) -> dict:
     """Wall vs GPU busy time of one SpecEngine step and of its verify call alone, batch 1."""
     vocab = model.config.vocab_size
     runner = ModelRunner(model, engine_cfg)
@@ -243,15 +258,21 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
     reqs = engine.requests = engine._start([[rng.randrange(vocab) for _ in range(ctx)]], params, None, t_start)
     state = {}
 
-    def step():
-        active = engine.schedule(reqs)
+    def step(label=contextlib.nullcontext):
+        with label("schedule"):
+            active = engine.schedule(reqs)
         if not active:
             raise RuntimeError("the request finished before the measurement did: raise max_new_tokens")
-        trees = engine.propose(active)
-        greedy = engine.verify(active, trees)
-        accepted = engine.accept(trees, greedy)
-        engine.commit(active, trees, accepted)
-        engine.emit(active, trees, accepted, params, None, t_start)
+        with label("propose"):
+            trees = engine.propose(active)
+        with label("verify"):
+            greedy = engine.verify(active, trees)
+        with label("accept"):
+            accepted = engine.accept(trees, greedy)
+        with label("commit"):
+            engine.commit(active, trees, accepted)
+        with label("emit"):
+            engine.emit(active, trees, accepted, params, None, t_start)
         state.update(active=active, trees=trees)
 
     for _ in range(3):  # warm-up: kernel compiles, verify graph capture
@@ -261,6 +282,8 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
     walls = _walls(step, steps)
     emitted = len(reqs[0].result.token_ids) - emitted0
     busy = _profiled(step, steps)
+    if trace:
+        _trace(step, trace)
     # the verify call alone, repeated on the last step's trees (dense targets: it rewrites the same K/V slots)
     verify = lambda: engine.verify(state["active"], state["trees"])  # noqa: E731
     verify()
@@ -306,6 +329,8 @@ def main() -> None:
     p.add_argument("--overhead-steps", type=int, default=20)
     p.add_argument("--skip-sweep", action="store_true", help="host overhead only")
     p.add_argument("--overhead-variants", nargs="+", default=["graphs_tree"], choices=list(OVERHEAD_VARIANTS))
+    p.add_argument("--trace-dir", default=None,
+                   help="write a chrome trace of a few host-overhead steps per tree here (host_trace_<kind>.json.gz)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
     args = p.parse_args()
@@ -335,8 +360,10 @@ def main() -> None:
             if fields.get("block_attention") == "tree" and crashed:
                 report["host_overhead"][key] = {"skipped": crashed}
                 continue
+            trace = (os.path.join(args.trace_dir, f"host_trace_{tree.split(':')[0]}.json.gz")
+                     if args.trace_dir else None)
             r = attempt(f"host overhead {key}", host_overhead, model, EngineConfig(**fields), tree,
-                        args.overhead_ctx, args.overhead_steps, rng)
+                        args.overhead_ctx, args.overhead_steps, rng, trace)
             report["host_overhead"][key] = r
             report.save()
             print("host overhead", key, json.dumps(r)[:400], flush=True)
