@@ -41,7 +41,7 @@ def profile(shape: str, layers: int, dtype: torch.dtype, prompt_len: int, tokens
     out = [int(decoded[0].argmax())]
     for i in range(tokens - 1):  # greedy AR decode, keeping each step's logits
         logits = runner.decode(torch.tensor([out[-1]], device=dev), torch.tensor([prompt_len + i], device=dev))[0]
-        decoded.append(logits.float())
+        decoded.append(logits.float().clone())  # a decode graph returns the same static buffer every step
         out.append(int(logits.argmax()))
     runner.cache.reset(torch.tensor([0], device=dev))
     ids = torch.tensor((prompt + out)[:-1], device=dev)[None]

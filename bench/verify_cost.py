@@ -17,9 +17,8 @@ plus the launch gaps inside the verify graph (its back-to-back replay time minus
 device has with no host work at all); host overhead = 1 - GPU time / wall, the share of the step the GPU
 waits for the host. 1 - busy / wall is reported beside it as the GPU idle share. The verify call alone is
 measured the same way. Variants: eager SDPA,
-eager tree attention, and verify CUDA graphs (EngineConfig(verify_graphs=True, block_attention="tree")), cut
-into a chain of graphs every 4 layers (the default), every 8, or whole (one graph); beside each, the host time
-of launching the verify graph(s) onto an idle GPU.
+eager tree attention, and verify CUDA graphs (EngineConfig(verify_graphs=True, block_attention="tree")); beside
+each, the host time of launching the verify graph onto an idle GPU (cudaGraphLaunch of a few hundred kernels).
 
     PYTHONPATH=. python3 bench/verify_cost.py --out bench/results/verify_cost_h200.json
     PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/verify_cost.py --out /tmp/vc.json --device cpu \
@@ -317,7 +316,6 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
             "tokens_per_step": emitted / steps,
             "step_wall_ms_median": wall, "step_wall_ms_min": min(walls), "step_gpu_busy_ms": busy,
             "verify_graph_replay_ms": graph_ms, "in_graph_gaps_ms": in_graph_gaps,
-            "graphs_per_verify": len(graph.graph.graphs) if graph is not None else None,
             "graph_launch_host_ms": launch_ms, "step_gpu_ms": gpu_step,
             "step_host_overhead_ms": wall - gpu_step, "step_host_overhead_fraction": 1 - gpu_step / wall,
             "step_gpu_idle_fraction": 1 - busy / wall,
@@ -329,9 +327,7 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
 OVERHEAD_VARIANTS = {
     "eager_sdpa": dict(),
     "eager_tree": dict(block_attention="tree"),
-    "graphs_tree": dict(block_attention="tree", verify_graphs=True),  # cut every 4 layers (the default)
-    "graphs_tree_whole": dict(block_attention="tree", verify_graphs=True, verify_layers_per_graph=0),
-    "graphs_tree_cut8": dict(block_attention="tree", verify_graphs=True, verify_layers_per_graph=8),
+    "graphs_tree": dict(block_attention="tree", verify_graphs=True),
 }
 
 
@@ -347,8 +343,7 @@ def main() -> None:
     p.add_argument("--overhead-ctx", type=int, default=512)
     p.add_argument("--overhead-steps", type=int, default=100)
     p.add_argument("--skip-sweep", action="store_true", help="host overhead only")
-    p.add_argument("--overhead-variants", nargs="+", default=["graphs_tree", "graphs_tree_whole"],
-                   choices=list(OVERHEAD_VARIANTS))
+    p.add_argument("--overhead-variants", nargs="+", default=["graphs_tree"], choices=list(OVERHEAD_VARIANTS))
     p.add_argument("--trace-dir", default=None,
                    help="write a chrome trace of a few host-overhead steps per tree here (host_trace_<kind>.json.gz)")
     p.add_argument("--device", default="cuda")
@@ -416,13 +411,13 @@ def main() -> None:
             print(f"{r['batch']:>3} {r['ctx']:>5} " + " ".join(f(x) for x in r["ratio"])
                   + f"   {f(t1 * 1e3 if t1 else None)}  {f(ar_s * 1e3 if isinstance(ar_s, float) else None)}")
     print(f"\n{'host overhead (batch 1)':34} {'wall ms':>8} {'busy ms':>8} {'GPU ms':>8} {'overhead':>8} "
-          f"{'GPU idle':>8} {'graphs':>6} {'launch ms':>9}")
+          f"{'GPU idle':>8} {'launch ms':>9}")
     for key, r in report["host_overhead"].items():
         if "step_wall_ms_median" in r:
             launch = r.get("graph_launch_host_ms")
             print(f"{key:34} {r['step_wall_ms_median']:8.2f} {r['step_gpu_busy_ms']:8.2f} {r['step_gpu_ms']:8.2f} "
                   f"{100 * r['step_host_overhead_fraction']:7.1f}% {100 * r['step_gpu_idle_fraction']:7.1f}% "
-                  f"{r.get('graphs_per_verify') or '-':>6} {f(launch, '9.3f') if launch is not None else '-':>9}")
+                  f"{f(launch, '9.3f') if launch is not None else '-':>9}")
         else:
             print(f"{key:34} {r.get('error', r.get('skipped', ''))[:80]}")
 

@@ -177,8 +177,9 @@ def path_noise(runner: ModelRunner, prompt: list[int], output: list[int]) -> flo
     runner.allocate(1, len(seq) + 1)
     decoded = [runner.prefill(0, prompt)]
     for i, tok in enumerate(output[:-1]):
+        # a copy: a decode graph returns the same static logits buffer every step
         decoded.append(runner.decode(torch.tensor([tok], device=runner.device),
-                                     torch.tensor([len(prompt) + i], device=runner.device))[0].float())
+                                     torch.tensor([len(prompt) + i], device=runner.device))[0].float().clone())
     runner.cache.reset(torch.tensor([0], device=runner.device))
     ids = torch.tensor(seq[:-1], device=runner.device)[None]
     zero = torch.tensor([0], device=runner.device)

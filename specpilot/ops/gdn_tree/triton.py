@@ -20,6 +20,9 @@ from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
 from specpilot.ops.gdn_tree.chunk import PathIndex
 
 
+TREE_GDN_WARPS = {16: 4, 32: 4, 64: 16, 128: 32}  # by node tile (BT); see tree_gated_delta_rule
+
+
 @triton.jit
 def _dot(a, b):
     return tl.dot(a, b, input_precision="ieee")
@@ -90,7 +93,7 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
 
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None, *,
-                          block_v: int = 32, num_warps: int = 4):
+                          block_v: int = 32, num_warps: int | None = None):
     """Same contract as chunk.tree_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T]
     bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV])),
     the stash written into `out` (contiguous fp32) if given."""
@@ -101,6 +104,10 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "head dims must be dense"
     assert T <= 256, f"trees of up to 256 nodes fit one tile; got {T}"
     BT = max(16, triton.next_power_of_2(T))
+    if num_warps is None:
+        # the [BT, K] and [BT, BT] fp32 tiles live in registers: past 32 nodes, 4 warps spill them to local memory
+        # (64 nodes took 2.3 ms per layer instead of ~0.1 on the H200), so the warps grow with the tile
+        num_warps = TREE_GDN_WARPS.get(BT, 32)
     g, beta = g.float().contiguous(), beta.float().contiguous()
     mask = mask.contiguous().view(torch.uint8)
     if state_slots is None:

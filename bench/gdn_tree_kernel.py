@@ -1,0 +1,91 @@
+"""The Triton GDN tree kernel alone, per (requests, nodes, warps), at one linear layer of the Qwen3.5-27B shape:
+GPU time (median of CUDA-event-timed calls) and its error against the torch tree form (chunk.py). The table
+behind ops/gdn_tree/triton.py's TREE_GDN_WARPS.
+
+    PYTHONPATH=. python3 bench/gdn_tree_kernel.py --out bench/results/gdn_tree_kernel_h200.json
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/gdn_tree_kernel.py --out /tmp/gk.json --device cpu \
+        --batches 1 --nodes 4 --warps 4 --reps 1 --heads 2 6 --dim 16   # dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+
+import torch
+
+from bench.common import Report, attempt, rel_err, run_record
+from bench.verify_cost import random_tree
+from specpilot.ops.gdn_tree import ancestor_mask, chunk
+from specpilot.ops.gdn_tree import triton as kernels
+
+
+def inputs(B: int, T: int, H: int, HV: int, D: int, device: str, rng: random.Random):
+    trees = [random_tree(T, 1000, rng) for _ in range(B)]
+    parents = torch.tensor([list(t.parents) for t in trees], device=device)
+    mask = ancestor_mask(parents)
+    q, k = (torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, T, HV, D, device=device, dtype=torch.bfloat16)
+    g = -torch.rand(B, T, HV, device=device) * 0.5
+    beta = torch.rand(B, T, HV, device=device)
+    state = torch.randn(B, HV, D, D, device=device) * 0.1
+    return q, k, v, g, beta, mask, state
+
+
+def median_ms(fn, reps: int, device: str) -> float:
+    if device != "cuda":
+        return float("nan")
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def one(B, T, warps, H, HV, D, reps, device, rng) -> dict:
+    args = inputs(B, T, H, HV, D, device, rng)
+    ref, _ = chunk.tree_gated_delta_rule(*args)
+    out, _ = kernels.tree_gated_delta_rule(*args, num_warps=warps)
+    err = rel_err(out.float(), ref.float())
+    ms = median_ms(lambda: kernels.tree_gated_delta_rule(*args, num_warps=warps), reps, device)
+    torch_ms = median_ms(lambda: chunk.tree_gated_delta_rule(*args), reps, device)
+    return {"batch": B, "nodes": T, "num_warps": warps, "kernel_ms": ms, "torch_form_ms": torch_ms, **err}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 64])
+    p.add_argument("--warps", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--heads", type=int, nargs=2, default=[16, 48], help="key heads, value heads (27B: 16 48)")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--commit", default=None)
+    args = p.parse_args()
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    report = Report(args.out, {**run_record(args.device, args.commit), "heads": args.heads, "dim": args.dim,
+                               "default_warps": kernels.TREE_GDN_WARPS, "runs": []})
+    for B in args.batches:
+        for T in args.nodes:
+            for w in args.warps:
+                r = attempt(f"b{B} t{T} w{w}", one, B, T, w, *args.heads, args.dim, args.reps, args.device, rng)
+                report["runs"].append(r)
+                report.save()
+                print(f"B={B} T={T:3} warps={w:2}: kernel {r.get('kernel_ms', float('nan')):8.3f} ms, torch form "
+                      f"{r.get('torch_form_ms', float('nan')):8.3f} ms, rel err {r.get('rel_rms_err', r.get('error'))}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
