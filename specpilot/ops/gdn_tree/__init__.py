@@ -15,6 +15,12 @@ __all__ = ["PathIndex", "ancestor_mask", "commit_paths", "tree_causal_conv1d", "
            "tree_gated_delta_rule_ref"]
 
 
+# the Triton kernel holds the whole tree in one register tile: up to 32 nodes it beats the torch form (0.27 vs
+# 0.6 ms per 27B layer at 32 nodes on the H200), at 64 it spills and takes 0.96 ms against the torch form's 0.13
+# (bench/results/gdn_tree_kernel_h200.json, hybrid_tree_h200.json)
+TRITON_MAX_NODES = 32
+
+
 def tree_causal_conv1d(x, parents, conv_state, weight, x_out=None):
     """x [B,T,C] pre-conv inputs; parents [B,T]; conv_state [B,C,W-1] (oldest first); weight [C,W] -> y [B,T,C]:
     each node's causal conv along its path to the root, continued into the committed window, then silu. x is
@@ -33,7 +39,7 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     [B,HV,K,V] fp32 (or, with state_slots [B], the cache's pool [N,HV,K,V], read in place at those slots) ->
     (o [B,T,HV,V], fold stash (k [B,T,H,K] per key head, u [B,T,HV,V], G [B,T,HV])), the stash written into
     `out` (three contiguous fp32 tensors of those shapes) if given."""
-    if use_triton(v):
+    if use_triton(v) and q.shape[1] <= TRITON_MAX_NODES:
         from specpilot.ops.gdn_tree.triton import tree_gated_delta_rule as kernel
 
         return kernel(q, k, v, g, beta, mask, initial_state, scale, out, state_slots)

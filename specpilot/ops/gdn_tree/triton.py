@@ -20,7 +20,7 @@ from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
 from specpilot.ops.gdn_tree.chunk import PathIndex
 
 
-TREE_GDN_WARPS = {16: 4, 32: 4, 64: 16, 128: 32}  # by node tile (BT); see tree_gated_delta_rule
+TREE_GDN_WARPS = {16: 16, 32: 4, 64: 16, 128: 32}  # by node tile (BT), H200-measured up to 64 (gdn_tree_kernel.py)
 
 
 @triton.jit
@@ -105,8 +105,9 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     assert T <= 256, f"trees of up to 256 nodes fit one tile; got {T}"
     BT = max(16, triton.next_power_of_2(T))
     if num_warps is None:
-        # the [BT, K] and [BT, BT] fp32 tiles live in registers: past 32 nodes, 4 warps spill them to local memory
-        # (64 nodes took 2.3 ms per layer instead of ~0.1 on the H200), so the warps grow with the tile
+        # per 27B layer at batch 1 on the H200: 8 nodes 0.23 / 0.17 / 0.14 ms at 4 / 8 / 16 warps, 32 nodes
+        # 0.27 / 0.32 / 0.35 ms; 64 nodes spill at any count (0.96 ms at 16 warps: ops/gdn_tree sends them to the
+        # torch form)
         num_warps = TREE_GDN_WARPS.get(BT, 32)
     g, beta = g.float().contiguous(), beta.float().contiguous()
     mask = mask.contiguous().view(torch.uint8)
