@@ -1,10 +1,11 @@
 """The Triton GDN tree kernel alone, per (requests, nodes, warps), at one linear layer of the Qwen3.5-27B shape:
 GPU time (median of CUDA-event-timed calls) and its error against the torch tree form (chunk.py). The table
-behind ops/gdn_tree/triton.py's TREE_GDN_WARPS.
+behind ops/gdn_tree/triton.py's TREE_GDN_WARPS, and the fp32 products' dot precision (ieee FMAs vs tf32 tensor
+cores: time, and the error of the output and of the fp32 stash the commit folds into the state).
 
     PYTHONPATH=. python3 bench/gdn_tree_kernel.py --out bench/results/gdn_tree_kernel_h200.json
     PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/gdn_tree_kernel.py --out /tmp/gk.json --device cpu \
-        --batches 1 --nodes 4 --warps 4 --reps 1 --heads 2 6 --dim 16   # dry run
+        --batches 1 --nodes 4 --warps 4 --precisions ieee --reps 1 --heads 2 6 --dim 16   # dry run
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ def median_ms(fn, reps: int, device: str) -> float:
 
 
 @torch.inference_mode()
-def one(B, T, warps, H, HV, D, reps, device, rng) -> dict:
+def one(B, T, warps, precision, H, HV, D, reps, device, rng) -> dict:
     args = inputs(B, T, H, HV, D, device, rng)
-    ref, _ = chunk.tree_gated_delta_rule(*args)
-    out, _ = kernels.tree_gated_delta_rule(*args, num_warps=warps)
+    ref, (_, ref_u, _) = chunk.tree_gated_delta_rule(*args)
+    out, (_, u, _) = kernels.tree_gated_delta_rule(*args, num_warps=warps, precision=precision)
     err = rel_err(out.float(), ref.float())
-    ms = median_ms(lambda: kernels.tree_gated_delta_rule(*args, num_warps=warps), reps, device)
+    ms = median_ms(lambda: kernels.tree_gated_delta_rule(*args, num_warps=warps, precision=precision), reps, device)
     torch_ms = median_ms(lambda: chunk.tree_gated_delta_rule(*args), reps, device)
-    return {"batch": B, "nodes": T, "num_warps": warps, "kernel_ms": ms, "torch_form_ms": torch_ms, **err}
+    return {"batch": B, "nodes": T, "num_warps": warps, "precision": precision, "kernel_ms": ms,
+            "torch_form_ms": torch_ms, **err, "stash_u_rel_rms_err": rel_err(u, ref_u)["rel_rms_err"]}
 
 
 def main() -> None:
@@ -66,6 +68,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 64])
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--precisions", nargs="+", default=["ieee", "tf32"], choices=["ieee", "tf32", "tf32x3"])
     p.add_argument("--heads", type=int, nargs=2, default=[16, 48], help="key heads, value heads (27B: 16 48)")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--reps", type=int, default=20)
@@ -78,11 +81,12 @@ def main() -> None:
                                "default_warps": kernels.TREE_GDN_WARPS, "runs": []})
     for B in args.batches:
         for T in args.nodes:
-            for w in args.warps:
-                r = attempt(f"b{B} t{T} w{w}", one, B, T, w, *args.heads, args.dim, args.reps, args.device, rng)
+            for w, prec in [(w, prec) for prec in args.precisions for w in args.warps]:
+                r = attempt(f"b{B} t{T} w{w} {prec}", one, B, T, w, prec, *args.heads, args.dim, args.reps,
+                            args.device, rng)
                 report["runs"].append(r)
                 report.save()
-                print(f"B={B} T={T:3} warps={w:2}: kernel {r.get('kernel_ms', float('nan')):8.3f} ms, torch form "
+                print(f"B={B} T={T:3} warps={w:2} {prec:>6}: kernel {r.get('kernel_ms', float('nan')):8.3f} ms, torch form "
                       f"{r.get('torch_form_ms', float('nan')):8.3f} ms, rel err {r.get('rel_rms_err', r.get('error'))}",
                       flush=True)
 

@@ -112,7 +112,7 @@ def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90) -> tuple[
         if name in ALIGNED:
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                       target=GPUTarget("cuda", arch, 64), options={"num_warps": num_warps})
+                       target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
     return get_sass(k.asm["cubin"]), {"triton": triton.__version__}
 
 

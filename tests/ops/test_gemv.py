@@ -70,7 +70,7 @@ consts = {"M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "EVEN_K": True, "GATED": True, 
 sig.update({n: "constexpr" for n in consts})
 try:
     k = triton.compile(ASTSource(fn=_gemv_kernel, signature=sig, constexprs=consts),
-                       target=GPUTarget("cuda", 90, 64), options={"num_warps": 8})
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 except (RuntimeError, FileNotFoundError) as e:
     print("SKIP", e)
 else:

@@ -24,8 +24,8 @@ TREE_GDN_WARPS = {16: 16, 32: 4, 64: 16, 128: 32}  # by node tile (BT), H200-mea
 
 
 @triton.jit
-def _dot(a, b):
-    return tl.dot(a, b, input_precision="ieee")
+def _dot(a, b, PREC: tl.constexpr):
+    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
                      T, HV, V, scale,
                      sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
                      GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr,
-                     EPS: tl.constexpr, HAS_SLOTS: tl.constexpr):
+                     EPS: tl.constexpr, HAS_SLOTS: tl.constexpr, PREC: tl.constexpr):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
@@ -62,24 +62,24 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     G = tl.sum(tl.where(m, g[None, :], 0.0), axis=1)  # [BT] log-decay summed along the path to the root
     D = tl.where(m, tl.exp(tl.where(m, G[:, None] - G[None, :], 0.0)), 0.0)
     strict = rows[:, None] != rows[None, :]
-    A = tl.where(strict, beta[:, None] * D * _dot(k, tl.trans(k)), 0.0)
+    A = tl.where(strict, beta[:, None] * D * _dot(k, tl.trans(k), PREC), 0.0)
 
     if HAS_SLOTS:  # the committed state read in place from the cache's pool
         sb = tl.load(slot_ptr + b).to(tl.int64)
     else:
         sb = b
     s0 = tl.load(s0_ptr + ((sb * HV + hv) * K + offs_k[:, None]) * V + offs_v[None, :], mask=v_ok[None, :], other=0.0)
-    rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * _dot(k, s0))
+    rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * _dot(k, s0, PREC))
     # (I + A)^-1 = sum_n (-A)^n, and -A is nilpotent (strictly lower in topological order): the product of
     # (I + (-A)^(2^i)) for i < log2(BT) is exact
     eye = tl.where(strict, 0.0, 1.0)
     power = -A
     inv = eye + power
     for _ in tl.static_range(LOG2_BT - 1):
-        power = _dot(power, power)
-        inv = _dot(inv, eye + power)
-    u = _dot(inv, rhs)
-    o = tl.exp(G)[:, None] * _dot(q, s0) + _dot(_dot(q, tl.trans(k)) * D, u)
+        power = _dot(power, power, PREC)
+        inv = _dot(inv, eye + power, PREC)
+    u = _dot(inv, rhs, PREC)
+    o = tl.exp(G)[:, None] * _dot(q, s0, PREC) + _dot(_dot(q, tl.trans(k), PREC) * D, u, PREC)
 
     out_rows = (b * T + rows) * HV + hv
     ov_mask = row_ok[:, None] & v_ok[None, :]
@@ -93,10 +93,12 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
 
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None, *,
-                          block_v: int = 32, num_warps: int | None = None):
+                          block_v: int = 32, num_warps: int | None = None, precision: str = "ieee"):
     """Same contract as chunk.tree_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T]
     bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV])),
-    the stash written into `out` (contiguous fp32) if given."""
+    the stash written into `out` (contiguous fp32) if given. precision: the fp32 products' tl.dot input precision
+    ("ieee": fp32 FMAs, which Triton 3.6 compiles to 32 registers and ~8 KB of spills per thread at a 16-node tile,
+    offline ptxas; "tf32": tensor cores, no spills, ~5e-4 relative rounding of the inputs; untimed)."""
     B, T, H, K = q.shape
     HV, V = v.shape[-2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0
@@ -131,7 +133,7 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
                            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                            v.stride(0), v.stride(1), v.stride(2),
                            GROUP=HV // H, K=K, BT=BT, BV=block_v, LOG2_BT=BT.bit_length() - 1, EPS=L2NORM_EPS,
-                           HAS_SLOTS=state_slots is not None, num_warps=num_warps)
+                           HAS_SLOTS=state_slots is not None, PREC=precision, num_warps=num_warps)
     return o, (kn, u, G)
 
 
