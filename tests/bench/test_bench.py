@@ -206,3 +206,26 @@ def test_tolerance_is_calibrated_on_a_bf16_random_target():
         assert tol.value > 4e-3  # a few bf16 ulps of logits of this size, not a fp32 rounding
         report = forcing(runner, prompts, outputs, tol)
         assert report["passed"] and report["tolerance"] == tol.value and report["failures_at_stated"] >= 0
+
+
+def test_path_noise_copies_each_decode_step():
+    """A decode graph returns one static logits buffer, rewritten every step: the calibration must keep a copy
+    of each step's logits (it once compared every step with the last). fp32 paths agree to rounding."""
+    import torch
+
+    from specpilot.bench.harness import path_noise
+    from specpilot.bench.shapes import hf_config, random_model
+    from specpilot.engine.runner import ModelRunner
+
+    cfg = hf_config("tiny-dense", hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=512,
+                    head_dim=16)
+    runner = ModelRunner(random_model(cfg, "cpu", torch.float32))
+    decode, static = runner.decode, torch.empty(1, cfg.vocab_size)
+
+    def graph_like_decode(ids, positions):  # what DecodeGraph.replay hands back
+        static.copy_(decode(ids, positions))
+        return static
+
+    runner.decode = graph_like_decode
+    prompt, output = list(range(5, 30)), list(range(40, 56))
+    assert path_noise(runner, prompt, output) < 1e-4
