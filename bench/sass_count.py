@@ -96,8 +96,9 @@ def loop_breakdown(sass: str) -> dict | None:
     return {"loop": b - a + 1, "fast": len(fast), "skipped": skip[1] - skip[0], "ops_fast": _opcodes(fast)}
 
 
-def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90) -> tuple[str, dict]:
-    """Compiles a Triton kernel for sm_<arch> offline -> (SASS text, {triton version})."""
+def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90, types: dict | None = None) -> tuple[str, dict]:
+    """Compiles a Triton kernel for sm_<arch> offline -> (SASS text, {triton version}); `types` overrides the
+    argument types (default: ARG_TYPES, else i32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -108,7 +109,7 @@ def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90) -> tuple[
         if name in constexprs:
             sig[name] = "constexpr"
         else:
-            sig[name] = ARG_TYPES.get(name, "fp32" if name == "SCALE" else "i32")
+            sig[name] = {**ARG_TYPES, **(types or {})}.get(name, "fp32" if name == "SCALE" else "i32")
         if name in ALIGNED:
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
@@ -146,11 +147,39 @@ def count(fn, constexprs: dict, num_warps: int, per_thread: float, sass_path: st
             "config": {k: v for k, v in constexprs.items()}, "num_warps": num_warps}
 
 
+GDN_TREE_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
+                  "mask_ptr": "*u8", "s0_ptr": "*fp32", "slot_ptr": "*i64", "o_ptr": "*bf16", "kn_ptr": "*fp32",
+                  "u_ptr": "*fp32", "G_ptr": "*fp32", "scale": "fp32"}
+
+
+def gdn_tree_spills(nodes=(16, 32, 64), precisions=("ieee", "tf32")) -> dict:
+    """Local-memory traffic (LDL/STL: register spills) of the GDN tree kernel at the 27B heads (K = V = 128,
+    3 value heads per key head), per node tile and dot precision, at the wrapper's warps for that tile."""
+    from specpilot.ops.gdn_tree import triton as gdn
+
+    out = {}
+    for bt in nodes:
+        for prec in precisions:
+            consts = dict(GROUP=3, K=128, BT=bt, BV=32, LOG2_BT=bt.bit_length() - 1, EPS=1e-6, HAS_SLOTS=True,
+                          PREC=prec, BK=32)
+            warps = gdn.TREE_GDN_WARPS[bt]
+            try:
+                sass, meta = compile_sass(gdn._tree_gdn_kernel, consts, warps, types=GDN_TREE_TYPES)
+            except Exception as e:  # noqa: BLE001
+                out[f"BT{bt}.{prec}"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+                continue
+            out[f"BT{bt}.{prec}"] = {"num_warps": warps, "LDL": len(re.findall(r"\bLDL\b", sass)),
+                                     "STL": len(re.findall(r"\bSTL\b", sass)), **meta}
+            print(f"gdn_tree BT={bt:3} {prec:5} warps={warps:2}: {out[f'BT{bt}.{prec}']}", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--sass-dir", default=None, help="also write each kernel's SASS listing here")
     p.add_argument("--segment", type=int, default=512)
+    p.add_argument("--gdn-tree", action="store_true", help="also the GDN tree kernel's register spills (LDL/STL)")
     args = p.parse_args()
     if args.sass_dir:
         os.makedirs(args.sass_dir, exist_ok=True)
@@ -165,6 +194,8 @@ def main() -> None:
         print(f"{name:8} " + (f"{r['per_weight']:6.2f} instr/weight (fast path {r['fast']}, loop {r['loop']}, "
                               f"{r['weights_per_thread_per_iteration']:.0f} weights/thread/iter) {r['ops_fast']}" if "per_weight" in r else r["error"]),
               flush=True)
+    if args.gdn_tree:
+        res["gdn_tree_spills"] = gdn_tree_spills()
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

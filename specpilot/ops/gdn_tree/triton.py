@@ -20,7 +20,9 @@ from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
 from specpilot.ops.gdn_tree.chunk import PathIndex
 
 
-TREE_GDN_WARPS = {16: 16, 32: 4, 64: 16, 128: 32}  # by node tile (BT), H200-measured up to 64 (gdn_tree_kernel.py)
+# by node tile (BT): the fewest warps at which the K-sliced kernel does not spill (offline ptxas, Triton 3.6:
+# bench/sass_count.py --gdn-tree); untimed since the slicing
+TREE_GDN_WARPS = {16: 4, 32: 8, 64: 8, 128: 16}
 
 
 @triton.jit
@@ -33,7 +35,7 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
                      T, HV, V, scale,
                      sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
                      GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr,
-                     EPS: tl.constexpr, HAS_SLOTS: tl.constexpr, PREC: tl.constexpr):
+                     EPS: tl.constexpr, HAS_SLOTS: tl.constexpr, PREC: tl.constexpr, BK: tl.constexpr):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
@@ -41,16 +43,45 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     h = hv // GROUP
     rows = tl.arange(0, BT)
     row_ok = rows < T
-    offs_k = tl.arange(0, K)
+    offs_c = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     v_ok = offs_v < V
+    q_rows = q_ptr + b * sq_b + rows[:, None] * sq_t + h * sq_h
+    k_rows = k_ptr + b * sk_b + rows[:, None] * sk_t + h * sk_h
+    if HAS_SLOTS:  # the committed state read in place from the cache's pool
+        sb = tl.load(slot_ptr + b).to(tl.int64)
+    else:
+        sb = b
+    s0_rows = s0_ptr + (sb * HV + hv) * K * V + offs_v[None, :]
+    write_k = (i_v == 0) & (hv % GROUP == 0)  # k is per key head: one of its value heads writes it
+    key_rows = (b * T + rows) * (HV // GROUP) + h
 
-    q = tl.load(q_ptr + b * sq_b + rows[:, None] * sq_t + h * sq_h + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-    k = tl.load(k_ptr + b * sk_b + rows[:, None] * sk_t + h * sk_h + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-    q = q.to(tl.float32)
-    k = k.to(tl.float32)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=1) + EPS)[:, None] * scale
-    k = k * tl.rsqrt(tl.sum(k * k, axis=1) + EPS)[:, None]
+    # q and k go through K in BK-wide slices, so no [BT, K] tile stays live (at K = 128 in fp32 those spilled):
+    # one pass for the L2 norms, one for the products with k (and with the committed state)
+    q_ss = tl.zeros([BT], dtype=tl.float32)
+    k_ss = tl.zeros([BT], dtype=tl.float32)
+    for c in tl.static_range(0, K, BK):
+        qc = tl.load(q_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        kc = tl.load(k_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q_ss += tl.sum(qc * qc, axis=1)
+        k_ss += tl.sum(kc * kc, axis=1)
+    q_scale = tl.rsqrt(q_ss + EPS) * scale
+    k_scale = tl.rsqrt(k_ss + EPS)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    ks = tl.zeros([BT, BV], dtype=tl.float32)
+    qs = tl.zeros([BT, BV], dtype=tl.float32)
+    for c in tl.static_range(0, K, BK):
+        qc = tl.load(q_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32) * q_scale[:, None]
+        kc = tl.load(k_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32) * k_scale[:, None]
+        sc = tl.load(s0_rows + (c + offs_c[:, None]) * V, mask=v_ok[None, :], other=0.0)
+        kk += _dot(kc, tl.trans(kc), PREC)
+        qk += _dot(qc, tl.trans(kc), PREC)
+        ks += _dot(kc, sc, PREC)
+        qs += _dot(qc, sc, PREC)
+        if write_k:
+            tl.store(kn_ptr + key_rows[:, None] * K + c + offs_c[None, :], kc, mask=row_ok[:, None])
+
     vals = tl.load(v_ptr + b * sv_b + rows[:, None] * sv_t + hv * sv_h + offs_v[None, :],
                    mask=row_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
     gb = (b * T + rows) * HV + hv
@@ -62,14 +93,8 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     G = tl.sum(tl.where(m, g[None, :], 0.0), axis=1)  # [BT] log-decay summed along the path to the root
     D = tl.where(m, tl.exp(tl.where(m, G[:, None] - G[None, :], 0.0)), 0.0)
     strict = rows[:, None] != rows[None, :]
-    A = tl.where(strict, beta[:, None] * D * _dot(k, tl.trans(k), PREC), 0.0)
-
-    if HAS_SLOTS:  # the committed state read in place from the cache's pool
-        sb = tl.load(slot_ptr + b).to(tl.int64)
-    else:
-        sb = b
-    s0 = tl.load(s0_ptr + ((sb * HV + hv) * K + offs_k[:, None]) * V + offs_v[None, :], mask=v_ok[None, :], other=0.0)
-    rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * _dot(k, s0, PREC))
+    A = tl.where(strict, beta[:, None] * D * kk, 0.0)
+    rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * ks)
     # (I + A)^-1 = sum_n (-A)^n, and -A is nilpotent (strictly lower in topological order): the product of
     # (I + (-A)^(2^i)) for i < log2(BT) is exact
     eye = tl.where(strict, 0.0, 1.0)
@@ -79,7 +104,7 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
         power = _dot(power, power, PREC)
         inv = _dot(inv, eye + power, PREC)
     u = _dot(inv, rhs, PREC)
-    o = tl.exp(G)[:, None] * _dot(q, s0, PREC) + _dot(_dot(q, tl.trans(k), PREC) * D, u, PREC)
+    o = tl.exp(G)[:, None] * qs + _dot(qk * D, u, PREC)
 
     out_rows = (b * T + rows) * HV + hv
     ov_mask = row_ok[:, None] & v_ok[None, :]
@@ -87,13 +112,11 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     tl.store(u_ptr + out_rows[:, None] * V + offs_v[None, :], u, mask=ov_mask)
     if i_v == 0:
         tl.store(G_ptr + out_rows, G, mask=row_ok)
-        if hv % GROUP == 0:  # k is per key head: one of its value heads writes it
-            key_rows = (b * T + rows) * (HV // GROUP) + h
-            tl.store(kn_ptr + key_rows[:, None] * K + offs_k[None, :], k, mask=row_ok[:, None])
 
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None, *,
-                          block_v: int = 32, num_warps: int | None = None, precision: str = "ieee"):
+                          block_v: int = 32, block_k: int = 32, num_warps: int | None = None,
+                          precision: str = "ieee"):
     """Same contract as chunk.tree_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T]
     bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV])),
     the stash written into `out` (contiguous fp32) if given. precision: the fp32 products' tl.dot input precision
@@ -107,9 +130,9 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     assert T <= 256, f"trees of up to 256 nodes fit one tile; got {T}"
     BT = max(16, triton.next_power_of_2(T))
     if num_warps is None:
-        # per 27B layer at batch 1 on the H200: 8 nodes 0.23 / 0.17 / 0.14 ms at 4 / 8 / 16 warps, 32 nodes
-        # 0.27 / 0.32 / 0.35 ms; 64 nodes spill at any count (0.96 ms at 16 warps: ops/gdn_tree sends them to the
-        # torch form)
+        # before q and k were sliced along K, the whole-K fp32 tiles spilled (ptxas kept 32 registers and ~8 KB of
+        # stack per thread at 16 nodes): 0.23 / 0.17 / 0.14 ms per 27B layer at 4 / 8 / 16 warps for 8 nodes,
+        # 0.96 ms for 64 nodes at 16 warps on the H200 (bench/results/gdn_tree_kernel_h200.json)
         num_warps = TREE_GDN_WARPS.get(BT, 32)
     g, beta = g.float().contiguous(), beta.float().contiguous()
     mask = mask.contiguous().view(torch.uint8)
@@ -133,7 +156,8 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
                            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                            v.stride(0), v.stride(1), v.stride(2),
                            GROUP=HV // H, K=K, BT=BT, BV=block_v, LOG2_BT=BT.bit_length() - 1, EPS=L2NORM_EPS,
-                           HAS_SLOTS=state_slots is not None, PREC=precision, num_warps=num_warps)
+                           HAS_SLOTS=state_slots is not None, PREC=precision, BK=min(K, block_k),
+                           num_warps=num_warps)
     return o, (kn, u, G)
 
 
