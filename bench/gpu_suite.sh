@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The GPU benchmark suite (H200) in three calls of under 10 minutes each: run from the repository root,
 #
-#     SUITE_ONLY="verify_cost hybrid_tree bench_27b" bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 500 s
-#     SUITE_ONLY="kernel_check bench_8b w12n_gemv" bash bench/gpu_suite.sh OUTDIR COMMIT      # caps 290 s
-#     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                            # cap 300 s
+#     SUITE_ONLY="gdn_tree_kernel verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT   # caps 480 s
+#     SUITE_ONLY="bench_27b bench_8b" bash bench/gpu_suite.sh OUTDIR COMMIT                        # caps 220 s
+#     SUITE_ONLY="kernel_check w12n_gemv" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 270 s
+#     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                 # cap 300 s
+#
+# (measured 2026-11-30, fourth session: hybrid_tree's checks take ~180 s and its sweeps ~115 s at batch 1 and 8;
+# kernel_check did not finish in 100 s; verify_cost --skip-sweep ~40 s)
 #
 # (without kernel_check in a call, SUITE_KERNEL_CHECK=FILE points the later steps at an earlier call's verdicts)
 #
-# Writes 7 JSON files and suite.log (every step's stdout and stderr) into OUTDIR, nothing else:
+# Writes 8 JSON files and suite.log (more than 8 files: split the suite over calls, as above) (every step's stdout and stderr) into OUTDIR, nothing else:
 #   kernel_check_h200.json   every Triton kernel that had only run interpreted, vs its reference (crash-isolated):
 #                            fused decode prologue, tree attention, GDN tree, W12N and FP8-view GEMVs
 #   bench_27b_h200.json      specpilot bench, random:Qwen3.5-27B + random DFlash, synthetic:dflash2-gsm8k
@@ -15,6 +19,7 @@
 #   hybrid_tree_h200.json    tree verify on the hybrid 27B shape: cost vs nodes, GDN kernel, commit, memory
 #   bench_8b_h200.json       specpilot bench, random:Qwen3-8B + random DFlash (5 layers), synthetic:dflash2-gsm8k
 #   w12n_gemv_h200.json      W12N vs cuBLAS vs our bf16 GEMV vs FP8 view per projection shape, SASS counts
+#   gdn_tree_kernel_h200.json  the GDN tree kernel per (requests, nodes, warps, dot precision) vs the torch form
 #   ar_decode_h200.json      AR decode (ours, cuBLAS, W12N, HF generate) at 1x512 1x4096 8x512 32x512, profile
 #
 # Most important first. Each step runs under `timeout`: step i must end by the sum of the caps of the steps run
@@ -96,6 +101,7 @@ if [ "$DRY" = 1 ]; then
     BENCH_SIZE=(--limit 2 --batch-sizes 1 2 --max-new-tokens 8)
     VC=(--shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3)
     HT=(--shape tiny-hybrid --sizes 1 4 8 --configs 1x32 2x16 --reps 2)
+    GK=(--batches 1 --nodes 4 9 --warps 4 --precisions ieee --reps 1 --heads 2 6 --dim 16)
     WG=(--ms 1 4)
     AR=(--shapes tiny-dense tiny-hybrid --configs 1x16 2x16 --steps 3 --hf-tokens 3)
 else
@@ -103,13 +109,14 @@ else
     T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
     BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens 64)
     VC=(--skip-sweep)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at commit 22d4117
-    HT=(--skip-checks --reps 5)  # the fp32 + kernel checks passed at df2c326; the full-depth sweep needs > 150 s
+    HT=(--reps 5)  # checks ~180 s (the GDN kernel changed since they last ran, at 6efc868), sweeps ~115 s
+    GK=(--nodes 8 16 32 64 --warps 4 8 16)
     WG=()
     AR=(--configs 1x512 1x4096 8x512 32x512 --steps 40 --hf-tokens 8)
 fi
 
 # 0. Triton kernels vs references, each crash confined to a child process (the later steps read the verdicts)
-step kernel_check 90 python3 bench/kernel_check.py --out "$OUT/kernel_check_h200.json" --commit "$COMMIT" "${DEV[@]}"
+step kernel_check 150 python3 bench/kernel_check.py --out "$OUT/kernel_check_h200.json" --commit "$COMMIT" "${DEV[@]}"
 QK=$(kstatus qk_norm_rope_store); TA=$(kstatus tree_attention); GT=$(kstatus gdn_tree)
 log "kernel verdicts: qk_norm_rope_store=$QK tree_attention=$TA gdn_tree=$GT w12n_gemv=$(kstatus w12n_gemv)" \
     "fp8_gemv=$(kstatus fp8_gemv)"
@@ -148,8 +155,11 @@ step bench_27b 140 python3 -m specpilot bench --target "$T27" --drafter random-d
 step verify_cost 60 python3 bench/verify_cost.py --out "$OUT/verify_cost_h200.json" --commit "$COMMIT" \
     "${VC[@]}" "${DEV[@]}"
 
-# 4. hybrid tree verification (27B shape)
-step hybrid_tree 300 python3 bench/hybrid_tree.py --out "$OUT/hybrid_tree_h200.json" --commit "$COMMIT" \
+# 4. hybrid tree verification (27B shape): the GDN tree kernel alone first (warps and dot precision), then the
+# verify path end to end
+step gdn_tree_kernel 90 python3 bench/gdn_tree_kernel.py --out "$OUT/gdn_tree_kernel_h200.json" --commit "$COMMIT" \
+    "${GK[@]}" "${DEV[@]}"
+step hybrid_tree 330 python3 bench/hybrid_tree.py --out "$OUT/hybrid_tree_h200.json" --commit "$COMMIT" \
     "${HT[@]}" "${DEV[@]}"
 
 # 6. the 8B shape end to end
