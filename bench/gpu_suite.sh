@@ -2,7 +2,7 @@
 # The GPU benchmark suite (H200) in three calls of under 10 minutes each: run from the repository root,
 #
 #     SUITE_ONLY="gdn_tree_kernel verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT   # caps 480 s
-#     SUITE_ONLY="bench_27b bench_8b" bash bench/gpu_suite.sh OUTDIR COMMIT                        # caps 220 s
+#     SUITE_ONLY="spec_step bench_27b bench_8b" bash bench/gpu_suite.sh OUTDIR COMMIT              # caps 310 s
 #     SUITE_ONLY="kernel_check w12n_gemv" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 270 s
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                 # cap 300 s
 #
@@ -20,6 +20,7 @@
 #   bench_8b_h200.json       specpilot bench, random:Qwen3-8B + random DFlash (5 layers), synthetic:dflash2-gsm8k
 #   w12n_gemv_h200.json      W12N vs cuBLAS vs our bf16 GEMV vs FP8 view per projection shape, SASS counts
 #   gdn_tree_kernel_h200.json  the GDN tree kernel per (requests, nodes, warps, dot precision) vs the torch form
+#   spec_step_27b_h200.json  one 27B speculative step (chain:7, random DFlash, synthetic): ms per phase and kernel
 #   ar_decode_h200.json      AR decode (ours, cuBLAS, W12N, HF generate) at 1x512 1x4096 8x512 32x512, profile
 #
 # Most important first. Each step runs under `timeout`: step i must end by the sum of the caps of the steps run
@@ -102,6 +103,7 @@ if [ "$DRY" = 1 ]; then
     VC=(--shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3)
     HT=(--shape tiny-hybrid --sizes 1 4 8 --configs 1x32 2x16 --reps 2)
     GK=(--batches 1 --nodes 4 9 --warps 4 --precisions ieee --reps 1 --heads 2 6 --dim 16)
+    SS=(--steps 2 --warmup 1 --prompt 16)
     WG=(--ms 1 4)
     AR=(--shapes tiny-dense tiny-hybrid --configs 1x16 2x16 --steps 3 --hf-tokens 3)
 else
@@ -111,6 +113,7 @@ else
     VC=(--skip-sweep)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at commit 22d4117
     HT=(--reps 5)  # checks ~180 s (the GDN kernel changed since they last ran, at 6efc868), sweeps ~115 s
     GK=(--nodes 8 16 32 64 --warps 4 8 16)
+    SS=()
     WG=()
     AR=(--configs 1x512 1x4096 8x512 32x512 --steps 40 --hf-tokens 8)
 fi
@@ -146,7 +149,10 @@ configs() {  # configs dense|hybrid
 mapfile -t C27 < <(configs hybrid)
 mapfile -t C8 < <(configs dense)
 
-# 5. the 27B shape end to end: AR vs stock vs the fast configurations, batch 1 and 8, token forcing
+# 5. where a 27B speculative step's time goes (per phase and kernel), then the 27B shape end to end
+step spec_step 90 python3 bench/spec_step.py --target "${T27#random:}" --tree chain:7 --engine "$ENGINE" \
+    --out "$OUT/spec_step_27b_h200.json" --commit "$COMMIT" "${SS[@]}" "${DEV[@]}"
+: AR vs stock vs the fast configurations, batch 1 and 8, token forcing
 step bench_27b 140 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
     --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${BENCH_SIZE[@]}" \
     --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]}" --out "$OUT/bench_27b_h200.json" --plot /tmp/bench_27b_h200.png "${DEV[@]}"

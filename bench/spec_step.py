@@ -1,0 +1,177 @@
+"""Where a speculative step's time goes: per phase (propose, verify, accept, commit, emit) and per kernel, for a
+random-weight target in a real shape with its random DFlash drafter (the `specpilot bench` pair).
+
+One request on a random prompt. Acceptance is synthetic, as in the bench: the oracle drafts from the stock AR
+continuation under an acceptance profile (dflash2-gsm8k by default), so that commits move what a bench step
+moves; the drafter still runs at full cost. After warm-up, --steps steps run under torch.profiler with each
+phase labelled. A kernel is charged to the phase whose host range launched it (through the launch's correlation
+id; a graph's kernels to the phase that replayed the graph). Output (JSON, and a table): per phase, host ms per
+step (the labelled range) and GPU ms per step (kernel and copy durations) with its top kernels; the step's wall.
+With --trace, the chrome trace too.
+
+    PYTHONPATH=. python3 bench/spec_step.py --target Qwen3.5-27B --tree chain:7 --out /tmp/step.json
+    PYTHONPATH=. python3 bench/spec_step.py --target tiny-hybrid --device cpu --steps 3 --prompt 32 \
+        --out /tmp/step.json   # dry run (CPU: host ranges only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import random
+import tempfile
+import time
+
+import torch
+
+from bench.common import Report, run_record
+from specpilot.bench.shapes import hf_config, random_dflash, random_model
+from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
+from specpilot.config import EngineConfig
+from specpilot.engine.engine import SpecEngine
+from specpilot.engine.generator import Generator
+from specpilot.engine.runner import ModelRunner
+from specpilot.engine.sampling import SamplingParams
+from specpilot.spec.tree import TreeSpec
+
+PHASES = ("schedule", "propose", "verify", "accept", "commit", "emit")
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def attribute(trace: dict, steps: int, top: int = 8) -> dict:
+    """Chrome trace -> per phase: host ms per step, GPU ms per step, top kernels (GPU ms per step)."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                    if e.get("cat") == "user_annotation" and e["name"] in PHASES)
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
+                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+
+    def phase_at(ts: float) -> str:
+        for a, b, name in ranges:  # a handful per step: a scan is fine
+            if a <= ts <= b:
+                return name
+        return "outside"
+
+    out = {p: {"host_ms": 0.0, "gpu_ms": 0.0, "kernels": collections.Counter()} for p in (*PHASES, "outside")}
+    for a, b, name in ranges:
+        out[name]["host_ms"] += (b - a) / 1e3 / steps
+    for e in events:
+        if e.get("cat") not in GPU_CATS:
+            continue
+        ts = launch_ts.get(e.get("args", {}).get("correlation"))
+        phase = phase_at(ts) if ts is not None else "outside"
+        ms = e["dur"] / 1e3 / steps
+        out[phase]["gpu_ms"] += ms
+        out[phase]["kernels"][e["name"][:120]] += ms
+    for v in out.values():
+        v["top_kernels"] = [(k, round(ms, 4)) for k, ms in v.pop("kernels").most_common(top)]
+    return out
+
+
+@torch.inference_mode()
+def profile_steps(args) -> dict:
+    device = args.device
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = random_model(hf_config(args.target), device, dtype)
+    vocab = model.config.vocab_size
+    rng = random.Random(0)
+    prompt = [rng.randrange(vocab) for _ in range(args.prompt)]
+    fields = dict(item.split(":", 1) for item in args.engine.split(";") if item)
+    cfg = EngineConfig(**{k: json.loads(v) if v in ("true", "false") or v.lstrip("-").isdigit() else v
+                          for k, v in fields.items()})
+    tokens = args.steps * 8 + 64
+    stock = ModelRunner(model, cfg)
+    truth = Generator(stock).generate([prompt], SamplingParams(max_new_tokens=tokens, ignore_eos=True))[0].token_ids
+    runner = ModelRunner(model, cfg)
+    drafter = SyntheticDrafter(random_dflash(model, args.target), {0: list(truth)},
+                               AcceptanceProfile.load(args.profile), vocab)
+    spec = TreeSpec.parse(args.tree)
+    engine = SpecEngine(runner, drafter, spec)
+    params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+    t_start = time.perf_counter()
+    reqs = engine.requests = engine._start([prompt], params, None, t_start)
+
+    def step(label):
+        with label("schedule"):
+            active = engine.schedule(reqs)
+        with label("propose"):
+            trees = engine.propose(active)
+        with label("verify"):
+            greedy = engine.verify(active, trees)
+        with label("accept"):
+            accepted = engine.accept(trees, greedy)
+        with label("commit"):
+            engine.commit(active, trees, accepted)
+        with label("emit"):
+            engine.emit(active, trees, accepted, params, None, t_start)
+
+    from contextlib import nullcontext
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for _ in range(args.warmup):
+        step(lambda name: nullcontext())
+    _sync(device)
+    walls, emitted0 = [], len(reqs[0].result.token_ids)
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step(lambda name: nullcontext())
+        _sync(device)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    emitted = len(reqs[0].result.token_ids) - emitted0
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(args.steps):
+            step(record_function)
+            _sync(device)
+    path = args.trace or os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        phases = attribute(json.load(f), args.steps)
+    walls.sort()
+    return {"target": args.target, "tree": args.tree, "engine": fields, "profile": args.profile,
+            "prompt": args.prompt, "steps": args.steps, "tokens_per_step": emitted / args.steps,
+            "step_wall_ms_median": walls[len(walls) // 2], "phases": phases,
+            "gpu_ms_per_step": sum(p["gpu_ms"] for p in phases.values()),
+            "note": "phase GPU ms: kernels launched in that phase's host range, per step (the profiled steps)"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", default="Qwen3.5-27B", help="a shape of specpilot.bench.shapes (random weights)")
+    p.add_argument("--tree", default="chain:7")
+    p.add_argument("--engine", default="block_attention:tree;verify_graphs:true", help="EngineConfig FIELD:VALUE;...")
+    p.add_argument("--profile", default="dflash2-gsm8k", help="synthetic acceptance profile")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--trace", default=None, help="also keep the chrome trace here (.json or .json.gz)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--commit", default=None)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    report = Report(args.out, {**run_record(args.device, args.commit), "synthetic": True})
+    r = profile_steps(args)
+    report.data.update(r)
+    report.save()
+    print(f"{args.target} {args.tree}: step wall {r['step_wall_ms_median']:.2f} ms, GPU {r['gpu_ms_per_step']:.2f} "
+          f"ms, {r['tokens_per_step']:.2f} tokens/step (synthetic acceptance)")
+    print(f"{'phase':>9} {'host ms':>8} {'GPU ms':>8}  top kernels (GPU ms per step)")
+    for name, ph in r["phases"].items():
+        if ph["host_ms"] or ph["gpu_ms"]:
+            tops = "; ".join(f"{k[:48]} {ms:.3f}" for k, ms in ph["top_kernels"][:3])
+            print(f"{name:>9} {ph['host_ms']:8.3f} {ph['gpu_ms']:8.3f}  {tops}")
+
+
+if __name__ == "__main__":
+    main()
