@@ -110,7 +110,7 @@ else
     DEV=()
     T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
     BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens 64)
-    VC=(--skip-sweep)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at commit 22d4117
+    VC=(--skip-sweep --ab-layers-per-graph 4)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at 22d4117
     HT=(--reps 5)  # checks ~180 s (the GDN kernel changed since they last ran, at 6efc868), sweeps ~115 s
     GK=(--nodes 8 16 32 64 --warps 4 8 16)
     SS=()

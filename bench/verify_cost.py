@@ -19,6 +19,8 @@ waits for the host. 1 - busy / wall is reported beside it as the GPU idle share.
 measured the same way. Variants: eager SDPA,
 eager tree attention, and verify CUDA graphs (EngineConfig(verify_graphs=True, block_attention="tree")); beside
 each, the host time of launching the verify graph onto an idle GPU (cudaGraphLaunch of a few hundred kernels).
+--ab-layers-per-graph N: one verify graph against a chain of graphs cut every N layers, their steps interleaved
+(the same configuration varied 3-9% between runs on the H200 host: only a paired comparison can see ~0.1 ms).
 
     PYTHONPATH=. python3 bench/verify_cost.py --out bench/results/verify_cost_h200.json
     PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/verify_cost.py --out /tmp/vc.json --device cpu \
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -259,9 +262,9 @@ def _trace(step, path: str, steps: int = 6) -> None:
 
 
 @torch.inference_mode()
-def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, rng: random.Random,
-                  trace: str | None = None) -> dict:
-    """Wall vs GPU busy time of one SpecEngine step and of its verify call alone, batch 1."""
+def _stepper(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, rng: random.Random):
+    """A SpecEngine on one request of `ctx` random tokens with the zero-cost full-tree drafter: (runner, the
+    request list, step(label) running one step with each phase inside label(name), the last step's state)."""
     vocab = model.config.vocab_size
     runner = ModelRunner(model, engine_cfg)
     spec = TreeSpec.parse(tree)
@@ -269,7 +272,7 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
     params = SamplingParams(max_new_tokens=3 * steps + 3 * spec.max_tree_nodes + 16, ignore_eos=True)
     t_start = time.perf_counter()
     reqs = engine.requests = engine._start([[rng.randrange(vocab) for _ in range(ctx)]], params, None, t_start)
-    state = {}
+    state = {"engine": engine}
 
     def step(label=contextlib.nullcontext):
         with label("schedule"):
@@ -287,6 +290,50 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
         with label("emit"):
             engine.emit(active, trees, accepted, params, None, t_start)
         state.update(active=active, trees=trees)
+
+    return runner, reqs, step, state
+
+
+@torch.inference_mode()
+def host_overhead_ab(model, cfg_a: EngineConfig, cfg_b: EngineConfig, tree: str, ctx: int, steps: int,
+                     rng: random.Random) -> dict:
+    """Step wall of two engine configurations interleaved step by step (the order alternating), so that drift
+    of the host or the GPU over the run falls on both alike: medians, quartiles and the paired differences."""
+    a, b = (_stepper(model, cfg, tree, ctx, steps, rng) for cfg in (cfg_a, cfg_b))
+    for _, _, step, _ in (a, b):
+        for _ in range(3):
+            step()
+    _sync()
+    walls = {"a": [], "b": []}
+    for i in range(steps):
+        order = (("a", a[2]), ("b", b[2])) if i % 2 == 0 else (("b", b[2]), ("a", a[2]))
+        for name, step in order:
+            t0 = time.perf_counter()
+            step()
+            _sync()
+            walls[name].append((time.perf_counter() - t0) * 1e3)
+    diffs = sorted(y - x for x, y in zip(walls["a"], walls["b"]))
+
+    def quartiles(xs):
+        xs = sorted(xs)
+        return [xs[len(xs) // 4], xs[len(xs) // 2], xs[(3 * len(xs)) // 4]]
+
+    out = {"tree": tree, "ctx": ctx, "steps": steps, "a": dataclasses.asdict(cfg_a), "b": dataclasses.asdict(cfg_b),
+           "wall_ms_quartiles_a": quartiles(walls["a"]), "wall_ms_quartiles_b": quartiles(walls["b"]),
+           "paired_diff_ms_quartiles_b_minus_a": quartiles(diffs),
+           "b_faster_share": sum(d < 0 for d in diffs) / len(diffs)}
+    for runner, _, _, _ in (a, b):
+        runner.verify_graphs.clear()
+        runner.cache = None
+    return out
+
+
+@torch.inference_mode()
+def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, rng: random.Random,
+                  trace: str | None = None) -> dict:
+    """Wall vs GPU busy time of one SpecEngine step and of its verify call alone, batch 1."""
+    runner, reqs, step, state = _stepper(model, engine_cfg, tree, ctx, steps, rng)
+    engine = state["engine"]
 
     for _ in range(3):  # warm-up: kernel compiles, verify graph capture
         step()
@@ -312,7 +359,7 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
     gpu_step = busy + in_graph_gaps  # what the step costs the GPU with an infinitely fast host
     runner.verify_graphs.clear()  # graphs hold the cache: free both now
     runner.cache = None
-    return {"tree": tree, "nodes": spec.max_tree_nodes, "ctx": ctx, "batch": 1, "steps": steps,
+    return {"tree": tree, "nodes": TreeSpec.parse(tree).max_tree_nodes, "ctx": ctx, "batch": 1, "steps": steps,
             "tokens_per_step": emitted / steps,
             "step_wall_ms_median": wall, "step_wall_ms_min": min(walls), "step_gpu_busy_ms": busy,
             "verify_graph_replay_ms": graph_ms, "in_graph_gaps_ms": in_graph_gaps,
@@ -344,6 +391,8 @@ def main() -> None:
     p.add_argument("--overhead-steps", type=int, default=100)
     p.add_argument("--skip-sweep", action="store_true", help="host overhead only")
     p.add_argument("--overhead-variants", nargs="+", default=["graphs_tree"], choices=list(OVERHEAD_VARIANTS))
+    p.add_argument("--ab-layers-per-graph", type=int, default=0,
+                   help="also time one verify graph against a chain cut every N layers, steps interleaved")
     p.add_argument("--trace-dir", default=None,
                    help="write a chrome trace of a few host-overhead steps per tree here (host_trace_<kind>.json.gz)")
     p.add_argument("--device", default="cuda")
@@ -384,6 +433,19 @@ def main() -> None:
             print("host overhead", key, json.dumps(r)[:400], flush=True)
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
+    if args.ab_layers_per_graph:  # the verify graph whole (a) against a chain of graphs (b), interleaved
+        base = OVERHEAD_VARIANTS["graphs_tree"]
+        report["host_overhead_ab"] = {}
+        for tree in args.overhead_trees:
+            r = attempt(f"a/b {tree}", host_overhead_ab, model, EngineConfig(**base, verify_layers_per_graph=0),
+                        EngineConfig(**base, verify_layers_per_graph=args.ab_layers_per_graph), tree,
+                        args.overhead_ctx, args.overhead_steps, rng)
+            report["host_overhead_ab"][tree] = r
+            report.save()
+            print(f"a/b {tree}: one graph vs cut every {args.ab_layers_per_graph} layers:",
+                  {k: r.get(k) for k in ("wall_ms_quartiles_a", "wall_ms_quartiles_b",
+                                          "paired_diff_ms_quartiles_b_minus_a", "b_faster_share", "error")},
+                  flush=True)
     if not args.skip_sweep:
         for c in args.configs:
             batch, ctx = map(int, c.split("x"))

@@ -217,6 +217,10 @@ class EngineConfig:
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
     verify_graphs: bool = False  # capture the verify forward per (batch, tree width) (GPU; needs block_attention=tree)
+    # N > 0: a verify graph is a chain of graphs cut after layer 0 and every N layers, so that launching it could
+    # overlap the GPU's work on the first layers (0: one graph, whose whole launch the step waits for). Off until
+    # an interleaved A/B on the GPU shows a gain (bench/verify_cost.py --ab-layers-per-graph; dev/LOG.md)
+    verify_layers_per_graph: int = 0
     # hybrid targets, chains: "fold" verifies a chain as a tree and folds the kept prefix into the state (no second
     # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
     hybrid_chain_commit: str = "fold"
@@ -235,6 +239,8 @@ class EngineConfig:
                              "prefix by a host-side length, which a captured graph cannot follow)")
         if self.hybrid_chain_commit not in ("fold", "replay"):
             raise ValueError(f"EngineConfig.hybrid_chain_commit={self.hybrid_chain_commit!r}: use 'fold' or 'replay'")
+        if self.verify_layers_per_graph < 0:
+            raise ValueError(f"EngineConfig.verify_layers_per_graph={self.verify_layers_per_graph}: must be >= 0")
         if self.decode_attention_splits < 0:
             raise ValueError(f"EngineConfig.decode_attention_splits={self.decode_attention_splits}: must be >= 0")
         if self.max_batch_size < 1:

@@ -33,6 +33,7 @@ class ModelRunner:
         self.block_kernel = engine.block_attention == "tree"
         self.weight_format = engine.weight_format
         self.use_verify_graphs = engine.verify_graphs and on_gpu
+        self.verify_layers_per_graph = engine.verify_layers_per_graph
         self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
         self.verify_graphs: dict[tuple, VerifyGraph] = {}
         if engine.weight_format == "w12n":
@@ -72,7 +73,9 @@ class ModelRunner:
         if graph is None:
             # capture runs the step for real: put back recurrent state a chain pass advanced in place
             saved = self.cache.snapshot(meta.slots) if self.config.is_hybrid else None
-            graph = self.verify_graphs[key] = VerifyGraph(lambda m: self._verify_eager(m, layers), meta, self.cache)
+            graph = self.verify_graphs[key] = VerifyGraph(lambda m: self._verify_eager(m, layers), meta, self.cache,
+                                                          model=self.model,
+                                                          layers_per_graph=self.verify_layers_per_graph)
             if saved is not None:
                 self.cache.restore(saved)
         return graph.replay(meta)

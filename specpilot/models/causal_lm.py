@@ -53,6 +53,8 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
+        # called with each decoder layer's index after it runs: where a CUDA graph capture may cut (engine/graphs.py)
+        self.after_layer: Callable[[int], None] | None = None
         counters = {"self_attn": 0, "linear_attn": 0}
         for layer in self.model.layers:
             layer.cache_index = counters[layer.mixer_name]
@@ -77,6 +79,8 @@ class CausalLM(nn.Module):
             x, residual = layer(x, residual, meta, cache, cos, sin)
             if i in capture_layers:
                 captured[i] = x + residual
+            if self.after_layer is not None:
+                self.after_layer(i)
         x, _ = self.model.norm.add_forward(x, residual)
         return (x, [captured[i] for i in capture_layers]) if capture_layers else x
 

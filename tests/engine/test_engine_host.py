@@ -79,8 +79,8 @@ class ReplayedVerifyGraph(VerifyGraph):
     """A VerifyGraph whose replay re-runs the eager forward on its static metadata and writes the captured
     outputs in place, as a real replay does: what is checked is that the one packed copy refreshes every input."""
 
-    def __init__(self, run, meta, cache, warmup: int = 2):
-        super().__init__(run, meta, cache, warmup)
+    def __init__(self, run, meta, cache, warmup: int = 2, **cut):
+        super().__init__(run, meta, cache, warmup, **cut)
 
         def rerun():
             tokens, features = run(self.meta)
@@ -91,7 +91,7 @@ class ReplayedVerifyGraph(VerifyGraph):
                 for dst, src in zip(self.stash[index], terms):
                     dst.copy_(src)
 
-        self.graph.rerun = rerun
+        self.graph.graphs[-1].rerun = rerun  # the chain's last graph redoes the whole forward
 
 
 @pytest.fixture
@@ -114,3 +114,38 @@ def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_fac
     assert [r.token_ids for r, _ in out] == truth
     assert runner.verify_graphs and all(isinstance(g, ReplayedVerifyGraph) for g in runner.verify_graphs.values())
     assert any(s.tau > 1.2 for _, s in out)
+
+
+def test_layer_cuts():
+    from specpilot.engine.graphs import layer_cuts
+
+    assert layer_cuts(36, 4) == (0, 4, 8, 12, 16, 20, 24, 28, 32)
+    assert layer_cuts(5, 2) == (0, 2)
+    assert layer_cuts(3, 1) == (0, 1)  # never after the last layer: nothing would follow
+    assert layer_cuts(1, 4) == ()
+    assert layer_cuts(36, 0) == ()
+
+
+@pytest.mark.parametrize("per_graph,graphs", [(0, 1), (1, 3), (2, 2), (4, 2)])
+def test_verify_graph_is_cut_between_layers(per_graph, graphs, checkpoint_factory, replayed_verify_graphs):
+    """The capture starts a new graph after the cut layers (the tiny target has 3 layers), the model's hook is
+    cleared afterwards, and the chain's replay gives the plain output."""
+    from tests.cuda_graph_fakes import FakeGraph
+
+    target, _ = _models(checkpoint_factory, "qwen3")
+    assert target.config.num_hidden_layers == 3
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    runner = ModelRunner(target, EngineConfig(block_attention="tree", verify_layers_per_graph=per_graph))
+    runner.use_verify_graphs = True
+    engine = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:2,2"))
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == truth
+    chains = [g.graph.graphs for g in runner.verify_graphs.values()]
+    assert chains and all(len(c) == graphs for c in chains) and FakeGraph.captures == graphs * len(chains)
+    assert target.after_layer is None
+
+
+def test_engine_config_rejects_negative_layers_per_graph():
+    with pytest.raises(ValueError, match="verify_layers_per_graph"):
+        EngineConfig(verify_layers_per_graph=-1)
