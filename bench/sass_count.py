@@ -125,7 +125,7 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     per_thread = block_n * block_k / (32 * num_warps)
     out = []
     for m in ms:
-        common = dict(M=m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, X_WORDS=True, OUT_BF16=True,
+        common = dict(M=m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, EVEN_N=True, X_WORDS=True, OUT_BF16=True,
                       USE_ASM=True)
         out.append((f"w12n.M{m}", kernels._w12n_gemv_kernel, dict(common, SEGMENT=segment), num_warps, per_thread))
         if m in (1, 8):
@@ -179,12 +179,15 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--sass-dir", default=None, help="also write each kernel's SASS listing here")
     p.add_argument("--segment", type=int, default=512)
+    p.add_argument("--block-ns", type=int, nargs="+", default=[8], help="GEMV tile rows (8: the default)")
     p.add_argument("--gdn-tree", action="store_true", help="also the GDN tree kernel's register spills (LDL/STL)")
     args = p.parse_args()
     if args.sass_dir:
         os.makedirs(args.sass_dir, exist_ok=True)
     res = {}
-    for name, fn, consts, warps, per_thread in kernel_cases(segment=args.segment):
+    cases = [(name + (f".bn{bn}" if bn != 8 else ""), *rest) for bn in args.block_ns
+             for name, *rest in kernel_cases(block_n=bn, segment=args.segment)]
+    for name, fn, consts, warps, per_thread in cases:
         path = os.path.join(args.sass_dir, name + ".sass") if args.sass_dir else None
         try:
             res[name] = count(fn, consts, warps, per_thread, path)

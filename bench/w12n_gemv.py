@@ -98,8 +98,10 @@ def check(x, t) -> dict:
            "fp8": rel_err(kernels.fp8_gemv(x, t).float(), fp8_gemv_ref(x, t).float())}
     if x.shape[0] > 1:
         out["batch_invariant"] = bool(torch.equal(kernels.w12n_gemv(x[:1], t), kernels.w12n_gemv(x, t)[:1]))
+    base = kernels.w12n_gemv(x, t)
+    out["block_n_bitwise"] = {bn: bool(torch.equal(kernels.w12n_gemv(x, t, block_n=bn), base)) for bn in (16, 32)}
     out["ok"] = (out["w12n"]["rel_rms_err"] < 1e-2 and out["fp8"]["rel_rms_err"] < 1e-2 and not out["w12n"]["nan"]
-                 and out.get("batch_invariant", True))
+                 and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values()))
     return out
 
 
@@ -119,6 +121,8 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
         variants = {"cublas_bf16": lambda a, wt: F.linear(a, wt[0]),
                     "w12n": lambda a, wt: kernels.w12n_gemv(a, wt[1]),
                     "fp8_view": lambda a, wt: kernels.fp8_gemv(a, wt[1])}
+        for bn in args.block_ns:  # wider tiles: fewer instructions per weight, fewer programs
+            variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
         if m <= 4:
             variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
         times, errors = {}, {}
@@ -149,6 +153,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default=None)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--block-ns", type=int, nargs="*", default=[16, 32],
+                   help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on tiny shapes (needs TRITON_INTERPRET=1)")

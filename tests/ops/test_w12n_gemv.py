@@ -103,6 +103,21 @@ def test_w12n_gemv_tiles_inside_segment(block_n, block_k):
     assert_close("w12n_gemv", w12n_gemv_ref(x, t), w12n_gemv(x, t, block_n=block_n, block_k=block_k), 1e-5)
 
 
+@pytest.mark.parametrize("N", [32, 40], ids=["even-rows", "ragged-rows"])
+def test_block_n_changes_no_bit(N):
+    """The unmasked-row path (BLOCK_N divides N) and the masked one, at block_n 8 / 16 / 32: the same bits, since
+    each row's sum runs the same fixed chain whatever the tile."""
+    from specpilot.ops.w12n_gemv.triton import fp8_gemv, w12n_gemv
+
+    t = make_tensor(N, 256, 128, seed=N)
+    x = make_x(3, 256, torch.bfloat16)
+    for fn in (w12n_gemv, fp8_gemv):
+        base = fn(x, t).view(torch.int16)
+        for block_n in (16, 32):
+            assert torch.equal(fn(x, t, block_n=block_n).view(torch.int16), base), (fn.__name__, block_n)
+    check("w12n_gemv", w12n_gemv_ref, x, t, w12n_gemv(x, t, block_n=32))
+
+
 def test_w12n_gemv_coverage_base():
     """'coverage' base: outliers escape above the window (inline high XE, or verbatim beside tiny values)."""
     from specpilot.ops.w12n_gemv.triton import fp8_gemv, w12n_gemv

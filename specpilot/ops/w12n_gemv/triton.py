@@ -153,11 +153,13 @@ def _store_rows(y_ptr, accs, rows, row_ok, stride_ym, scale, M: tl.constexpr, OU
 def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, S, BASE,
                       stride_xm, stride_an, stride_bn, stride_xen, stride_ym,
                       M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SEGMENT: tl.constexpr,
-                      EVEN_K: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr, USE_ASM: tl.constexpr):
+                      EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr,
+                      USE_ASM: tl.constexpr):
     # a_ptr / b_ptr / v_ptr: the A plane as int32 words, B as int16 words, the pool as int64 words (4 weights each)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
+    # EVEN_N (BLOCK_N divides N, every real projection): unmasked loads, so no register is zeroed before each
+    row_ok = (rows < N) | EVEN_N
     rows64 = rows.to(tl.int64)
     a_rows = a_ptr + rows64[:, None] * stride_an
     b_rows = b_ptr + rows64[:, None] * stride_bn
@@ -171,8 +173,8 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
         any_v = tl.max(is_v.to(tl.int32), axis=0)
         for kk in range(0, SEGMENT, BLOCK_K):
             k0 = s * SEGMENT + kk
-            a = tl.load(a_rows + (k0 // 4 + words)[None, :], mask=row_ok[:, None], other=0)
-            b = tl.load(b_rows + (k0 // 4 + words)[None, :], mask=row_ok[:, None], other=0)
+            a = _row_load(a_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
+            b = _row_load(b_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
             w = _w12n_decode(a.to(tl.uint32, bitcast=True), b.to(tl.uint16, bitcast=True), xe[:, None], BASE,
                              USE_ASM)
             if any_v > 0:  # uniform, rare: the tile holds a verbatim segment of some row
@@ -186,6 +188,14 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
             accs = _accumulate(accs, w, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS)
         pool_row += is_v.to(tl.int32)
     _store_rows(y_ptr, accs, rows, row_ok, stride_ym, 1.0, M, OUT_BF16)
+
+
+@triton.jit
+def _row_load(ptrs, ok, EVEN_N: tl.constexpr):
+    if EVEN_N:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=ok, other=0)
 
 
 @triton.jit
@@ -244,17 +254,18 @@ def _tree_sum(acc):
 def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, SCALE,
                      stride_xm, stride_an, stride_ym,
                      M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr, USE_ASM: tl.constexpr):
+                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr,
+                     USE_ASM: tl.constexpr):
     # a_ptr: the A plane as int32 words (4 weights each)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
+    row_ok = (rows < N) | EVEN_N
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_an
     words = tl.arange(0, BLOCK_K // 4)
     accs = (tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32),) * M
     for k0 in range(0, KP, BLOCK_K):
         # KP is a multiple of BLOCK_K (it divides the segment): A loads need no column mask
-        a = tl.load(a_rows + (k0 // 4 + words)[None, :], mask=row_ok[:, None], other=0)
+        a = _row_load(a_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
         w = _fp8_view(a.to(tl.uint32, bitcast=True), USE_ASM)
         accs = _accumulate(accs, w, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS)
     # the view's scale 2^(base-120) is a power of two: applied once at the end, the sums round exactly as if
@@ -312,7 +323,8 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int 
     _w12n_gemv_kernel[(triton.cdiv(t.n, block_n),)](
         xw, a, b, t.xe, t.rvb, pool, _out(y), t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), a.stride(0), b.stride(0), t.xe.stride(0), y.stride(0),
-        M=M, BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, X_WORDS=x_words,
+        M=M, BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k,
+        EVEN_N=t.n % block_n == 0, X_WORDS=x_words,
         OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm, num_warps=num_warps)
     return y
 
@@ -328,6 +340,7 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int |
     _fp8_gemv_kernel[(triton.cdiv(t.n, block_n),)](
         xw, a, _out(y), t.n, t.k, t.padded_k, 2.0 ** (t.base - 120),
         xw.stride(0), a.stride(0), y.stride(0),
-        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=t.k == t.padded_k, X_WORDS=x_words,
+        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=t.k == t.padded_k, EVEN_N=t.n % block_n == 0,
+        X_WORDS=x_words,
         OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm, num_warps=num_warps)
     return y
