@@ -251,11 +251,24 @@ def ar_turns(make, tokenizer, conversations, batch, params, chat: bool, device):
     return prompts, outputs, stats, seconds
 
 
+def _ar_cache_len(tokenizer, conversations, chat: bool, max_new_tokens: int) -> int:
+    """An upper bound on the cache length AR needs over every turn, so the cache can be allocated once before
+    timing: each conversation's turns with every earlier answer counted at max_new_tokens plus slack for
+    re-encoding its text (the answers are not known yet), plus the new tokens of the last turn."""
+    longest = 0
+    for c in conversations:
+        text_only = len(encode_turn(tokenizer, list(c.turns), [""] * (len(c.turns) - 1), chat))
+        longest = max(longest, text_only + (len(c.turns) - 1) * (max_new_tokens + 16))
+    return longest + max_new_tokens + 1
+
+
 def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs, stock: BenchConfig,
                params, profile, stock_runner, tie_tolerance, chat, device, progress) -> list[dict]:
     ar_make = lambda: Generator(stock_runner, eos)  # noqa: E731
-    first = encode_turn(tokenizer, [conversations[0].turns[0]], [], chat)
-    run_generation(ar_make, [first], 1, SamplingParams(max_new_tokens=4), device)  # warm-up
+    firsts = [encode_turn(tokenizer, [c.turns[0]], [], chat) for c in conversations[:batch]]
+    # the cache at its final size first: a cache that grows inside the timed run drops its captured graphs
+    stock_runner.allocate(batch, _ar_cache_len(tokenizer, conversations, chat, params.max_new_tokens))
+    run_generation(ar_make, firsts, batch, SamplingParams(max_new_tokens=4), device)  # warm-up: the decode graph
     prompts, ar_out, ar_stats, ar_s = ar_turns(ar_make, tokenizer, conversations, batch, params, chat, device)
     truth = ar_out
     stated, calibrated = tie_tolerance
@@ -302,8 +315,14 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
 
     synthetic_truth = truth if profile is not None else None
     try:
-        run_generation(make, prompts[:1], 1, SamplingParams(max_new_tokens=4, ignore_eos=True), device,
-                       synthetic_truth, anchor)  # warm-up: compile, graphs
+        # warm-up outside the timing: caches at their final size (growing one drops its graphs), then every batch
+        # size a group passes through as its requests finish (a verify graph per size), compiles included
+        size = max(map(len, prompts)) + params.max_new_tokens + TreeSpec.parse(cfg.tree).max_tree_nodes + 1
+        runner.allocate(batch, size)
+        base_drafter.allocate(batch, size)
+        for b in range(min(batch, len(prompts)), 0, -1):
+            run_generation(make, prompts[:b], b, SamplingParams(max_new_tokens=16, ignore_eos=True), device,
+                           synthetic_truth, anchor)
         if anchor is not None:
             anchor.count, anchor.seconds = 0, 0.0
         out, stats, seconds = run_generation(make, prompts, batch, params, device, synthetic_truth, anchor)

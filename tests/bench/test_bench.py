@@ -229,3 +229,33 @@ def test_path_noise_copies_each_decode_step():
     runner.decode = graph_like_decode
     prompt, output = list(range(5, 30)), list(range(40, 56))
     assert path_noise(runner, prompt, output) < 1e-4
+
+
+def test_timed_runs_never_grow_a_cache(checkpoint_factory, data_dir, tmp_path, monkeypatch):
+    """The warm-up allocates every cache at its final size and passes through every batch size: a cache that
+    grew inside a timed run would drop its captured graphs and time their capture (and compiles)."""
+    import specpilot.bench.harness as harness
+    from specpilot.engine.cache import ModelCache
+
+    created, timed = [], []
+    real_init, real_run = ModelCache.__init__, harness.run_generation
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        created.append(timed[-1] if timed else None)
+
+    def run(make, prompts, batch, params, *a, **k):
+        timed.append(params.max_new_tokens == 12)  # the bench's own length; warm-ups use 4 and 16
+        try:
+            return real_run(make, prompts, batch, params, *a, **k)
+        finally:
+            timed.pop()
+
+    monkeypatch.setattr(ModelCache, "__init__", init)
+    monkeypatch.setattr(harness, "run_generation", run)
+    path, _ = checkpoint_factory("qwen3")
+    rc = main(["bench", "--target", str(path), "--drafter", "ngram", "--workloads", "humaneval",
+               "--data-dir", str(data_dir), "--batch-sizes", "1", "2", "--max-new-tokens", "12",
+               "--configs", "tree=tree:static:2,2", "--stock-tree", "chain:3", "--acceptance",
+               "synthetic:dflash2-gsm8k", "--out", str(tmp_path / "b.json"), "--no-chat"])
+    assert rc == 0 and created and True not in created, created
