@@ -89,7 +89,8 @@ def test_tree_conv_on_a_chain_equals_prefill_conv():
 
 
 @pytest.mark.parametrize("B,T,H,HV,K,V", [(1, 1, 1, 1, 16, 8), (2, 5, 2, 4, 16, 24), (1, 16, 1, 3, 32, 8),
-                                          (2, 23, 2, 2, 16, 40)], ids=["one-node", "gva2", "gva3-full-tile", "two-tiles"])
+                                          (2, 23, 2, 2, 16, 40), (2, 9, 2, 6, 128, 16)],
+                         ids=["one-node", "gva2", "gva3-full-tile", "two-tiles", "k-slices"])
 def test_triton_tree_kernel_matches_reference(B, T, H, HV, K, V):
     pytest.importorskip("triton")
     from specpilot.ops.gdn_tree.chunk import tree_gated_delta_rule as torch_form
