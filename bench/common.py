@@ -102,6 +102,30 @@ def attempt(label: str, fn, *args, **kwargs):
         return out
 
 
+def engine_step(engine, reqs, params, t_start: float, label=None):
+    """One SpecEngine step as generate() runs it (schedule, propose, verify, accept, commit, emit), each phase
+    inside label(name) if given (torch.profiler.record_function, to find the phases in a trace). Returns the
+    step's (active requests, trees)."""
+    import contextlib
+
+    label = label or (lambda name: contextlib.nullcontext())
+    with label("schedule"):
+        active = engine.schedule(reqs)
+    if not active:
+        raise RuntimeError("the request finished before the measurement did: raise max_new_tokens")
+    with label("propose"):
+        trees = engine.propose(active)
+    with label("verify"):
+        greedy = engine.verify(active, trees)
+    with label("accept"):
+        accepted = engine.accept(trees, greedy)
+    with label("commit"):
+        engine.commit(active, trees, accepted)
+    with label("emit"):
+        engine.emit(active, trees, accepted, params, None, t_start)
+    return active, trees
+
+
 def failed(result) -> bool:
     return isinstance(result, dict) and "error" in result
 

@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-from bench.common import Report, attempt, rel_err, run_record
+from bench.common import Report, attempt, rel_err, run_record, time_ms
 from bench.verify_cost import random_tree
 from specpilot.ops.gdn_tree import ancestor_mask, chunk
 from specpilot.ops.gdn_tree import triton as kernels
@@ -35,19 +35,7 @@ def inputs(B: int, T: int, H: int, HV: int, D: int, device: str, rng: random.Ran
 
 
 def median_ms(fn, reps: int, device: str) -> float:
-    if device != "cuda":
-        return float("nan")
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(time_ms(fn, device, reps, warmup=3))
 
 
 @torch.inference_mode()

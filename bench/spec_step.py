@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from bench.common import Report, run_record
+from bench.common import Report, engine_step, run_record
 from specpilot.bench.shapes import hf_config, random_dflash, random_model
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
@@ -99,31 +99,18 @@ def profile_steps(args) -> dict:
     t_start = time.perf_counter()
     reqs = engine.requests = engine._start([prompt], params, None, t_start)
 
-    def step(label):
-        with label("schedule"):
-            active = engine.schedule(reqs)
-        with label("propose"):
-            trees = engine.propose(active)
-        with label("verify"):
-            greedy = engine.verify(active, trees)
-        with label("accept"):
-            accepted = engine.accept(trees, greedy)
-        with label("commit"):
-            engine.commit(active, trees, accepted)
-        with label("emit"):
-            engine.emit(active, trees, accepted, params, None, t_start)
-
-    from contextlib import nullcontext
+    def step(label=None):
+        engine_step(engine, reqs, params, t_start, label)
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
     for _ in range(args.warmup):
-        step(lambda name: nullcontext())
+        step()
     _sync(device)
     walls, emitted0 = [], len(reqs[0].result.token_ids)
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        step(lambda name: nullcontext())
+        step()
         _sync(device)
         walls.append((time.perf_counter() - t0) * 1e3)
     emitted = len(reqs[0].result.token_ids) - emitted0

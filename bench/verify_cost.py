@@ -32,7 +32,6 @@ the JSON is written again after each section.
 
 from __future__ import annotations
 
-import contextlib
 import argparse
 import dataclasses
 import json
@@ -44,7 +43,7 @@ import time
 import torch
 
 from bench.ar_decode import SHAPES, random_model
-from bench.common import Report, attempt, failed, kernel_crashed, run_record, sync
+from bench.common import Report, attempt, engine_step, failed, kernel_crashed, run_record, sync
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
@@ -274,22 +273,8 @@ def _stepper(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, r
     reqs = engine.requests = engine._start([[rng.randrange(vocab) for _ in range(ctx)]], params, None, t_start)
     state = {"engine": engine}
 
-    def step(label=contextlib.nullcontext):
-        with label("schedule"):
-            active = engine.schedule(reqs)
-        if not active:
-            raise RuntimeError("the request finished before the measurement did: raise max_new_tokens")
-        with label("propose"):
-            trees = engine.propose(active)
-        with label("verify"):
-            greedy = engine.verify(active, trees)
-        with label("accept"):
-            accepted = engine.accept(trees, greedy)
-        with label("commit"):
-            engine.commit(active, trees, accepted)
-        with label("emit"):
-            engine.emit(active, trees, accepted, params, None, t_start)
-        state.update(active=active, trees=trees)
+    def step(label=None):
+        state["active"], state["trees"] = engine_step(engine, reqs, params, t_start, label)
 
     return runner, reqs, step, state
 
