@@ -212,7 +212,7 @@ class EngineConfig:
     # decode steps: our kernels (GEMVs, norms, attention) launch with programmatic dependent launch, so that each
     # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
     decode_pdl: bool = True
-    decode_gated_down: bool = True  # batch-1 decode: the down projection's GEMV forms silu(gate) * up itself
+    decode_gated_down: bool = True  # decode and verify blocks of <= 16 rows: the down GEMV forms silu(gate) * up itself
     decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)

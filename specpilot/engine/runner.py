@@ -83,7 +83,7 @@ class ModelRunner:
     def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):
         # a captured graph fixes the shape, so the compiled pointwise helpers compile once per graph
         compile_now = self.compile and self.use_verify_graphs
-        with (pointwise.compiled(compile_now), linear.decode_gemv(self.gemv),
+        with (pointwise.compiled(compile_now), linear.decode_gemv(self.gemv, self.gated_down),
               attention.fused_qk_rope_store(self.fused_rope)):
             hidden, features = self.forward(meta, layers), None
             if layers:

@@ -227,3 +227,22 @@ def test_fixed_width_verify_blocks_keep_output_exact(name, tree, checkpoint_fact
     out = engine.generate(prompts, PARAMS)
     assert engine._width == TreeSpec.parse(tree).max_tree_nodes
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_verify_on_the_decode_gemv_path_keeps_output(name, checkpoint_factory, monkeypatch):
+    """Verify blocks of up to 16 rows through the decode GEMV path (ops.gemv, with the down projection forming
+    silu(gate) * up itself; the references on CPU) give the plain greedy output."""
+    import specpilot.layers.linear as linear
+
+    rows_seen = []
+    real = linear.gated_gemv
+    monkeypatch.setattr(linear, "gated_gemv", lambda x, w: (rows_seen.append(x.shape[0]), real(x, w))[1])
+    target, _ = _models(checkpoint_factory, name)
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    runner = ModelRunner(target)
+    runner.gemv, runner.gated_down = True, True
+    engine = SpecEngine(runner, RandomTreeDrafter(2, truth, prompts), TreeSpec.parse("static:2,2"))
+    assert [r.token_ids for r, _ in engine.generate(prompts, PARAMS)] == truth
+    assert any(1 < n <= 16 for n in rows_seen)  # multi-row verify blocks took the gated GEMV
