@@ -88,8 +88,10 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
 
 @pointwise
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    # formed in fp32 and rounded once, eager or compiled (the compiled kernel upcasts anyway): the gated GEMVs
+    # (ops/gemv GATED) form the same product, so every path rounds the SwiGLU activation alike
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(gate_up.dtype)
 
 
 @pointwise

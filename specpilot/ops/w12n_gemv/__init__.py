@@ -39,15 +39,19 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
 def w12n_linear(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     """x [..., K] -> x @ W.T [..., N] in x.dtype, W = decode(t) (no bias).
 
-    M = prod(leading dims) <= 16 on CUDA: the fused decode GEMV. Otherwise W is decoded to bf16 for this call
-    and multiplied by F.linear (cuBLAS on a GPU, the plain torch path on CPU).
+    M = prod(leading dims) <= 16: the fused decode GEMV on CUDA, its fp32-accumulating reference elsewhere (what
+    the bf16 decode GEMV computes too: a CPU bf16 F.linear rounds differently and flipped near-ties between the
+    two weight formats). Otherwise W is decoded to bf16 for this call and multiplied by F.linear.
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if use_triton(x) and 1 <= x2.shape[0] <= MAX_FUSED_M:
-        from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
+    if 1 <= x2.shape[0] <= MAX_FUSED_M:
+        if use_triton(x):
+            from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
 
-        y = w12n_gemv_triton(x2.contiguous(), t)
+            y = w12n_gemv_triton(x2.contiguous(), t)
+        else:
+            y = w12n_gemv_ref(x2, t)
     else:
         y = F.linear(x2, decode(t).to(device=x.device, dtype=x.dtype))
     return y.reshape(*lead, t.n)
