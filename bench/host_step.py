@@ -66,6 +66,12 @@ class FixedTreeDrafter(FullTreeDrafter):
 class _NoGraph:
     """A captured graph whose replay does nothing: the verify forward then costs no time."""
 
+    def capture_begin(self, pool=None) -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
     def replay(self) -> None:
         pass
 
@@ -85,7 +91,8 @@ def fake_cuda_graphs():
     cuda = torch.cuda
     return contextlib.ExitStack() if cuda.is_available() else _patched(
         (cuda, "CUDAGraph", _NoGraph), (cuda, "graph", _nothing), (cuda, "Stream", _NoStream),
-        (cuda, "stream", _nothing), (cuda, "current_stream", _NoStream))
+        (cuda, "stream", _nothing), (cuda, "current_stream", _NoStream), (cuda, "synchronize", lambda *a: None),
+        (cuda, "graph_pool_handle", lambda: (0, 0)))
 
 
 @contextlib.contextmanager
