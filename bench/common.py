@@ -135,6 +135,19 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def host_ms(fn, device, reps: int) -> float:
+    """Median milliseconds until fn() returns, each call starting on an idle device (no synchronisation after
+    it): the host cost of the call, which a step that ends in a sync serialises."""
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    sync(device)
+    return statistics.median(times)
+
+
 def time_ms(fn, device, reps: int, warmup: int = 2) -> list[float]:
     """Milliseconds of each of `reps` calls of fn() after warm-up: CUDA events on a GPU (queue time of the
     calls' own work, host gaps included), wall time on the CPU."""

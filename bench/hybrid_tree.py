@@ -38,7 +38,7 @@ import torch
 
 import bench.ar_decode as ar
 import specpilot.ops.gdn_tree as gdn_tree_op
-from bench.common import Report, attempt, failed, kernel_crashed, run_record
+from bench.common import Report, attempt, failed, host_ms, kernel_crashed, run_record
 from bench.verify_cost import random_tree
 from specpilot.config import EngineConfig, ModelConfig
 from specpilot.engine.cache import ModelCache
@@ -279,18 +279,6 @@ def _count_ops(fn) -> dict:
     return out
 
 
-def _host_ms(fn, reps: int) -> float:
-    """Median milliseconds until fn returns (no synchronisation: the host cost, which a step serialises)."""
-    times = []
-    for _ in range(reps):
-        _sync()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    _sync()
-    return statistics.median(times)
-
-
 @torch.inference_mode()
 def commit_overhead(cfg: ModelConfig, batch: int, nodes: int, reps: int) -> dict:
     if ar.DEVICE != "cuda":  # launches do not depend on the head sizes; CPU compute on real ones would swamp them
@@ -317,7 +305,7 @@ def commit_overhead(cfg: ModelConfig, batch: int, nodes: int, reps: int) -> dict
             torch.set_num_threads(1)
         for name, fn in (("batched", batched), ("per_layer_loop", loop)):
             fn()
-            out[name] = {**_count_ops(fn), "host_ms": _host_ms(fn, reps)}
+            out[name] = {**_count_ops(fn), "host_ms": host_ms(fn, ar.DEVICE, reps)}
             if ar.DEVICE == "cuda":  # the state traffic: one read and one write of every committed [K, V] state
                 out[name]["gpu_ms"] = _kernel_ms(fn, reps)["gpu_ms"]
     finally:
@@ -364,12 +352,13 @@ def main() -> None:
     if args.commit_only:
         commit_section(cfg, args.reps, report)
         return
-    crashed = kernel_crashed("gdn_tree") or ("--skip-checks" if args.skip_checks else None)
+    gdn_crash = kernel_crashed("gdn_tree")
+    crashed = gdn_crash or ("--skip-checks" if args.skip_checks else None)
     check = {"skipped": crashed} if crashed else check_gdn_kernel(cfg)
     report["gdn_kernel_check"] = check
     print("gdn kernel check", json.dumps(check)[:600], flush=True)
     # --skip-checks alone trusts the kernel (checked by an earlier run); a crash verdict or a failed check does not
-    if ar.DEVICE == "cuda" and (kernel_crashed("gdn_tree") or (not args.skip_checks and not check.get("ok"))):
+    if ar.DEVICE == "cuda" and (gdn_crash or (not args.skip_checks and not check.get("ok"))):
         use_torch_tree_form()
         report["gdn_tree_impl"] = "torch form (chunk.py): the Triton kernel failed its check"
     else:

@@ -27,7 +27,8 @@ import time
 
 import torch
 
-from bench.common import Report, engine_step, run_record
+from bench.common import Report, engine_step, run_record, sync
+from specpilot.bench.harness import BenchConfig
 from specpilot.bench.shapes import hf_config, random_dflash, random_model
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
@@ -39,11 +40,6 @@ from specpilot.spec.tree import TreeSpec
 
 PHASES = ("schedule", "propose", "verify", "accept", "commit", "emit")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def attribute(trace: dict, steps: int, top: int = 8) -> dict:
@@ -84,9 +80,8 @@ def profile_steps(args) -> dict:
     vocab = model.config.vocab_size
     rng = random.Random(0)
     prompt = [rng.randrange(vocab) for _ in range(args.prompt)]
-    fields = dict(item.split(":", 1) for item in args.engine.split(";") if item)
-    cfg = EngineConfig(**{k: json.loads(v) if v in ("true", "false") or v.lstrip("-").isdigit() else v
-                          for k, v in fields.items()})
+    fields = dict(BenchConfig.parse(f"engine={args.engine}", args.tree).engine)  # the bench's --engine syntax
+    cfg = EngineConfig(**fields)
     tokens = args.steps * 8 + 64
     stock = ModelRunner(model, cfg)
     truth = Generator(stock).generate([prompt], SamplingParams(max_new_tokens=tokens, ignore_eos=True))[0].token_ids
@@ -106,19 +101,19 @@ def profile_steps(args) -> dict:
 
     for _ in range(args.warmup):
         step()
-    _sync(device)
+    sync(device)
     walls, emitted0 = [], len(reqs[0].result.token_ids)
     for _ in range(args.steps):
         t0 = time.perf_counter()
         step()
-        _sync(device)
+        sync(device)
         walls.append((time.perf_counter() - t0) * 1e3)
     emitted = len(reqs[0].result.token_ids) - emitted0
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(args.steps):
             step(record_function)
-            _sync(device)
+            sync(device)
     path = args.trace or os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     opener = gzip.open if path.endswith(".gz") else open

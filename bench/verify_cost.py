@@ -43,7 +43,7 @@ import time
 import torch
 
 from bench.ar_decode import SHAPES, random_model
-from bench.common import Report, attempt, engine_step, failed, kernel_crashed, run_record, sync
+from bench.common import Report, attempt, engine_step, failed, host_ms, kernel_crashed, run_record, sync
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
@@ -235,18 +235,6 @@ def _walls(fn, steps: int) -> list[float]:
     return out
 
 
-def _launch_host_ms(chain, reps: int) -> float:
-    """Median host time of launching the verify graph chain onto an idle GPU (cudaGraphLaunch calls)."""
-    times = []
-    for _ in range(reps):
-        _sync()
-        t0 = time.perf_counter()
-        chain.replay()
-        times.append((time.perf_counter() - t0) * 1e3)
-    _sync()
-    return statistics.median(times)
-
-
 def _trace(step, path: str, steps: int = 6) -> None:
     """A chrome trace (gzipped JSON) of a few steps, each phase labelled: where the GPU waits for the host."""
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -340,7 +328,7 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
     graph = next(iter(runner.verify_graphs.values()), None)
     graph_ms = time_replays(graph.graph.replay, steps) * 1e3 if graph is not None else None
     in_graph_gaps = max(0.0, graph_ms - v_busy) if graph_ms is not None else 0.0
-    launch_ms = _launch_host_ms(graph.graph, steps) if graph is not None else None
+    launch_ms = host_ms(graph.graph.replay, DEVICE, steps) if graph is not None else None
     gpu_step = busy + in_graph_gaps  # what the step costs the GPU with an infinitely fast host
     runner.verify_graphs.clear()  # graphs hold the cache: free both now
     runner.cache = None
