@@ -172,6 +172,28 @@ def time_ms(fn, device, reps: int, warmup: int = 2) -> list[float]:
     return times
 
 
+def graph_ms(fn, calls: int = 24, reps: int = 10) -> float:
+    """Median milliseconds per call of fn(i), measured as CUDA graph replays of `calls` back-to-back calls
+    (i = 0..calls-1, so fn can rotate its inputs past the L2): no host launch overhead is counted."""
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        start.record()
+        graph.replay()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in times) / calls
+
+
 def median(xs) -> float:
     return statistics.median(xs)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 import time
 
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.ar_decode import copy_bandwidth
+from bench.common import graph_ms
 from specpilot.ops.gemv.reference import gemv_ref
 from specpilot.ops.gemv.configs import gemv_config
 from specpilot.ops.gemv.triton import gemv, skinny
@@ -44,23 +44,7 @@ SKINNY_ROWS = (4, 8, 16)
 def time_fn(fn, weights, x, calls: int = 24, reps: int = 10) -> float:
     """Median seconds per call of fn(x, w), weights rotated (no call finds its matrix in L2), measured as CUDA
     graph replays of `calls` back-to-back launches so that host launch overhead is not counted."""
-    for w in weights[:3]:
-        fn(x, w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(x, weights[i % len(weights)])
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-        start.record()
-        graph.replay()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in times) / 1e3 / calls
+    return graph_ms(lambda i: fn(x, weights[i % len(weights)]), calls, reps) / 1e3
 
 
 def main() -> None:

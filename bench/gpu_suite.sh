@@ -102,7 +102,7 @@ if [ "$DRY" = 1 ]; then
     BENCH_SIZE=(--limit 2 --batch-sizes 1 2 --max-new-tokens 8)
     VC=(--shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3)
     HT=(--shape tiny-hybrid --sizes 1 4 8 --configs 1x32 2x16 --reps 2)
-    GK=(--batches 1 --nodes 4 9 --warps 4 --precisions ieee --reps 1 --heads 2 6 --dim 16)
+    GK=(--batches 1 --nodes 4 9 --warps 4 --precisions ieee tf32x3 --reps 1 --heads 2 6 --dim 16)
     SS=(--steps 2 --warmup 1 --prompt 16)
     WG=(--ms 1 4)
     AR=(--shapes tiny-dense tiny-hybrid --configs 1x16 2x16 --steps 3 --hf-tokens 3)
@@ -112,7 +112,7 @@ else
     BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens 64)
     VC=(--skip-sweep --ab-layers-per-graph 4)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at 22d4117
     HT=(--reps 5)  # checks ~180 s (the GDN kernel changed since they last ran, at 6efc868), sweeps ~115 s
-    GK=(--nodes 8 16 32 64 --warps 4 8 16)
+    GK=(--nodes 1 16 32 64 --warps 4 8 --precisions ieee tf32 tf32x3)
     SS=()
     WG=()
     AR=(--configs 1x512 1x4096 8x512 32x512 --steps 40 --hf-tokens 8)

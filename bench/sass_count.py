@@ -160,7 +160,7 @@ def gdn_tree_spills(nodes=(16, 32, 64), precisions=("ieee", "tf32")) -> dict:
     out = {}
     for bt in nodes:
         for prec in precisions:
-            consts = dict(GROUP=3, K=128, BT=bt, BV=32, LOG2_BT=bt.bit_length() - 1, EPS=1e-6, HAS_SLOTS=True,
+            consts = dict(GROUP=3, K=128, BT=bt, BV=32, EPS=1e-6, HAS_SLOTS=True,
                           PREC=prec, BK=32)
             warps = gdn.TREE_GDN_WARPS[bt]
             try:

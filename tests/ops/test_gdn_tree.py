@@ -114,6 +114,20 @@ def test_triton_tree_kernel_matches_reference(B, T, H, HV, K, V):
     assert torch.equal(out[0], kn) and torch.equal(out[1], u) and torch.equal(out[2], G)
 
 
+def test_triton_tree_kernel_long_paths():
+    """A 37-node chain beside a bushy tree in one 64-node tile: the Neumann solve runs as many steps as the
+    longest path of the batch needs, and a request with short paths is not hurt by the extra steps."""
+    pytest.importorskip("triton")
+    from specpilot.ops.gdn_tree.triton import tree_gated_delta_rule as kernel
+
+    B, T, H, HV, K, V = 2, 37, 1, 2, 16, 8
+    q, k, v, g, beta, S0 = _inputs(B, T, H, HV, K, V, seed=5)
+    parents = torch.stack([torch.arange(-1, T - 1), _random_parents(1, T, seed=5)[0]])
+    mask = ancestor_mask(parents)
+    out, _ = kernel(q, k, v, g, beta, mask, S0, block_v=8)
+    assert_close("o", tree_gated_delta_rule_ref(q, k, v, g, beta, parents, S0), out, 1e-5)
+
+
 def random_commit(L, N, R, T, H, HV, K, V, C, width, seed):
     """State pools, a stacked stash of R rows x T nodes and L layers, and ragged root-first paths (one empty, one
     shorter than the conv window) of 3 requests on shuffled rows and slots."""

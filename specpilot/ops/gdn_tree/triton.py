@@ -3,8 +3,8 @@ and for the commit of kept paths (the fold and the conv windows of every layer a
 
 One program per (value-tile, request * value head). The tree's T nodes (padded to BT, a power of two >= 16)
 fit one tile: the program builds the path-summed decay G = P g, the masked decay D, A = beta D (K K^T) below the
-diagonal, inverts the unit lower-triangular (I + A) by the nilpotent product (I - A)(I + A^2)(I + A^4)...
-(log2 BT matrix products, no sequential solve), and writes the outputs and the fold stash (normalised k, u, G).
+diagonal, solves the unit lower-triangular (I + A) u = rhs by the Neumann iteration u <- rhs - A u (A is nilpotent:
+exact after as many steps as the longest path has nodes, minus one), and writes the outputs and the fold stash (normalised k, u, G).
 Value columns are independent in the solve, so the [K, V] committed state is read in [K, BV] tiles.
 
 The fold runs one program per (layer * request * value head, value tile): it walks the request's path (up to the
@@ -34,7 +34,7 @@ def _dot(a, b, PREC: tl.constexpr):
 def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slot_ptr, o_ptr, kn_ptr, u_ptr, G_ptr,
                      T, HV, V, scale,
                      sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
-                     GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr,
+                     GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                      EPS: tl.constexpr, HAS_SLOTS: tl.constexpr, PREC: tl.constexpr, BK: tl.constexpr):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -94,17 +94,16 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     D = tl.where(m, tl.exp(tl.where(m, G[:, None] - G[None, :], 0.0)), 0.0)
     strict = rows[:, None] != rows[None, :]
     A = tl.where(strict, beta[:, None] * D * kk, 0.0)
+    qkd = qk * D  # formed now, so that kk, qk and D are dead before the solve
+    path_len = tl.max(tl.sum(m.to(tl.int32), axis=1), axis=0)
     rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * ks)
-    # (I + A)^-1 = sum_n (-A)^n, and -A is nilpotent (strictly lower in topological order): the product of
-    # (I + (-A)^(2^i)) for i < log2(BT) is exact
-    eye = tl.where(strict, 0.0, 1.0)
-    power = -A
-    inv = eye + power
-    for _ in tl.static_range(LOG2_BT - 1):
-        power = _dot(power, power, PREC)
-        inv = _dot(inv, eye + power, PREC)
-    u = _dot(inv, rhs, PREC)
-    o = tl.exp(G)[:, None] * qs + _dot(qk * D, u, PREC)
+    # (I + A) u = rhs where A links a node only to its proper ancestors: A^n = 0 for n >= the longest path, so the
+    # Neumann iteration u <- rhs - A u is exact after longest path - 1 steps (none for a single node), and keeps
+    # only A and u live (a product of [BT, BT] powers spilled at BT = 64)
+    u = rhs
+    for _ in range(1, path_len):
+        u = rhs - _dot(A, u, PREC)
+    o = tl.exp(G)[:, None] * qs + _dot(qkd, u, PREC)
 
     out_rows = (b * T + rows) * HV + hv
     ov_mask = row_ok[:, None] & v_ok[None, :]
@@ -155,7 +154,7 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
                            K**-0.5 if scale is None else scale,
                            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                            v.stride(0), v.stride(1), v.stride(2),
-                           GROUP=HV // H, K=K, BT=BT, BV=block_v, LOG2_BT=BT.bit_length() - 1, EPS=L2NORM_EPS,
+                           GROUP=HV // H, K=K, BT=BT, BV=block_v, EPS=L2NORM_EPS,
                            HAS_SLOTS=state_slots is not None, PREC=precision, BK=min(K, block_k),
                            num_warps=num_warps)
     return o, (kn, u, G)
