@@ -1,8 +1,8 @@
 """The Triton GDN tree kernel alone, per (requests, nodes, warps), at one linear layer of the Qwen3.5-27B shape:
-GPU time (CUDA-graph replays of back-to-back calls over 8 input sets, so no launch overhead and no state
-left in L2) and its error against the torch tree form (chunk.py). The table
-behind ops/gdn_tree/triton.py's TREE_GDN_WARPS, and the fp32 products' dot precision (ieee FMAs vs tf32 tensor
-cores: time, and the error of the output and of the fp32 stash the commit folds into the state).
+GPU time (CUDA-graph replays of back-to-back calls over 8 input sets, so no launch overhead and no state left in
+L2) and its error against the torch tree form (chunk.py), also timed. The table behind ops/gdn_tree/triton.py's
+TREE_GDN_CONFIG: warps and the fp32 products' dot precision (ieee FMAs vs tf32 or tf32x3 tensor cores: time, and
+the error of the output and of the fp32 stash the commit folds into the state).
 
     PYTHONPATH=. python3 bench/gdn_tree_kernel.py --out bench/results/gdn_tree_kernel_h200.json
     PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/gdn_tree_kernel.py --out /tmp/gk.json --device cpu \
@@ -70,7 +70,7 @@ def main() -> None:
     rng = random.Random(0)
     torch.manual_seed(0)
     report = Report(args.out, {**run_record(args.device, args.commit), "heads": args.heads, "dim": args.dim,
-                               "default_warps": kernels.TREE_GDN_WARPS, "runs": [], "torch_form": []})
+                               "default_config": kernels.TREE_GDN_CONFIG, "runs": [], "torch_form": []})
     for B in args.batches:
         for T in args.nodes:
             # 8 input sets (24 MiB of state at batch 1): as in the model, where each layer has its own state

@@ -162,7 +162,7 @@ def gdn_tree_spills(nodes=(16, 32, 64), precisions=("ieee", "tf32")) -> dict:
         for prec in precisions:
             consts = dict(GROUP=3, K=128, BT=bt, BV=32, EPS=1e-6, HAS_SLOTS=True,
                           PREC=prec, BK=32)
-            warps = gdn.TREE_GDN_WARPS[bt]
+            warps = gdn.TREE_GDN_CONFIG[bt][0]
             try:
                 sass, meta = compile_sass(gdn._tree_gdn_kernel, consts, warps, types=GDN_TREE_TYPES)
             except Exception as e:  # noqa: BLE001

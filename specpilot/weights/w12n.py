@@ -14,7 +14,7 @@ exponent (or exponent 255: inf/NaN) is marked XE = 255 and stored verbatim in a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -73,6 +73,11 @@ class W12NTensor:
                     f"W12N plane {field!r} must be {dtype} {list(shape)} for a {self.n}x{self.k} matrix "
                     f"with segment {self.segment}, got {got.dtype} {list(got.shape)}"
                 )
+
+    def to(self, device) -> W12NTensor:
+        """The same planes on `device` (the kernels read them where the activations are)."""
+        planes = {f: getattr(self, f).to(device) for f in ("a", "b", "xe", "rvb", "verbatim")}
+        return replace(self, **planes)
 
     @property
     def padded_k(self) -> int:
@@ -178,7 +183,8 @@ def encode(w: torch.Tensor, segment: int = 512, base: int | str = "max") -> W12N
     verbatim = src.view(n, kp // segment, segment)[is_verbatim].contiguous()
     counts = is_verbatim.sum(dim=1, dtype=torch.int32)
     rvb = (torch.cumsum(counts, 0, dtype=torch.int32) - counts).to(torch.int32)
-    return W12NTensor(a=a, b=b, xe=xe.to(torch.uint8), rvb=rvb, verbatim=verbatim, base=base, n=n, k=k, segment=segment)
+    t = W12NTensor(a=a, b=b, xe=xe.to(torch.uint8), rvb=rvb, verbatim=verbatim, base=base, n=n, k=k, segment=segment)
+    return t.to(w.device)  # built on the host (bit-exact everywhere), returned where w lives
 
 
 def encode_best(

@@ -168,6 +168,17 @@ def test_bits_per_weight_realistic_normal():
     assert bits_per_weight(best) <= s["bits_per_weight"]
 
 
+def test_planes_follow_the_matrix_device():
+    """encode returns the planes on w's device (the GEMV kernels refuse planes elsewhere); .to moves all five."""
+    w = two_cluster_matrix()
+    t = encode(w, segment=16)
+    assert all(getattr(t, f).device == w.device for f in ("a", "b", "xe", "rvb", "verbatim"))
+    moved = t.to(torch.device("cpu"))
+    assert (moved.n, moved.k, moved.base, moved.segment) == (t.n, t.k, t.base, t.segment)
+    assert all(torch.equal(getattr(moved, f), getattr(t, f)) for f in ("a", "b", "xe", "rvb", "verbatim"))
+    assert_exact(w, moved)
+
+
 def test_state_dict_round_trip_through_safetensors(tmp_path):
     clean = normal(9, 130)
     conflicted = two_cluster_matrix()

@@ -15,10 +15,10 @@ __all__ = ["PathIndex", "ancestor_mask", "commit_paths", "tree_causal_conv1d", "
            "tree_gated_delta_rule_ref"]
 
 
-# the Triton kernel holds the whole tree in one register tile: up to 32 nodes it beats the torch form (0.27 vs
-# 0.6 ms per 27B layer at 32 nodes on the H200), at 64 it spills and takes 0.96 ms against the torch form's 0.13
-# (bench/results/gdn_tree_kernel_h200.json, hybrid_tree_h200.json)
-TRITON_MAX_NODES = 32
+# the Triton kernel holds the whole tree in one register tile: measured up to 64 nodes on the H200, where it takes
+# 32 us per 27B layer against 149 us for the torch form (bench/results/gdn_tree_kernel_h200.json); larger trees
+# take the torch form
+TRITON_MAX_NODES = 64
 
 
 def tree_causal_conv1d(x, parents, conv_state, weight, x_out=None):

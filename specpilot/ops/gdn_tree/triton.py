@@ -20,9 +20,11 @@ from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
 from specpilot.ops.gdn_tree.chunk import PathIndex
 
 
-# by node tile (BT): the fewest warps at which the K-sliced kernel does not spill (offline ptxas, Triton 3.6:
-# bench/sass_count.py --gdn-tree); untimed since the slicing
-TREE_GDN_WARPS = {16: 4, 32: 8, 64: 8, 128: 16}
+# (num_warps, dot precision) by node tile (BT), the fastest of 4/8 warps x ieee/tf32/tf32x3 at the 27B heads on the
+# H200 among those as accurate as fp32 FMAs (tf32 alone errs 2.7e-3 on the output): 6.9 / 28.8 / 32.1 us per layer
+# at 1 / 32 / 64 nodes, batch 1 (bench/results/gdn_tree_kernel_h200.json). tf32x3 is three tf32 tensor-core
+# products (hi*hi + hi*lo + lo*hi), fp32-accurate; ieee FMA products spill at BT = 64 (offline ptxas).
+TREE_GDN_CONFIG = {16: (4, "tf32x3"), 32: (4, "ieee"), 64: (4, "tf32x3")}
 
 
 @triton.jit
@@ -115,12 +117,11 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
 
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None, *,
                           block_v: int = 32, block_k: int = 32, num_warps: int | None = None,
-                          precision: str = "ieee"):
+                          precision: str | None = None):
     """Same contract as chunk.tree_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; mask [B,T,T]
     bool; initial_state [B,HV,K,V] fp32 -> (o [B,T,HV,V] in v.dtype, (k [B,T,H,K], u [B,T,HV,V], G [B,T,HV])),
-    the stash written into `out` (contiguous fp32) if given. precision: the fp32 products' tl.dot input precision
-    ("ieee": fp32 FMAs, which Triton 3.6 compiles to 32 registers and ~8 KB of spills per thread at a 16-node tile,
-    offline ptxas; "tf32": tensor cores, no spills, ~5e-4 relative rounding of the inputs; untimed)."""
+    the stash written into `out` (contiguous fp32) if given. num_warps, precision (tl.dot input precision of the fp32
+    products: "ieee", "tf32" or "tf32x3"): by default TREE_GDN_CONFIG's for the node tile."""
     B, T, H, K = q.shape
     HV, V = v.shape[-2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0
@@ -128,11 +129,9 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "head dims must be dense"
     assert T <= 256, f"trees of up to 256 nodes fit one tile; got {T}"
     BT = max(16, triton.next_power_of_2(T))
-    if num_warps is None:
-        # before q and k were sliced along K, the whole-K fp32 tiles spilled (ptxas kept 32 registers and ~8 KB of
-        # stack per thread at 16 nodes): 0.23 / 0.17 / 0.14 ms per 27B layer at 4 / 8 / 16 warps for 8 nodes,
-        # 0.96 ms for 64 nodes at 16 warps on the H200 (bench/results/gdn_tree_kernel_h200.json)
-        num_warps = TREE_GDN_WARPS.get(BT, 32)
+    default_warps, default_precision = TREE_GDN_CONFIG.get(BT, (4, "tf32x3"))
+    num_warps = num_warps or default_warps
+    precision = precision or default_precision
     g, beta = g.float().contiguous(), beta.float().contiguous()
     mask = mask.contiguous().view(torch.uint8)
     if state_slots is None:
