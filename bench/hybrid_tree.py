@@ -46,7 +46,8 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.ops.gated_delta_rule import gdn_gating
 from specpilot.ops.gdn_tree import ancestor_mask, chunk, commit_paths_ref, tree_gated_delta_rule
-from specpilot.spec.verify import host_int64, tree_metadata
+from specpilot.ops.path_index import PathIndex
+from specpilot.spec.verify import tree_metadata
 
 
 def _sync():
@@ -116,7 +117,7 @@ def check_fp32(shape: str, rng: random.Random) -> dict:
         worst = max(worst, ((logits[path] - ref).norm() / ref.norm()).item())
         # fold the kept path into a copy of the committed state and compare with the chain prefill's state
         state = runner.cache.ssm.clone(), runner.cache.conv.clone()
-        runner.cache.commit_tree([0], [0], [path])
+        runner.cache.commit_tree(PathIndex.build([0], [0], [path], dev))
         fold_err = max(fold_err, ((runner.cache.ssm[:, 0] - fresh.cache.ssm[:, 0]).norm()
                                   / fresh.cache.ssm[:, 0].norm()).item())
         runner.cache.ssm.copy_(state[0])
@@ -182,7 +183,6 @@ def _one_size(model, runner, batch, ctx, n, reps, rng, saved) -> dict:
     # median of `reps` commits (state and stash put back between them, outside the timing: the first call of a
     # shape also pays one-off costs such as a kernel compile)
     paths = [max(t.paths(), key=len) for t in trees]
-    moves = [(b, ctx + node, ctx + i) for b, path in enumerate(paths) for i, node in enumerate(path)]
     stashed = dict(runner.cache.tree_stash)
     host, gpu = [], []
     for _ in range(max(3, reps)):
@@ -194,11 +194,7 @@ def _one_size(model, runner, batch, ctx, n, reps, rng, saved) -> dict:
         start = torch.cuda.Event(True) if dev == "cuda" else None
         if start is not None:
             start.record()
-        host_index = host_int64(3 * len(moves), dev)  # as SpecEngine._keep sends it: one pinned copy
-        host_index.numpy()[:] = [m[j] for j in range(3) for m in moves]
-        index = host_index.to(dev, non_blocking=True).view(3, -1)
-        runner.cache.keep(index[0], index[1], index[2])
-        runner.cache.commit_tree(list(range(batch)), list(range(batch)), paths)
+        runner.cache.commit(list(range(batch)), [ctx] * batch, paths, fold=True)  # as SpecEngine.commit does
         host.append(time.perf_counter() - t0)
         if start is not None:
             end = torch.cuda.Event(True)
@@ -290,7 +286,7 @@ def commit_overhead(cfg: ModelConfig, batch: int, nodes: int, reps: int) -> dict
     rows = list(range(batch))
 
     def batched():
-        cache.commit_tree(rows, rows, paths)
+        cache.commit(rows, [0] * batch, paths, fold=True)  # paths in place: the fold alone
         cache.tree_stash.update(stash)  # the next call folds the same stash again
 
     def loop():

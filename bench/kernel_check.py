@@ -120,6 +120,47 @@ def check_tree_conv(dev, dtype, B, T, C, W):
             "x_out_equal": copied, "batch_invariant": copied}
 
 
+def check_commit(dev, L_attn, L_lin, KVH, D, H, HV, K, C, B, T):
+    """A tree commit's two kernels vs their references on the same kept paths (ragged, one empty, one in place):
+    the K/V compaction (bitwise) and the recurrent fold + conv windows (fp32 state)."""
+    import torch
+
+    from bench.common import rel_err
+    from specpilot.ops.gdn_tree import commit_paths_ref
+    from specpilot.ops.gdn_tree.triton import commit_paths
+    from specpilot.ops.keep_kv import keep_kv_ref
+    from specpilot.ops.keep_kv.triton import keep_kv
+    from specpilot.ops.path_index import PathIndex
+
+    rng, gen = random.Random(3), torch.Generator().manual_seed(3)
+    paths = []
+    for b in range(B):
+        parents = _parents(T, "tree", rng)
+        node, path = rng.randrange(T), []
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        paths.append([] if b == 1 else list(range(3)) if b == 2 else path[::-1])
+    slots, bases = list(range(1, B + 1)), [rng.randrange(1, 40) for _ in range(B)]
+    k = torch.randn(L_attn, B + 2, KVH, 48 + T, D, generator=gen).to(torch.bfloat16)
+    v = torch.randn(L_attn, B + 2, KVH, 48 + T, D, generator=gen).to(torch.bfloat16)
+    ssm = torch.randn(L_lin, B + 2, HV, K, K, generator=gen)
+    conv = torch.randn(L_lin, B + 2, C, 3, generator=gen).to(torch.bfloat16)
+    stash = (torch.randn(L_lin, B, T, C, generator=gen).to(torch.bfloat16), torch.randn(L_lin, B, T, H, K, generator=gen) * 0.1,
+             torch.randn(L_lin, B, T, HV, K, generator=gen), -torch.rand(L_lin, B, T, HV, generator=gen).cumsum(2))
+    index = PathIndex.build(list(range(B)), slots, paths, "cpu", bases=bases)
+    k_ref, v_ref, ssm_ref, conv_ref = k.clone(), v.clone(), ssm.clone(), conv.clone()
+    keep_kv_ref(k_ref, v_ref, index)
+    commit_paths_ref(ssm_ref, conv_ref, *stash, list(range(B)), slots, paths)
+    k, v, ssm, conv = k.to(dev), v.to(dev), ssm.to(dev), conv.to(dev)
+    index = PathIndex.build(list(range(B)), slots, paths, dev, bases=bases)
+    keep_kv(k, v, index)
+    commit_paths(ssm, conv, *(t.to(dev) for t in stash), index)
+    exact = bool(torch.equal(k.cpu(), k_ref) and torch.equal(v.cpu(), v_ref) and torch.equal(conv.cpu(), conv_ref))
+    # the child's status rule: batch_invariant False marks a mismatch (here: the bitwise K/V and conv moves)
+    return {**rel_err(ssm.cpu(), ssm_ref), "tol": 1e-5, "kv_and_conv_exact": exact, "batch_invariant": exact}
+
+
 def check_qk_norm_rope_store(dev, dtype, B, H, KVH, D, R, zero_centered, gate):
     """The fused decode prologue (q/k RMSNorm + RoPE + K/V store, on by default in every GPU decode step) vs its
     reference: the rotated q and both caches (NaN-poisoned: only the stored positions may change)."""
@@ -348,6 +389,9 @@ def checks(device: str):
             if device == "cuda" else [("tiny.T9", dict(B=2, T=9, C=40, W=4))])
     for name, kw in conv:
         out.append((f"tree_conv.{name}", "gdn_tree", check_tree_conv, dict(dtype=bf, **kw)))
+    commit = (dict(L_attn=16, L_lin=48, KVH=4, D=256, H=16, HV=48, K=128, C=10240, B=8, T=29) if device == "cuda"
+              else dict(L_attn=2, L_lin=3, KVH=2, D=24, H=2, HV=6, K=16, C=40, B=4, T=9))
+    out.append(("commit.qwen3.5-27b" if device == "cuda" else "commit.tiny", "commit", check_commit, commit))
     for name, kw in gemv:
         out.append((f"w12n_gemv.{name}", "w12n_gemv", check_w12n_gemv, kw))
         if kw["M"] in (1, 8, 16, 3):

@@ -42,7 +42,7 @@ PHASES = ("schedule", "propose", "verify", "accept", "commit", "emit")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def attribute(trace: dict, steps: int, top: int = 8) -> dict:
+def attribute(trace: dict, steps: int, top: int = 14) -> dict:
     """Chrome trace -> per phase: host ms per step, GPU ms per step, top kernels (GPU ms per step)."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events

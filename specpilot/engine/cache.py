@@ -2,8 +2,8 @@
 
 Attention layers keep K/V per slot as [N, KVH, S, D]; Gated DeltaNet layers keep the conv window
 [N, C, W-1] (model dtype) and the delta-rule state [N, HV, K, V] (fp32). Layers write through the views
-this object hands out; after a step, `keep` (compact accepted tree nodes), `commit_tree` (fold the kept
-paths) and `restore` (roll recurrent state back to a snapshot) are the only other writers.
+this object hands out; after a step, `commit` (`keep`: compact accepted tree nodes; `commit_tree`: fold the
+kept paths) and `restore` (roll recurrent state back to a snapshot) are the only other writers.
 
 A tree verify pass stashes per linear layer and node what the fold needs (pre-conv x, k, u, G) into stacked
 buffers [L_lin, rows * nodes, ...] owned here (grown on demand, written in place, so a CUDA graph replay
@@ -19,6 +19,8 @@ import torch
 
 from specpilot.config import ModelConfig
 from specpilot.ops.gdn_tree import commit_paths
+from specpilot.ops.keep_kv import keep_kv
+from specpilot.ops.path_index import PathIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +63,23 @@ class ModelCache:
         self.conv[:, slots] = 0
         self.ssm[:, slots] = 0
 
-    def keep(self, slots: torch.Tensor, src_loc: torch.Tensor, dst_loc: torch.Tensor) -> None:
-        """Move the K/V of kept block tokens: position src_loc[i] of slot slots[i] to dst_loc[i], in every
-        attention layer, for all requests at once ([M] device int64 each). The gather copies before the
-        scatter writes, so overlapping source and destination ranges are safe."""
-        for t in (self.k, self.v):
-            t[:, slots, :, dst_loc] = t[:, slots, :, src_loc]
+    def commit(self, slots: list[int], bases: list[int], paths: list[list[int]], fold: bool) -> None:
+        """After a verify pass of len(slots) rows whose tree nodes sat from bases[i] on: compact each row's kept
+        root-first path into place (K/V) and, with fold, commit the recurrent state along it. One host-to-device
+        copy; no launch where every path is already in place and nothing folds."""
+        moves = any(any(node != j for j, node in enumerate(path)) for path in paths)
+        if not (moves or fold):
+            return
+        index = PathIndex.build(list(range(len(slots))), slots, paths, self._device, bases=bases)
+        if moves:
+            self.keep(index)
+        if fold:
+            self.commit_tree(index)
+
+    def keep(self, index: PathIndex) -> None:
+        """Compact the K/V of each request's kept path (node j of it from base + nodes[j] to base + j of its slot),
+        in every attention layer, for all requests at once: one kernel on a GPU."""
+        keep_kv(self.k, self.v, index)
 
     def tree_stash_out(self, index: int, rows: int, nodes: int) -> tuple[torch.Tensor, ...]:
         """Where a tree verify pass of `rows` x `nodes` writes linear layer `index`'s fold terms: contiguous views
@@ -92,19 +105,19 @@ class ModelCache:
                                     for row, dt in zip(self._stash_rows, dtypes))
         self._stash_views.clear()
 
-    def commit_tree(self, rows: list[int], slots: list[int], paths: list[list[int]]) -> None:
-        """Recurrent state after a tree verify: for each request (row of the verify batch) fold the kept path's
-        stashed terms into its committed state and take the path's last inputs as its conv window, for every
-        layer and request in one batched op. No state per node is ever materialised."""
+    def commit_tree(self, index: PathIndex) -> None:
+        """Recurrent state after a tree verify: for each request (its row of the verify batch, its slot, its kept
+        path) fold the path's stashed terms into its committed state and take the path's last inputs as its conv
+        window, for every layer and request in one batched op. No state per node is ever materialised."""
         if self.tree_stash:
             stacked = self._stacked_stash()
             if stacked is not None:
-                commit_paths(self.ssm, self.conv, stacked, rows, slots, paths)
+                commit_paths(self.ssm, self.conv, stacked, index)
             else:
                 # a stash not (all) in the current buffers, e.g. replayed by a graph captured before they grew
-                for index, terms in self.tree_stash.items():
-                    commit_paths(self.ssm[index:index + 1], self.conv[index:index + 1], tuple(t[None] for t in terms),
-                                 rows, slots, paths)
+                for layer, terms in self.tree_stash.items():
+                    commit_paths(self.ssm[layer:layer + 1], self.conv[layer:layer + 1], tuple(t[None] for t in terms),
+                                 index)
         self.tree_stash.clear()
 
     def _stacked_stash(self) -> tuple[torch.Tensor, ...] | None:

@@ -22,7 +22,7 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.drafters.base import Drafter
 from specpilot.spec.tree import DraftTree, TreeSpec
-from specpilot.spec.verify import Acceptance, accept_greedy, host_int64, tree_metadata
+from specpilot.spec.verify import Acceptance, accept_greedy, tree_metadata
 
 COMPONENTS = ("draft", "verify", "accept", "commit", "other")
 
@@ -155,33 +155,15 @@ class SpecEngine:
 
     @torch.inference_mode()
     def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:
-        cache, width = self.runner.cache, self._width
-        self._keep(active, accepted)
+        self.runner.cache.commit([r.slot for r in active], [r.committed for r in active],
+                                 [list(acc.path) for acc in accepted], fold=self._tree_commit)
         for row, (r, acc) in enumerate(zip(active, accepted)):
             feats = self._path_features(row, acc.path) if self._features is not None else None
             self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
         if self._snapshot is not None:
-            self._replay_recurrent(active, trees, accepted, width)
-        if self._tree_commit:
-            cache.commit_tree(list(range(len(active))), [r.slot for r in active], [list(a.path) for a in accepted])
+            self._replay_recurrent(active, trees, accepted, self._width)
         for r, acc in zip(active, accepted):
             r.committed += len(acc.path)
-
-    def _keep(self, active: list[_Request], accepted: list[Acceptance]) -> None:
-        """Moves the K/V of accepted nodes that are not already in place (a path starting 0, 1, 2, ... is: a
-        chain never moves); the moves of all requests go to the device in one copy and run as one gather and
-        one scatter per K and V."""
-        moves = [(r, first, acc.path[first:]) for r, acc in zip(active, accepted)
-                 if (first := _in_place(acc.path)) < len(acc.path)]
-        if not moves:
-            return
-        slots = [r.slot for r, _, nodes in moves for _ in nodes]
-        src = [r.committed + node for r, _, nodes in moves for node in nodes]
-        dst = [r.committed + first + i for r, first, nodes in moves for i in range(len(nodes))]
-        host = host_int64(3 * len(src), self.runner.device)
-        host.numpy()[:] = slots + src + dst
-        index = host.to(self.runner.device, non_blocking=True).view(3, -1)
-        self.runner.cache.keep(index[0], index[1], index[2])
 
     def _path_features(self, row: int, path: tuple[int, ...]) -> torch.Tensor:
         # a copy either way: a verify graph's features are a static buffer that the next replay overwrites

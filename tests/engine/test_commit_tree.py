@@ -8,6 +8,7 @@ from specpilot.bench.shapes import hf_config
 from specpilot.config import ModelConfig
 from specpilot.engine.cache import ModelCache
 from specpilot.ops.gdn_tree import commit_paths_ref
+from specpilot.ops.path_index import PathIndex
 from specpilot.ops.testing import assert_close
 
 ROWS, NODES = 4, 9
@@ -44,7 +45,7 @@ def _expected(cache: ModelCache):
 
 def _check(cache: ModelCache) -> None:
     ssm, conv = _expected(cache)
-    cache.commit_tree(ROWS_OF, SLOTS_OF, PATHS)
+    cache.commit_tree(PathIndex.build(ROWS_OF, SLOTS_OF, PATHS, "cpu"))
     assert not cache.tree_stash
     assert_close("state", ssm, cache.ssm, 1e-6)
     assert torch.equal(conv, cache.conv)
@@ -94,21 +95,21 @@ def test_stash_views_are_reused_and_sized():
 
 
 def test_keep_moves_every_request_at_once_with_overlap():
-    """ModelCache.keep: each (slot, src -> dst) move lands, ranges that overlap within a slot included, and
-    nothing else changes."""
+    """ModelCache.keep: each request's kept path lands at base, base + 1, ... of its slot (moves whose ranges
+    overlap included, a path already in place and an empty one untouched), and nothing else changes."""
     cfg = type("Cfg", (), dict(num_attention_layers=2, num_linear_layers=0, num_key_value_heads=2, head_dim=4,
                                linear_num_key_heads=0, linear_key_head_dim=0, linear_num_value_heads=0,
                                linear_value_head_dim=0, linear_conv_kernel_dim=0))()
-    cache = ModelCache(cfg, 3, 20, "cpu", torch.float32)
+    cache = ModelCache(cfg, 4, 20, "cpu", torch.float32)
     cache.k.copy_(torch.randn_like(cache.k))
     cache.v.copy_(torch.randn_like(cache.v))
     k0, v0 = cache.k.clone(), cache.v.clone()
-    slots = torch.tensor([1, 1, 1, 2, 2])
-    src = torch.tensor([14, 15, 17, 5, 9])
-    dst = torch.tensor([12, 13, 14, 4, 5])
-    cache.keep(slots, src, dst)
+    slots, bases, paths = [1, 2, 3, 0], [12, 4, 7, 3], [[0, 2, 3, 5], [0, 1, 5], [0, 1], []]
+    cache.keep(PathIndex.build([0, 1, 2, 3], slots, paths, "cpu", bases=bases))
     want_k, want_v = k0.clone(), v0.clone()
-    for s_, a, b in zip(slots.tolist(), src.tolist(), dst.tolist()):
-        want_k[:, s_, :, b], want_v[:, s_, :, b] = k0[:, s_, :, a], v0[:, s_, :, a]
+    for slot, base, path in zip(slots, bases, paths):
+        for j, node in enumerate(path):
+            want_k[:, slot, :, base + j], want_v[:, slot, :, base + j] = k0[:, slot, :, base + node], v0[:, slot, :, base + node]
     torch.testing.assert_close(cache.k, want_k, rtol=0, atol=0)
     torch.testing.assert_close(cache.v, want_v, rtol=0, atol=0)
+    assert not torch.equal(want_k, k0)  # the case moves something

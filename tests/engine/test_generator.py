@@ -9,6 +9,7 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams, filtered_probs
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer
+from specpilot.ops.path_index import PathIndex
 
 FAMILIES = ["llama", "qwen3_5"]
 
@@ -112,7 +113,7 @@ def test_block_write_keep_and_state_restore(name, checkpoint_factory):
         snap = cache.snapshot(torch.tensor([0]))
         # a 4-token block stored at 12..15, run as one causal block; keep tokens 0 and 1
         model(BatchMetadata.contiguous(extra, torch.tensor([12]), torch.tensor([0]), 12), cache)
-        cache.keep(torch.tensor([0, 0]), torch.tensor([12, 13]), torch.tensor([12, 13]))
+        cache.keep(PathIndex.build([0], [0], [[0, 1]], "cpu", bases=[12]))  # in place: nothing moves
         if model.config.is_hybrid:
             cache.restore(snap)
             model(BatchMetadata.contiguous(extra[:, :2], torch.tensor([12]), torch.tensor([0]), 12), cache)

@@ -154,14 +154,9 @@ def test_batched_commit_equals_per_layer_loop(L, width):
     ssm, conv, stash, rows, slots, paths = random_commit(L, 5, 4, 9, 2, 4, 8, 6, 11, width, seed=L + width)
     ssm_ref, conv_ref = ssm.clone(), conv.clone()
     commit_paths_ref(ssm_ref, conv_ref, *stash, rows, slots, paths)
-    commit_paths(ssm, conv, stash, rows, slots, paths)
+    commit_paths(ssm, conv, stash, PathIndex.build(rows, slots, paths, "cpu"))
     assert_close("state", ssm_ref, ssm, 1e-6)
     assert torch.equal(conv_ref, conv)
-
-
-def test_path_index_pads_ragged_paths():
-    index = PathIndex.build([2, 0, 1], [7, 3, 5], [[0, 2, 4], [], [0]], "cpu")
-    assert index.packed.tolist() == [[2, 7, 3, 0, 2, 4], [0, 3, 0, 0, 0, 0], [1, 5, 1, 0, 0, 0]]
 
 
 @pytest.mark.parametrize("L,H,HV,K,V,C,width",

@@ -6,7 +6,8 @@ the torch forms (chunk.py) elsewhere; reference.py holds the per-path truth both
 
 from specpilot.ops.dispatch import use_triton
 from specpilot.ops.gdn_tree import chunk
-from specpilot.ops.gdn_tree.chunk import PathIndex, ancestor_mask
+from specpilot.ops.gdn_tree.chunk import ancestor_mask
+from specpilot.ops.path_index import PathIndex
 from specpilot.ops.gdn_tree.reference import (commit_conv, commit_path_ref, commit_paths_ref, fold_path,
                                               tree_causal_conv1d_ref, tree_gated_delta_rule_ref)
 
@@ -46,12 +47,11 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     return chunk.tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale, out, state_slots)
 
 
-def commit_paths(ssm, conv, stash, rows: list[int], slots: list[int], paths: list[list[int]]) -> None:
+def commit_paths(ssm, conv, stash, index: PathIndex) -> None:
     """Fold each request's kept path (root first) into its state and take the path's last inputs as its conv
     window, for every layer at once, in place: ssm [L,N,HV,K,V] fp32, conv [L,N,C,W-1]; stash = (x [L,R,T,C],
     k [L,R,T,H,K], u [L,R,T,HV,V], G [L,R,T,HV]) from a tree verify of R rows; request i reads stash row
-    rows[i] and owns state slot slots[i]. One host-to-device copy and a fixed number of launches."""
-    index = PathIndex.build(rows, slots, paths, ssm.device)
+    index.rows[i] and owns state slot index.slots[i]. A fixed number of launches."""
     if use_triton(ssm):
         from specpilot.ops.gdn_tree.triton import commit_paths as kernel
 

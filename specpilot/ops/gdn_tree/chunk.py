@@ -14,12 +14,11 @@ and masked), and takes each path's last W-1 inputs as its conv window: a fixed n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from specpilot.ops.gated_delta_rule.reference import prepare_qk
+from specpilot.ops.path_index import PathIndex
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -88,40 +87,6 @@ def tree_causal_conv1d(x, parents, conv_state, weight) -> torch.Tensor:
     y = F.silu((windows * weight.float()[:, None, :]).sum(-1))
     # dense [B,T,C]: the heads split from it feed kernels that need a dense head dim
     return y.transpose(1, 2).to(x.dtype).contiguous()
-
-
-@dataclass(frozen=True, slots=True)
-class PathIndex:
-    """Stash row, state slot, path length and root-first path nodes of each request of a commit, packed in one
-    [B, 3 + P] int64 tensor so that one host-to-device copy moves them. Paths are padded to the longest (P >= 1)
-    by repeating their last node (node 0 for an empty path), so padded reads stay inside the tree."""
-
-    packed: torch.Tensor
-
-    @classmethod
-    def build(cls, rows: list[int], slots: list[int], paths: list[list[int]], device) -> PathIndex:
-        width = max(1, max((len(p) for p in paths), default=0))
-        table = [[r, s, len(p), *p, *[p[-1] if p else 0] * (width - len(p))] for r, s, p in zip(rows, slots, paths)]
-        packed = torch.tensor(table, dtype=torch.long).reshape(len(table), 3 + width)
-        if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the queued GPU work
-            return cls(packed.pin_memory().to(device, non_blocking=True))
-        return cls(packed.to(device))
-
-    @property
-    def rows(self) -> torch.Tensor:
-        return self.packed[:, 0]
-
-    @property
-    def slots(self) -> torch.Tensor:
-        return self.packed[:, 1]
-
-    @property
-    def lens(self) -> torch.Tensor:
-        return self.packed[:, 2]
-
-    @property
-    def nodes(self) -> torch.Tensor:
-        return self.packed[:, 3:]
 
 
 def commit_paths(ssm, conv, x, k, u, G, index: PathIndex) -> None:

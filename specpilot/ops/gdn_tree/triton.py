@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
-from specpilot.ops.gdn_tree.chunk import PathIndex
+from specpilot.ops.path_index import NODES, PathIndex
 
 
 # (num_warps, dot precision) by node tile (BT), the fastest of 4/8 warps x ieee/tf32/tf32x3 at the 27B heads on the
@@ -162,17 +162,17 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
 @triton.jit
 def _fold_kernel(ssm_ptr, k_ptr, u_ptr, G_ptr, idx_ptr, B, HV, K, V, P,
                  s_l, s_n, k_l, k_r, k_t, u_l, u_r, u_t, G_l, G_r, G_t, idx_b,
-                 GROUP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                 GROUP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FIRST: tl.constexpr):
     pid = tl.program_id(0)  # layer * request * value head can pass the 65535 limit of grid axis 1
     i_v = tl.program_id(1)
     layer = (pid // (B * HV)).to(tl.int64)
     b = (pid // HV) % B
     hv = pid % HV
     h = hv // GROUP
-    entry = idx_ptr + b * idx_b  # row, slot, path length, nodes (padded to P)
+    entry = idx_ptr + b * idx_b  # row, slot, base, path length, nodes (padded to P): ops/path_index.py
     row = tl.load(entry).to(tl.int64)
     slot = tl.load(entry + 1).to(tl.int64)
-    n = tl.load(entry + 2)
+    n = tl.load(entry + 3)
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     k_ok = offs_k < K
@@ -180,24 +180,25 @@ def _fold_kernel(ssm_ptr, k_ptr, u_ptr, G_ptr, idx_ptr, B, HV, K, V, P,
     k_base = k_ptr + layer * k_l + row * k_r + h * K
     u_base = u_ptr + layer * u_l + row * u_r + hv * V
     G_base = G_ptr + layer * G_l + row * G_r + hv
-    leaf = tl.load(entry + 3 + tl.maximum(n - 1, 0))
+    # the state tile's load is issued first, so that it overlaps the walk along the path
+    s_ptrs = ssm_ptr + layer * s_l + slot * s_n + (hv * K + offs_k[:, None]) * V + offs_v[None, :]
+    s_mask = k_ok[:, None] & v_ok[None, :]
+    state = tl.load(s_ptrs, mask=s_mask, other=0.0)
+    leaf = tl.load(entry + FIRST + tl.maximum(n - 1, 0))
     G_leaf = tl.where(n > 0, tl.load(G_base + leaf * G_t), 0.0)
     acc = tl.zeros([BK, BV], dtype=tl.float32)
     for p in range(0, P):
-        t = tl.load(entry + 3 + p)
+        t = tl.load(entry + FIRST + p)
         w = tl.where(p < n, tl.exp(G_leaf - tl.load(G_base + t * G_t)), 0.0)
         kt = tl.load(k_base + t * k_t + offs_k, mask=k_ok, other=0.0)
         ut = tl.load(u_base + t * u_t + offs_v, mask=v_ok, other=0.0)
         acc += (w * kt)[:, None] * ut[None, :]
-    s_ptrs = ssm_ptr + layer * s_l + slot * s_n + (hv * K + offs_k[:, None]) * V + offs_v[None, :]
-    s_mask = k_ok[:, None] & v_ok[None, :]
-    state = tl.load(s_ptrs, mask=s_mask, other=0.0)
     tl.store(s_ptrs, tl.exp(G_leaf) * state + acc, mask=s_mask)
 
 
 @triton.jit
 def _conv_commit_kernel(conv_ptr, x_ptr, idx_ptr, B, C, c_l, c_n, x_l, x_r, x_t, idx_b,
-                        WIDTH: tl.constexpr, BC: tl.constexpr):
+                        WIDTH: tl.constexpr, BC: tl.constexpr, FIRST: tl.constexpr):
     pid = tl.program_id(0)
     i_c = tl.program_id(1)
     layer = (pid // B).to(tl.int64)
@@ -205,7 +206,7 @@ def _conv_commit_kernel(conv_ptr, x_ptr, idx_ptr, B, C, c_l, c_n, x_l, x_r, x_t,
     entry = idx_ptr + b * idx_b
     row = tl.load(entry).to(tl.int64)
     slot = tl.load(entry + 1).to(tl.int64)
-    n = tl.load(entry + 2)
+    n = tl.load(entry + 3)
     ch = i_c * BC + tl.arange(0, BC)
     ch_ok = ch < C
     window = conv_ptr + layer * c_l + slot * c_n + ch * WIDTH
@@ -215,7 +216,7 @@ def _conv_commit_kernel(conv_ptr, x_ptr, idx_ptr, B, C, c_l, c_n, x_l, x_r, x_t,
     for c in tl.static_range(WIDTH):
         pos = n + c
         from_x = pos >= WIDTH
-        node = tl.load(entry + 3 + tl.maximum(pos - WIDTH, 0))
+        node = tl.load(entry + FIRST + tl.maximum(pos - WIDTH, 0))
         # where, not &: the interpreter rejects a block mask combined with a scalar one
         new = tl.load(x_base + node * x_t, mask=tl.where(from_x, ch_ok, False), other=0.0)
         old = tl.load(window + tl.minimum(pos, WIDTH - 1), mask=tl.where(from_x, False, ch_ok), other=0.0)
@@ -229,7 +230,7 @@ def commit_paths(ssm, conv, x, k, u, G, index: PathIndex, *, block_v: int = 32, 
     L, _, HV, K, V = ssm.shape
     H, C, width = k.shape[-2], conv.shape[2], conv.shape[-1]
     packed = index.packed.contiguous()
-    B, P = packed.shape[0], packed.shape[1] - 3
+    B, P = packed.shape[0], packed.shape[1] - NODES
     assert k.shape[0] == u.shape[0] == G.shape[0] == x.shape[0] == L and HV % H == 0
     assert ssm.stride()[2:] == (K * V, V, 1) and (width == 0 or conv.stride()[2:] == (width, 1)), "dense slots"
     assert k.stride()[3:] == (K, 1) and u.stride()[3:] == (V, 1) and G.stride(3) == 1 and x.stride(3) == 1
@@ -239,13 +240,13 @@ def commit_paths(ssm, conv, x, k, u, G, index: PathIndex, *, block_v: int = 32, 
     _fold_kernel[(L * B * HV, triton.cdiv(V, block_v))](
         ssm, k, u, G, packed, B, HV, K, V, P, ssm.stride(0), ssm.stride(1), k.stride(0), k.stride(1), k.stride(2),
         u.stride(0), u.stride(1), u.stride(2), G.stride(0), G.stride(1), G.stride(2), packed.stride(0),
-        GROUP=HV // H, BK=triton.next_power_of_2(K), BV=block_v, num_warps=num_warps)
+        GROUP=HV // H, BK=triton.next_power_of_2(K), BV=block_v, FIRST=NODES, num_warps=num_warps)
     if width == 0:
         return
     block_c = max(block_c, 32 * num_warps)  # no replicated elements: the in-place shift relies on it
     _conv_commit_kernel[(L * B, triton.cdiv(C, block_c))](
         conv, x, packed, B, C, conv.stride(0), conv.stride(1), x.stride(0), x.stride(1), x.stride(2),
-        packed.stride(0), WIDTH=width, BC=block_c, num_warps=num_warps)
+        packed.stride(0), WIDTH=width, BC=block_c, FIRST=NODES, num_warps=num_warps)
 
 
 @triton.jit
