@@ -212,15 +212,16 @@ class EngineConfig:
     # decode steps: our kernels (GEMVs, norms, attention) launch with programmatic dependent launch, so that each
     # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
     decode_pdl: bool = True
-    decode_gated_down: bool = True  # decode and verify blocks of <= 16 rows: the down GEMV forms silu(gate) * up itself
+    decode_gated_down: bool = True  # single-row steps: the down GEMV forms silu(gate) * up itself
     decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
     verify_graphs: bool = False  # capture the verify forward per (batch, tree width) (GPU; needs block_attention=tree)
-    # N > 0: a verify graph is a chain of graphs cut after layer 0 and every N layers, so that launching it could
-    # overlap the GPU's work on the first layers (0: one graph, whose whole launch the step waits for). Off until
-    # an interleaved A/B on the GPU shows a gain (bench/verify_cost.py --ab-layers-per-graph; dev/LOG.md)
-    verify_layers_per_graph: int = 0
+    # N > 0: a verify graph is a chain of graphs cut after layer 0 and every N layers, so that launching it
+    # overlaps the GPU's work on the first layers (0: one graph, whose whole launch the step waits for). Cut every
+    # 4 layers, an 8B step was faster in 95% (chain:7) and 100% (dynamic:4,7,28) of 100 interleaved pairs, by a
+    # median 0.09 / 0.14 ms (bench/verify_cost.py --ab-layers-per-graph 4: bench/results/verify_overhead_ab_h200.json)
+    verify_layers_per_graph: int = 4
     # hybrid targets, chains: "fold" verifies a chain as a tree and folds the kept prefix into the state (no second
     # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
     hybrid_chain_commit: str = "fold"

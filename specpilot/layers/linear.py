@@ -40,8 +40,10 @@ def weight_format(name: str = "bf16"):
 
 @contextlib.contextmanager
 def decode_gemv(enabled: bool = True, gated: bool = False):
-    """gated: a SwiGLU down projection of up to 16 rows reads [gate | up] itself (Linear.gated), no silu_mul
-    kernel."""
+    """gated: a single-row SwiGLU down projection reads [gate | up] itself (Linear.gated), no silu_mul kernel.
+    Single rows only: the tensor-core kernel for 2..16 rows forming silu(gate) * up itself made an 8B chain:7
+    verify 8.49 ms against 4.57 ms unfused (bench/results/verify_overhead_ab_h200.json; 18 of a 27B verify's
+    19.9 ms in spec_step_27b_gated_skinny_h200.json)."""
     global _gemv_enabled, _gated_enabled
     previous, _gemv_enabled, _gated_enabled = (_gemv_enabled, _gated_enabled), enabled, enabled and gated
     try:
@@ -62,10 +64,9 @@ class Linear(nn.Linear):
 
     def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """self(silu(gate) * up) for gate_up = [gate | up]."""
-        if (_gated_enabled and self.bias is None and gate_up.numel() <= MAX_M * gate_up.shape[-1]
+        if (_gated_enabled and self.bias is None and gate_up.numel() == gate_up.shape[-1]
                 and not (_w12n_enabled and self.w12n is not None)):
-            rows = gate_up.reshape(-1, gate_up.shape[-1])
-            return gated_gemv(rows, self.weight).view(*gate_up.shape[:-1], self.out_features)
+            return gated_gemv(gate_up.reshape(1, -1), self.weight).view(*gate_up.shape[:-1], self.out_features)
         return self(pw.silu_mul(gate_up))
 
 

@@ -231,13 +231,14 @@ def test_fixed_width_verify_blocks_keep_output_exact(name, tree, checkpoint_fact
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
 def test_verify_on_the_decode_gemv_path_keeps_output(name, checkpoint_factory, monkeypatch):
-    """Verify blocks of up to 16 rows through the decode GEMV path (ops.gemv, with the down projection forming
-    silu(gate) * up itself; the references on CPU) give the plain greedy output."""
+    """Verify blocks of up to 16 rows through the decode GEMV path (ops.gemv; the references on CPU) give the plain
+    greedy output; the gated down projection stays single-row."""
     import specpilot.layers.linear as linear
 
-    rows_seen = []
-    real = linear.gated_gemv
-    monkeypatch.setattr(linear, "gated_gemv", lambda x, w: (rows_seen.append(x.shape[0]), real(x, w))[1])
+    rows_seen, gated_rows = [], []
+    real, real_gated = linear.gemv, linear.gated_gemv
+    monkeypatch.setattr(linear, "gemv", lambda x, w: (rows_seen.append(x.shape[0]), real(x, w))[1])
+    monkeypatch.setattr(linear, "gated_gemv", lambda x, w: (gated_rows.append(x.shape[0]), real_gated(x, w))[1])
     target, _ = _models(checkpoint_factory, name)
     prompts = _prompts()
     truth = _reference(target, prompts)
@@ -245,4 +246,5 @@ def test_verify_on_the_decode_gemv_path_keeps_output(name, checkpoint_factory, m
     runner.gemv, runner.gated_down = True, True
     engine = SpecEngine(runner, RandomTreeDrafter(2, truth, prompts), TreeSpec.parse("static:2,2"))
     assert [r.token_ids for r, _ in engine.generate(prompts, PARAMS)] == truth
-    assert any(1 < n <= 16 for n in rows_seen)  # multi-row verify blocks took the gated GEMV
+    assert any(1 < n <= 16 for n in rows_seen)  # multi-row verify blocks took the GEMV path
+    assert set(gated_rows) <= {1}

@@ -25,14 +25,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """gate_up [M <= 16, 2K], weight [N, K] -> (silu(gate) * up) W^T [M, N] in one kernel."""
+    """gate_up [1, 2K], weight [N, K] -> (silu(gate) * up) W^T [1, N] in one kernel."""
+    assert gate_up.shape[0] == 1, "the gated GEMV takes one row (see layers/linear.py: decode_gemv)"
     if use_triton(gate_up):
         from specpilot.ops.gemv import configs, triton
 
-        if gate_up.shape[0] == 1:
-            block_n, block_k, num_warps = configs.gemv_config(*weight.shape)
-            return triton.gemv(gate_up, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, gated=True)
-        block_n, block_k, num_warps, num_stages = configs.skinny_config(*weight.shape)
-        return triton.skinny(gate_up, weight, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                             num_stages=num_stages, gated=True)
+        block_n, block_k, num_warps = configs.gemv_config(*weight.shape)
+        return triton.gemv(gate_up, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, gated=True)
     return gated_gemv_ref(gate_up, weight)

@@ -72,7 +72,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   DOT_F32: tl.constexpr, PDL: tl.constexpr = False, GATED: tl.constexpr = False):
+                   DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
     wait_for_inputs(PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -92,12 +92,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym
             col_ok = cols < K
             w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             x_ok = m_ok[:, None] & col_ok[None, :]
-        if GATED:  # the rows are [gate | up] (2K wide): silu(gate) * up, rounded once as the silu_mul helper does
-            g = tl.load(x_rows + cols[None, :], mask=x_ok, other=0.0).to(tl.float32)
-            u = tl.load(x_rows + K + cols[None, :], mask=x_ok, other=0.0).to(tl.float32)
-            x = (g * tl.sigmoid(g) * u).to(x_ptr.dtype.element_ty)
-        else:
-            x = tl.load(x_rows + cols[None, :], mask=x_ok, other=0.0)
+        x = tl.load(x_rows + cols[None, :], mask=x_ok, other=0.0)
         # fp32 weights must not be rounded to tf32; the interpreter mis-multiplies bf16 dots, so there too the
         # tiles are widened (exact: a bf16 product fits an fp32 FMA)
         if DOT_F32:
@@ -131,12 +126,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: in
 
 
 def skinny(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k: int = 256, num_warps: int = 4,
-           num_stages: int = 4, gated: bool = False) -> torch.Tensor:
-    """gemv for M = 1..16 rows on the tensor cores: x [M, K], weight [N, K] -> y [M, N] in x.dtype. gated: x is
-    [M, 2K] = [gate | up] and the product is that of silu(gate) * up (no separate silu_mul kernel)."""
+           num_stages: int = 4) -> torch.Tensor:
+    """gemv for M = 1..16 rows on the tensor cores: x [M, K], weight [N, K] -> y [M, N] in x.dtype."""
     M = x.shape[0]
     N, K = weight.shape
-    assert x.shape[1] == (2 * K if gated else K), f"x {list(x.shape)} does not fit weight {list(weight.shape)}"
+    assert x.shape[1] == K, f"x {list(x.shape)} does not fit weight {list(weight.shape)}"
     assert weight.stride(1) == 1, "weight must be [N, K] with dense rows"
     assert x.stride(1) == 1 and 1 <= M <= MAX_M, f"x must be [M <= {MAX_M}, K] with a dense last dim"
     assert block_n >= 16 and block_k >= 16, "tensor-core tiles need block_n and block_k >= 16"
@@ -146,5 +140,5 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k:
         x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         DOT_F32=weight.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps,
-        num_stages=num_stages, PDL=on, GATED=gated, **pdl.launch_kwargs(on))
+        num_stages=num_stages, PDL=on, **pdl.launch_kwargs(on))
     return y
