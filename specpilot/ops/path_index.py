@@ -29,10 +29,13 @@ class PathIndex:
         bases = bases if bases is not None else [0] * len(rows)
         table = [[r, s, base, len(p), *p, *[p[-1] if p else 0] * (width - len(p))]
                  for r, s, base, p in zip(rows, slots, bases, paths)]
-        packed = torch.tensor(table, dtype=torch.long).reshape(len(table), NODES + width)
-        if torch.device(device).type == "cuda":  # pinned, so the copy does not wait for the queued GPU work
-            return cls(packed.pin_memory().to(device, non_blocking=True))
-        return cls(packed.to(device))
+        cuda = torch.device(device).type == "cuda"
+        # filled in place in a pinned buffer (from the caching host allocator), so the copy does not wait for the
+        # queued GPU work; the buffer is kept until that copy is done
+        host = torch.empty((len(table), NODES + width), dtype=torch.long, pin_memory=cuda)
+        if table:
+            host.numpy()[:] = table
+        return cls(host.to(device, non_blocking=True) if cuda else host)
 
     @property
     def rows(self) -> torch.Tensor:
