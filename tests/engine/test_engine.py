@@ -83,6 +83,26 @@ def test_speculative_equals_autoregressive_hybrid_tree(drafter, tree, checkpoint
         assert all(s.tau > TreeSpec.parse(tree).depth * 0.7 for _, s in out)
 
 
+@pytest.mark.parametrize("tree", ["chain:4", "static:3,2,1", "dynamic:3,4,8"])
+@pytest.mark.parametrize("shape", [dict(num_hidden_layers=6, full_attention_interval=3, linear_num_value_heads=2),
+                                   dict(num_hidden_layers=4, full_attention_interval=4, linear_num_value_heads=6)],
+                         ids=["interval3-ratio1", "interval4-ratio3"])
+def test_hybrid_shapes_keep_output_exact(shape, tree, checkpoint_factory):
+    """Other layer mixes and value/key head ratios (1 and 3; the default checkpoint has interval 2, ratio 2): a
+    draft LM of the same family (and for the static tree, wide enough for it, a random-tree drafter) gives the
+    plain greedy output."""
+    path, _ = checkpoint_factory("qwen3_5", **shape)
+    draft_path, _ = checkpoint_factory("qwen3_5", **{**shape, "num_hidden_layers": 1})
+    target, draft = load_model(str(path), "cpu", "float32"), load_model(str(draft_path), "cpu", "float32")
+    assert target.config.linear_num_value_heads // target.config.linear_num_key_heads in (1, 3)
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    drafters = [DraftLMDrafter(draft)] + ([RandomTreeDrafter(7, truth, prompts)] if tree.startswith("static") else [])
+    for drafter in drafters:
+        out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree)).generate(prompts, PARAMS)
+        assert [r.token_ids for r, _ in out] == truth
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_trees_keep_output_exact_on_hybrid_target(seed, checkpoint_factory):
     target, _ = _models(checkpoint_factory, "qwen3_5")

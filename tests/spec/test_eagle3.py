@@ -333,3 +333,16 @@ def test_bad_checkpoints_fail_clearly(kind, config, match, target, tmp_path):
     with pytest.raises((CheckpointError, ConfigError), match=match) as err:
         build_drafter(str(path), target)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "dynamic:3,4,8"])
+def test_hybrid_target(tree, checkpoint_factory, eagle_dir):
+    """The head on a Qwen3.5 hybrid target (8 layers, full attention every 4th, the rest Gated DeltaNet): the taps
+    come from the tree verify pass like a dense target's, and greedy output equals AR for a batch of 3."""
+    path, _ = checkpoint_factory("qwen3_5", num_hidden_layers=TARGET_LAYERS, full_attention_interval=4)
+    hybrid = load_model(str(path), "cpu", "float32")
+    assert hybrid.config.is_hybrid
+    prompts = _prompts()
+    reference = [r.token_ids for r in Generator(ModelRunner(hybrid)).generate(prompts, PARAMS)]
+    engine = SpecEngine(ModelRunner(hybrid), build_drafter(str(eagle_dir), hybrid), TreeSpec.parse(tree))
+    assert [r.token_ids for r, _ in engine.generate(prompts, PARAMS)] == reference
