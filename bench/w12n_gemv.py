@@ -114,15 +114,25 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
     row = {"N": N, "K": K, "bf16_bytes": N * K * 2, "w12n_bits_per_weight": w12n.bits_per_weight(encoded[0]),
            "segment": encoded[0].segment, "escape_rate": w12n.stats(encoded[0])["escape_rate"],
            "encode_s_per_matrix": (time.perf_counter() - t0) / copies, "m": {}}
+    # the same weights at fixed segments: encode_best picks the smallest encoding, which for random weights is
+    # segment 256, while the kernel's loop costs fewer instructions per weight at 512 (offline SASS)
+    fixed = {seg: [w12n.encode(w, segment=seg) for w in weights] for seg in args.segments}
+    row["fixed_segments"] = {seg: {"bits_per_weight": w12n.bits_per_weight(enc[0]),
+                                   "verbatim_fraction": w12n.stats(enc[0])["verbatim_fraction"]}
+                             for seg, enc in fixed.items()}
     for m in args.ms:
         x = torch.randn(m, K, device=dev).to(torch.bfloat16)
         r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0])}
-        pairs = list(zip(weights, encoded))
+        pairs = [(w, e, {seg: enc[i] for seg, enc in fixed.items()}) for i, (w, e) in enumerate(zip(weights, encoded))]
         variants = {"cublas_bf16": lambda a, wt: F.linear(a, wt[0]),
                     "w12n": lambda a, wt: kernels.w12n_gemv(a, wt[1]),
                     "fp8_view": lambda a, wt: kernels.fp8_gemv(a, wt[1])}
         for bn in args.block_ns:  # wider tiles: fewer instructions per weight, fewer programs
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
+        for seg in args.segments:
+            for bn in (8, *args.block_ns):
+                variants[f"w12n_seg{seg}_bn{bn}"] = lambda a, wt, seg=seg, bn=bn: kernels.w12n_gemv(
+                    a, wt[2][seg], block_n=bn)
         if m <= 4:
             variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
         times, errors = {}, {}
@@ -142,7 +152,7 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
         print(f"{name:18} M={m:2} " + " ".join(f"{k} {v * 1e6:7.1f}us" for k, v in times.items())
               + (f"  ERRORS {list(errors)}" if errors else "")
               + ("" if r["check"].get("ok") else f"  CHECK FAILED {json.dumps(r['check'])[:300]}"), flush=True)
-    del weights, encoded
+    del weights, encoded, fixed
     if dev == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -155,6 +165,8 @@ def main() -> None:
     p.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8, 16])
     p.add_argument("--block-ns", type=int, nargs="*", default=[16, 32],
                    help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
+    p.add_argument("--segments", type=int, nargs="*", default=[512],
+                   help="also time encodings at these fixed segments (block_n 8 and --block-ns)")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on tiny shapes (needs TRITON_INTERPRET=1)")
