@@ -159,7 +159,9 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     return o, (kn, u, G)
 
 
-@triton.jit
+# the request count and path length change from step to step: unspecialised, so that a value of 1 (or a stride
+# that happens to divide by 16) does not compile a new variant in the middle of a run
+@triton.jit(do_not_specialize=["B", "P", "idx_b"])
 def _fold_kernel(ssm_ptr, k_ptr, u_ptr, G_ptr, idx_ptr, B, HV, K, V, P,
                  s_l, s_n, k_l, k_r, k_t, u_l, u_r, u_t, G_l, G_r, G_t, idx_b,
                  GROUP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FIRST: tl.constexpr):
@@ -196,7 +198,7 @@ def _fold_kernel(ssm_ptr, k_ptr, u_ptr, G_ptr, idx_ptr, B, HV, K, V, P,
     tl.store(s_ptrs, tl.exp(G_leaf) * state + acc, mask=s_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "idx_b"])
 def _conv_commit_kernel(conv_ptr, x_ptr, idx_ptr, B, C, c_l, c_n, x_l, x_r, x_t, idx_b,
                         WIDTH: tl.constexpr, BC: tl.constexpr, FIRST: tl.constexpr):
     pid = tl.program_id(0)

@@ -13,7 +13,9 @@ import triton.language as tl
 from specpilot.ops.path_index import NODES, PathIndex
 
 
-@triton.jit
+# the path length (and so the index's row stride) changes from step to step: unspecialised, so that a new value
+# does not compile a new variant in the middle of a run
+@triton.jit(do_not_specialize=["P", "idx_b"])
 def _keep_kv_kernel(k_ptr, v_ptr, idx_ptr, KVH, P, s_l, s_n, s_h, s_s, idx_b,
                     D: tl.constexpr, BD: tl.constexpr, FIRST: tl.constexpr):
     lh = tl.program_id(0)
