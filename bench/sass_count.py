@@ -118,7 +118,8 @@ def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90, types: di
 
 
 def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1, 8, 16)):
-    """[(name, kernel fn, constexprs, num_warps, weights per thread per iteration)] at the wrapper's defaults."""
+    """[(name, kernel fn, constexprs, num_warps, weights per thread per iteration, argument types or None)] at the
+    wrappers' defaults; the tensor-core W12N kernel (M is a runtime argument there) at block_n >= 16 only."""
     from specpilot.ops.w12n_gemv import triton as kernels
 
     block_k = kernels.default_block_k(segment)
@@ -127,15 +128,21 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     for m in ms:
         common = dict(M=m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, EVEN_N=True, X_WORDS=True, OUT_BF16=True,
                       USE_ASM=True)
-        out.append((f"w12n.M{m}", kernels._w12n_gemv_kernel, dict(common, SEGMENT=segment), num_warps, per_thread))
+        out.append((f"w12n.M{m}", kernels._w12n_gemv_kernel, dict(common, SEGMENT=segment), num_warps, per_thread,
+                    None))
         if m in (1, 8):
-            out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, common, num_warps, per_thread))
+            out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, common, num_warps, per_thread, None))
+    if block_n >= 16:
+        mma = dict(BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=segment, EVEN_N=True, OUT_BF16=True, USE_ASM=True,
+                   DOT_F32=False)
+        out.append(("w12n_mma", kernels._w12n_mma_kernel, mma, num_warps, per_thread, {"x_ptr": "*bf16"}))
     return out
 
 
-def count(fn, constexprs: dict, num_warps: int, per_thread: float, sass_path: str | None = None) -> dict:
+def count(fn, constexprs: dict, num_warps: int, per_thread: float, types: dict | None = None,
+          sass_path: str | None = None) -> dict:
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
-    sass, meta = compile_sass(fn, constexprs, num_warps)
+    sass, meta = compile_sass(fn, constexprs, num_warps, types=types)
     if sass_path:
         with open(sass_path, "w") as f:
             f.write(sass)
@@ -187,10 +194,10 @@ def main() -> None:
     res = {}
     cases = [(name + (f".bn{bn}" if bn != 8 else ""), *rest) for bn in args.block_ns
              for name, *rest in kernel_cases(block_n=bn, segment=args.segment)]
-    for name, fn, consts, warps, per_thread in cases:
+    for name, fn, consts, warps, per_thread, types in cases:
         path = os.path.join(args.sass_dir, name + ".sass") if args.sass_dir else None
         try:
-            res[name] = count(fn, consts, warps, per_thread, path)
+            res[name] = count(fn, consts, warps, per_thread, types, path)
         except Exception as e:  # noqa: BLE001 - one kernel failing to compile must not hide the others
             res[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         r = res[name]

@@ -52,7 +52,8 @@ def sass_counts(block_n: int, block_k: int, num_warps: int) -> dict:
         from triton.tools.disasm import get_sass
     except ImportError:
         return {"error": "triton.tools.disasm unavailable"}
-    for name, fn in (("w12n", kernels._w12n_gemv_kernel), ("fp8", kernels._fp8_gemv_kernel)):
+    for name, fn in (("w12n", kernels._w12n_gemv_kernel), ("fp8", kernels._fp8_gemv_kernel),
+                     ("w12n_mma", kernels._w12n_mma_kernel)):
         try:
             compiled = [k for cache in fn.device_caches.values() for k in cache[0].values()]
             rows = []
@@ -100,8 +101,14 @@ def check(x, t) -> dict:
         out["batch_invariant"] = bool(torch.equal(kernels.w12n_gemv(x[:1], t), kernels.w12n_gemv(x, t)[:1]))
     base = kernels.w12n_gemv(x, t)
     out["block_n_bitwise"] = {bn: bool(torch.equal(kernels.w12n_gemv(x, t, block_n=bn), base)) for bn in (16, 32)}
+    mma = kernels.w12n_gemv(x, t, block_n=64, block_k=min(256, t.segment), mma=True)
+    out["mma"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())
+    if x.shape[0] > 1:
+        out["mma_batch_invariant"] = bool(torch.equal(
+            kernels.w12n_gemv(x[:1], t, block_n=64, block_k=min(256, t.segment), mma=True), mma[:1]))
     out["ok"] = (out["w12n"]["rel_rms_err"] < 1e-2 and out["fp8"]["rel_rms_err"] < 1e-2 and not out["w12n"]["nan"]
-                 and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values()))
+                 and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values())
+                 and out["mma"]["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True))
     return out
 
 
@@ -129,6 +136,9 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
                     "fp8_view": lambda a, wt: kernels.fp8_gemv(a, wt[1])}
         for bn in args.block_ns:  # wider tiles: fewer instructions per weight, fewer programs
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
+        for bn in (32, 64):  # tensor-core products (wgmma at 64 rows): one dot per tile whatever M
+            variants[f"w12n_mma_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn, block_k=256,
+                                                                                   mma=True)
         for seg in args.segments:
             for bn in (8, *args.block_ns):
                 variants[f"w12n_seg{seg}_bn{bn}"] = lambda a, wt, seg=seg, bn=bn: kernels.w12n_gemv(

@@ -161,6 +161,33 @@ def test_batch_invariance(kernel, dtype):
         assert torch.equal(y16[m:m + 1], y1), f"row {m}: M=16 differs from M=1"
 
 
+MMA_CASES = [(1, 16, 64, 128, 16, 64), (3, 40, 300, 128, 16, 128), (8, 33, 1024, 512, 32, 256),
+             (16, 64, 512, 256, 32, 256)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("M,N,K,segment,block_n,block_k", MMA_CASES,
+                         ids=[f"m{c[0]}-n{c[1]}-k{c[2]}-s{c[3]}" for c in MMA_CASES])
+def test_w12n_mma_matches_reference(M, N, K, segment, block_n, block_k, dtype):
+    """The tensor-core variant: the same decoded weights (verbatim segments, ragged rows and K included) through
+    one dot per tile; within fp32 rounding of the reference, and batch-invariant (row m of M rows equals the
+    M = 1 call on that row, bitwise)."""
+    from specpilot.ops.w12n_gemv.triton import w12n_gemv
+
+    t = make_tensor(N, K, segment, seed=3 * M + N)
+    assert (t.xe == VERBATIM).any()
+    x = make_x(M, K, dtype, seed=M)
+    y = w12n_gemv(x, t, block_n=block_n, block_k=block_k, mma=True)
+    assert y.dtype == dtype and y.shape == (M, N)
+    check("w12n mma", w12n_gemv_ref, x, t, y)
+    check_bf16_epilogue(lambda a, w: w12n_gemv(a, w, block_n=block_n, block_k=block_k, mma=True), x, t, y)
+    for m in range(M):
+        y1 = w12n_gemv(x[m:m + 1], t, block_n=block_n, block_k=block_k, mma=True)
+        assert torch.equal(y[m:m + 1], y1), f"row {m}: M={M} differs from M=1"
+    with pytest.raises(ValueError, match="block_n, block_k >= 16"):
+        w12n_gemv(x, t, block_n=8, mma=True)
+
+
 FP8_CASES = [(1, 7, 300, 128), (8, 33, 1024, 512), (16, 1, 64, 128)]
 
 
