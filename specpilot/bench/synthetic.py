@@ -9,7 +9,9 @@ sibling_decay**r when the earlier ranks missed. At most one child of a node is r
 Re-anchoring: in bf16 a random target's logits are nearly flat, so a near-tie can flip between two equally
 valid kernels (verify block vs AR decode) and the speculative output leaves the stock continuation; every
 draft after that would be wrong (tau -> 1). With an `anchor` the oracle then asks for the stock continuation
-of the prefix actually emitted, and drafts from that. The output is still whatever the target verifies.
+of the prefix actually emitted, and drafts from that, a horizon of tokens at a time (an anchor costs an AR
+pass of its length; anchoring all the remaining tokens at every flip made long generations quadratic). The output
+is still whatever the target verifies.
 """
 
 from __future__ import annotations
@@ -64,14 +66,15 @@ class SyntheticDrafter:
     tokens come from the oracle."""
 
     def __init__(self, inner, truth: dict[int, list[int]], profile: AcceptanceProfile, vocab_size: int, seed: int = 0,
-                 anchor: Callable[[list[int], int], list[int]] | None = None):
+                 anchor: Callable[[list[int], int], list[int]] | None = None, horizon: int = 16):
         self.inner, self.truth, self.profile, self.vocab = inner, truth, profile, vocab_size
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
         self.rng = random.Random(seed)
         self.emitted: dict[int, int] = {}
         # anchor(context ids, n): the stock AR continuation of n tokens (the caller keeps it out of the timing)
-        self.anchor = anchor
+        self.anchor, self.horizon = anchor, horizon
+        self.total: dict[int, int] = {}  # per slot: the length of the stock continuation the run follows
         self.prompts: dict[int, list[int]] = {}
         self.out: dict[int, list[int]] = {}
 
@@ -82,6 +85,7 @@ class SyntheticDrafter:
         self.inner.start(slot, prompt_ids, features)
         self.emitted[slot] = 1  # the first token comes from the prefill
         self.prompts[slot], self.out[slot] = list(prompt_ids), []
+        self.total.pop(slot, None)  # a new request: its truth (set by the caller) gives the length
 
     def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.inner.commit(slot, accepted, features)
@@ -90,18 +94,24 @@ class SyntheticDrafter:
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         self.inner.propose(slots, roots, spec)
+        spec = self._capped(spec)
         for s, root in zip(slots, roots):
             self.out.setdefault(s, []).append(root)  # the root is the last emitted token
-            self._follow(s)
-        spec = self._capped(spec)
+            self._follow(s, spec.depth)
         return [self._rewrite(shape(spec, root), self.truth[s][self.emitted[s]:]) for s, root in zip(slots, roots)]
 
-    def _follow(self, slot: int) -> None:
-        """Re-anchors the slot's truth on the emitted prefix when that prefix has left it."""
+    def _follow(self, slot: int, depth: int) -> None:
+        """Re-anchors the slot's truth on the emitted prefix when that prefix has left it, or when fewer than
+        `depth` tokens of it are left before the run's end: `horizon` (at least depth) tokens at a time."""
         out, truth = self.out[slot], self.truth[slot]
-        if self.anchor is None or truth[:len(out)] == out or len(out) >= len(truth):
+        total = self.total.setdefault(slot, len(truth))
+        left = total - len(out)
+        if self.anchor is None or left <= 0:
             return
-        self.truth[slot] = out + self.anchor(self.prompts.get(slot, []) + out, len(truth) - len(out))
+        if truth[:len(out)] == out and len(truth) - len(out) >= min(depth, left):
+            return
+        n = min(max(self.horizon, depth), left)
+        self.truth[slot] = out + self.anchor(self.prompts.get(slot, []) + out, n)
 
     def _capped(self, spec: TreeSpec) -> TreeSpec:
         """The spec no deeper than the inner drafter can draft (a DFlash block of B drafts B - 1 tokens deep, as

@@ -179,6 +179,42 @@ def test_oracle_reanchors_when_the_output_leaves_the_stock_continuation():
     assert tree.tokens[0] == 9
 
 
+def test_oracle_anchors_a_horizon_at_a_time():
+    """After a flip the anchor is asked for `horizon` tokens, not the whole rest of the run; when the anchored truth
+    runs shorter than the tree is deep, it is extended from the emitted prefix; never past the run's length."""
+    from specpilot.bench.synthetic import SyntheticDrafter
+    from specpilot.spec.tree import TreeSpec
+
+    class Inner:
+        target_layers = ()
+
+        def start(self, slot, prompt, features=None): ...
+
+        def commit(self, slot, accepted, features=None): ...
+
+        def propose(self, slots, roots, spec): ...
+
+    calls = []
+
+    def anchor(context, n):
+        calls.append((len(context), n))
+        return [1000 + len(context) + i for i in range(n)]  # the "stock continuation" of that context
+
+    d = SyntheticDrafter(Inner(), {0: list(range(1, 21))}, AcceptanceProfile("always", (1.0,) * 7), 5000,
+                         anchor=anchor, horizon=5)
+    d.start(0, [7, 8])
+    d.propose([0], [1], TreeSpec.parse("chain:3"))
+    d.commit(0, [2, 3, 4])
+    d.propose([0], [99], TreeSpec.parse("chain:3"))  # the bonus flipped: 5 was stock, 99 was emitted
+    assert calls == [(2 + 5, 5)] and len(d.truth[0]) == 5 + 5
+    while len(d.out[0]) < 20:  # follow the anchored truth: extended a horizon at a time, capped at 20 tokens
+        ahead = d.truth[0][len(d.out[0]):len(d.out[0]) + 3]
+        d.commit(0, ahead[:-1] if len(ahead) > 1 else [])
+        d.propose([0], [ahead[-1]] if ahead else [0], TreeSpec.parse("chain:3"))
+    assert all(n <= 5 for _, n in calls) and len(calls) > 2
+    assert len(d.truth[0]) <= 20
+
+
 def test_tolerance_is_calibrated_on_a_bf16_random_target():
     """bf16 on CPU: AR decode and the teacher-forced pass disagree by a few ulps of the logits, so a random
     target's flat logits flip near-ties; the calibrated tolerance covers that noise (forcing of AR's own output
