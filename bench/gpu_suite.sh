@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU benchmark suite (H200) in three calls of under 10 minutes each: run from the repository root,
+# The GPU benchmark suite (H200) in four calls of under 10 minutes each: run from the repository root,
 #
-#     SUITE_ONLY="kernel_check gdn_tree_kernel w12n_gemv" bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 360 s
-#     SUITE_ONLY="spec_step bench_27b verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT # caps 580 s
-#     SUITE_ONLY="bench_8b ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                         # caps 380 s
+#     SUITE_ONLY="kernel_check w12n_gemv spec_step" bash bench/gpu_suite.sh OUTDIR COMMIT           # caps 360 s
+#     SUITE_ONLY="bench_27b bench_8b" SUITE_BUDGET_S=1000 bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 407 s
+#     SUITE_ONLY="verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 350 s
+#     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #
 # (measured 2026-11-30, fifth session: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s, spec_step
 # 63 s, verify_cost --skip-sweep with the A/B 62 s, hybrid_tree with its checks 92-116 s)
