@@ -148,10 +148,12 @@ class RandomTreeDrafter:
         return trees
 
 
-@given(st.integers(0, 10_000))
+@pytest.mark.parametrize("name", ["llama", "qwen3_5"])
+@given(seed=st.integers(0, 10_000))
 @settings(max_examples=6, deadline=None)
-def test_random_trees_keep_output_exact(seed):
-    target = _HYPOTHESIS_TARGET[0]
+def test_random_trees_keep_output_exact(name, seed):
+    """Hypothesis-drawn random trees on a dense and a hybrid (Gated DeltaNet) target."""
+    target = _HYPOTHESIS_TARGETS[name]
     prompts = _prompts()
     truth = _reference(target, prompts)
     engine = SpecEngine(ModelRunner(target), RandomTreeDrafter(seed, truth, prompts), TreeSpec.parse("static:4,3"))
@@ -160,13 +162,14 @@ def test_random_trees_keep_output_exact(seed):
     assert any(s.tau > 1 for _, s in out)
 
 
-_HYPOTHESIS_TARGET = []
+_HYPOTHESIS_TARGETS = {}
 
 
 @pytest.fixture(autouse=True)
-def _hypothesis_target(checkpoint_factory):
-    if not _HYPOTHESIS_TARGET:
-        _HYPOTHESIS_TARGET.append(_models(checkpoint_factory, "llama")[0])
+def _hypothesis_targets(checkpoint_factory):
+    for name in ("llama", "qwen3_5"):
+        if name not in _HYPOTHESIS_TARGETS:
+            _HYPOTHESIS_TARGETS[name] = _models(checkpoint_factory, name)[0]
 
 
 @pytest.mark.parametrize("name,tree", [("qwen3", "dynamic:3,4,8"), ("qwen3_5", "chain:3"), ("qwen3_5", "static:4,3")])
