@@ -179,21 +179,30 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
         any_v = tl.max(is_v.to(tl.int32), axis=0)
         for kk in range(0, SEGMENT, BLOCK_K):
             k0 = s * SEGMENT + kk
-            a = _row_load(a_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
-            b = _row_load(b_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
-            w = _w12n_decode(a.to(tl.uint32, bitcast=True), b.to(tl.uint16, bitcast=True), xe[:, None], BASE,
-                             USE_ASM)
-            if any_v > 0:  # uniform, rare: the tile holds a verbatim segment of some row
-                vw = tl.load(v_ptr + pool_row.to(tl.int64)[:, None] * (SEGMENT // 4) + (kk // 4 + words)[None, :],
-                             mask=is_v[:, None] & row_ok[:, None], other=0)
-                # the pool's bf16 bits widened by shifts: exact for subnormals too, which the interpreter's
-                # bf16 -> fp32 conversion mangles
-                v = _bf16_words(vw)
-                w = (tl.where(is_v[:, None], v[0], w[0]), tl.where(is_v[:, None], v[1], w[1]),
-                     tl.where(is_v[:, None], v[2], w[2]), tl.where(is_v[:, None], v[3], w[3]))
+            w = _decoded_tile(a_rows, b_rows, v_ptr, pool_row, xe, is_v, any_v, k0, kk, words, row_ok, BASE,
+                              SEGMENT, EVEN_N, USE_ASM)
             accs = _accumulate(accs, w, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS)
         pool_row += is_v.to(tl.int32)
     _store_rows(y_ptr, accs, rows, row_ok, stride_ym, 1.0, M, OUT_BF16)
+
+
+@triton.jit
+def _decoded_tile(a_rows, b_rows, v_ptr, pool_row, xe, is_v, any_v, k0, kk, words, row_ok, BASE,
+                  SEGMENT: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr):
+    """The exact weights of the tile at column k0 (offset kk in its segment) as 4 fp32 [BN, W] (weights 4w+0..3):
+    the A/B decode, with the rows whose segment is verbatim (is_v) read from the pool at pool_row instead."""
+    a = _row_load(a_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
+    b = _row_load(b_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
+    w = _w12n_decode(a.to(tl.uint32, bitcast=True), b.to(tl.uint16, bitcast=True), xe[:, None], BASE, USE_ASM)
+    if any_v > 0:  # uniform, rare: the tile holds a verbatim segment of some row
+        vw = tl.load(v_ptr + pool_row.to(tl.int64)[:, None] * (SEGMENT // 4) + (kk // 4 + words)[None, :],
+                     mask=is_v[:, None] & row_ok[:, None], other=0)
+        # the pool's bf16 bits widened by shifts: exact for subnormals too, which the interpreter's bf16 -> fp32
+        # conversion mangles
+        v = _bf16_words(vw)
+        w = (tl.where(is_v[:, None], v[0], w[0]), tl.where(is_v[:, None], v[1], w[1]),
+             tl.where(is_v[:, None], v[2], w[2]), tl.where(is_v[:, None], v[3], w[3]))
+    return w
 
 
 @triton.jit
@@ -272,16 +281,8 @@ def _w12n_mma_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, M, N, K
         any_v = tl.max(is_v.to(tl.int32), axis=0)
         for kk in range(0, SEGMENT, BLOCK_K):
             k0 = s * SEGMENT + kk
-            a = _row_load(a_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
-            b = _row_load(b_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
-            w = _w12n_decode(a.to(tl.uint32, bitcast=True), b.to(tl.uint16, bitcast=True), xe[:, None], BASE,
-                             USE_ASM)
-            if any_v > 0:  # uniform, rare: the tile holds a verbatim segment of some row
-                vw = tl.load(v_ptr + pool_row.to(tl.int64)[:, None] * (SEGMENT // 4) + (kk // 4 + words)[None, :],
-                             mask=is_v[:, None] & row_ok[:, None], other=0)
-                v = _bf16_words(vw)
-                w = (tl.where(is_v[:, None], v[0], w[0]), tl.where(is_v[:, None], v[1], w[1]),
-                     tl.where(is_v[:, None], v[2], w[2]), tl.where(is_v[:, None], v[3], w[3]))
+            w = _decoded_tile(a_rows, b_rows, v_ptr, pool_row, xe, is_v, any_v, k0, kk, words, row_ok, BASE,
+                              SEGMENT, EVEN_N, USE_ASM)
             # weights 4w+0..3 back in K order: [.., w, i, j] = weight 4w + 2i + j
             tile = tl.join(tl.join(w[0], w[2]), tl.join(w[1], w[3])).reshape([BLOCK_N, BLOCK_K])
             # padding columns: x reads 0 (the pad weights decode to finite values)
