@@ -7,9 +7,10 @@ configuration is `name=key:value;key:value`, keys: tree (chain:D | static:... | 
 EngineConfig field (weight_format, block_attention, decode_gemv, ...).
 
 Random-weight targets (synthetic acceptance) get two bf16 allowances, both recorded in the rows: the oracle
-re-anchors on the emitted prefix when a near-tie flips (an AR pass of the stock runner, outside the timing),
-and forcing may use a tie tolerance calibrated on the target (2 x the largest logit gap between AR decode and
-the teacher-forced pass over the same tokens) instead of the stated one.
+probes the target (a verify pass over the step's trees that commits nothing, outside the timing) so that its
+right drafts are what this verify answers, not what AR decode answered before a near-tie flipped; and forcing
+may use a tie tolerance calibrated on the target (2 x the largest logit gap between AR decode and the
+teacher-forced pass over the same tokens) instead of the stated one.
 """
 
 from __future__ import annotations
@@ -92,32 +93,32 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-class Anchor:
-    """The synthetic oracle's re-anchoring: the stock AR continuation of an emitted prefix, timed (synced) so
-    that run_generation can take its seconds out of the speculative run's."""
+class OracleClock:
+    """Times the synthetic oracle's probes (synced) so that run_generation can take their seconds out of the
+    speculative run's: they are the benchmark's own work, not the engine's."""
 
-    def __init__(self, runner: ModelRunner, eos: tuple[int, ...]):
-        self.runner, self.eos = runner, eos
+    def __init__(self, device):
+        self.device = device
         self.count, self.seconds = 0, 0.0
 
-    def __call__(self, context: list[int], n: int) -> list[int]:
-        device = self.runner.device
-        _sync(device)
-        t0 = time.perf_counter()
-        (result,) = Generator(self.runner, self.eos).generate([context], SamplingParams(max_new_tokens=n,
-                                                                                      ignore_eos=True))
-        _sync(device)
-        self.count, self.seconds = self.count + 1, self.seconds + time.perf_counter() - t0
-        return list(result.token_ids)
+    def timed(self, fn):
+        def call(*args):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            out = fn(*args)
+            _sync(self.device)
+            self.count, self.seconds = self.count + 1, self.seconds + time.perf_counter() - t0
+            return out
+        return call
 
 
 def run_generation(make, prompts: list[list[int]], batch: int, params: SamplingParams, device, truth=None,
-                   anchor: Anchor | None = None):
+                   clock: OracleClock | None = None):
     """Generates every prompt in batches; returns (outputs, per-request stats or None, seconds). With `truth`
-    (synthetic acceptance) the engine's oracle gets each group's stock continuations by slot; the anchor's
-    seconds (oracle work, not the engine's) are not counted."""
+    (synthetic acceptance) the engine's oracle gets each group's stock continuations by slot; the clock's
+    seconds (oracle probes, not the engine's work) are not counted."""
     outputs, stats = [], []
-    hidden = anchor.seconds if anchor is not None else 0.0
+    hidden = clock.seconds if clock is not None else 0.0
     _sync(device)
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
@@ -130,8 +131,14 @@ def run_generation(make, prompts: list[list[int]], batch: int, params: SamplingP
             outputs.append(result.token_ids)
             stats.append(s)
     _sync(device)
-    hidden = anchor.seconds - hidden if anchor is not None else 0.0
+    hidden = clock.seconds - hidden if clock is not None else 0.0
     return outputs, stats, time.perf_counter() - t0 - hidden
+
+
+def _engine_steps(stats, batch: int) -> int:
+    """Engine steps of a run in groups of `batch`: a step serves every running request of its group."""
+    return sum(max((s.steps for s in stats[i:i + batch] if s is not None), default=0)
+               for i in range(0, len(stats), batch))
 
 
 def summarize(outputs, stats, seconds: float) -> dict:
@@ -304,14 +311,16 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
     # built once, outside the timed region (a checkpoint load or a random init is no part of generation); a
     # drafter serves engine after engine: allocate only grows its cache, start resets a slot
     base_drafter = make_drafter()
-    anchor = Anchor(stock_runner, eos) if profile is not None else None
+    clock = OracleClock(device) if profile is not None else None
 
     def make():
-        drafter = base_drafter
-        if profile is not None:
-            # requests start at slot 0 in every batch: index the truth by slot within the current group
-            drafter = SyntheticDrafter(drafter, {}, profile, model.config.vocab_size, anchor=anchor)
-        return SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
+        if profile is None:
+            return SpecEngine(runner, base_drafter, TreeSpec.parse(cfg.tree), eos)
+        # requests start at slot 0 in every batch: index the truth by slot within the current group
+        drafter = SyntheticDrafter(base_drafter, {}, profile, model.config.vocab_size)
+        engine = SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
+        drafter.probe = clock.timed(engine.peek)
+        return engine
 
     synthetic_truth = truth if profile is not None else None
     try:
@@ -322,10 +331,10 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
         base_drafter.allocate(batch, size)
         for b in range(min(batch, len(prompts)), 0, -1):
             run_generation(make, prompts[:b], b, SamplingParams(max_new_tokens=16, ignore_eos=True), device,
-                           synthetic_truth, anchor)
-        if anchor is not None:
-            anchor.count, anchor.seconds = 0, 0.0
-        out, stats, seconds = run_generation(make, prompts, batch, params, device, synthetic_truth, anchor)
+                           synthetic_truth, clock)
+        if clock is not None:
+            clock.count, clock.seconds = 0, 0.0
+        out, stats, seconds = run_generation(make, prompts, batch, params, device, synthetic_truth, clock)
     finally:  # graphs reference the runner (a cycle): free its cache and graphs now, not at the next gc
         runner.graphs.clear()
         runner.verify_graphs.clear()
@@ -333,9 +342,10 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
         if device.type == "cuda":
             torch.cuda.empty_cache()
     row = summarize(out, stats, seconds)
-    if anchor is not None:
-        # the re-anchoring ran inside the engine's draft step: its seconds leave the split as they left the total
-        row["seconds_split"]["draft"] -= anchor.seconds
-        row["oracle"] = {"reanchors": anchor.count, "seconds_excluded": anchor.seconds}
+    if clock is not None:
+        # the probes ran inside the engine's draft step: their seconds leave the split as they left the total
+        row["seconds_split"]["draft"] -= clock.seconds
+        row["oracle"] = {"probes": clock.count, "probes_per_step": clock.count / max(_engine_steps(stats, batch), 1),
+                         "seconds_excluded": clock.seconds}
     row["forcing"] = forcing(stock_runner, prompts, out, tolerance)
     return row

@@ -6,12 +6,15 @@ A profile gives, per depth d, the probability that the rank-0 child of a node on
 next token (conditional on its parent being right); a sibling of rank r is right with per_depth[d] *
 sibling_decay**r when the earlier ranks missed. At most one child of a node is right.
 
-Re-anchoring: in bf16 a random target's logits are nearly flat, so a near-tie can flip between two equally
-valid kernels (verify block vs AR decode) and the speculative output leaves the stock continuation; every
-draft after that would be wrong (tau -> 1). With an `anchor` the oracle then asks for the stock continuation
-of the prefix actually emitted, and drafts from that, a horizon of tokens at a time (an anchor costs an AR
-pass of its length; anchoring all the remaining tokens at every flip made long generations quadratic). The output
-is still whatever the target verifies.
+The probe: in bf16 a random target's logits are nearly flat, so the AR decode path and the verify block (two
+equally valid kernels) round a near-tie differently on ~20% of tokens, and a truth taken from the stock AR
+continuation would cut the accepted run there (27B: tau 3.65 against the profile's 5.45). With a `probe` (a
+verify pass over the step's trees that commits nothing, SpecEngine.peek; the caller keeps it out of the timing)
+the oracle learns what this verify will answer: the profile's draws decide which nodes are right, then the
+right nodes take the target's own greedy token at their parent and the wrong ones anything else, probe after
+probe until the trees agree with the answers (one more probe per depth whose guess was wrong). The stock
+continuation is then only a guess that saves probes. Without a probe (CPU runs in fp32, where the two paths
+agree) the stock continuation is the truth.
 """
 
 from __future__ import annotations
@@ -66,52 +69,47 @@ class SyntheticDrafter:
     tokens come from the oracle."""
 
     def __init__(self, inner, truth: dict[int, list[int]], profile: AcceptanceProfile, vocab_size: int, seed: int = 0,
-                 anchor: Callable[[list[int], int], list[int]] | None = None, horizon: int = 16):
+                 probe: Callable[[list[int], list[DraftTree]], list[list[int]]] | None = None):
         self.inner, self.truth, self.profile, self.vocab = inner, truth, profile, vocab_size
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
         self.rng = random.Random(seed)
-        self.emitted: dict[int, int] = {}
-        # anchor(context ids, n): the stock AR continuation of n tokens (the caller keeps it out of the timing)
-        self.anchor, self.horizon = anchor, horizon
-        self.total: dict[int, int] = {}  # per slot: the length of the stock continuation the run follows
-        self.prompts: dict[int, list[int]] = {}
-        self.out: dict[int, list[int]] = {}
+        # probe(slots, trees): the target's greedy token after every node, from a verify that commits nothing
+        self.probe = probe
+        self.probes = 0  # probe passes so far (each one a verify forward)
+        self.out: dict[int, list[int]] = {}  # per slot: the tokens emitted so far, the current root last
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         self.inner.allocate(num_slots, max_seq_len)
 
     def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
         self.inner.start(slot, prompt_ids, features)
-        self.emitted[slot] = 1  # the first token comes from the prefill
-        self.prompts[slot], self.out[slot] = list(prompt_ids), []
-        self.total.pop(slot, None)  # a new request: its truth (set by the caller) gives the length
+        self.out[slot] = []  # the first token (from the prefill) arrives as the first root
 
     def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.inner.commit(slot, accepted, features)
-        self.emitted[slot] += len(accepted) + 1
         self.out.setdefault(slot, []).extend(accepted)
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
-        self.inner.propose(slots, roots, spec)
         spec = self._capped(spec)
+        trees, right = [], []
         for s, root in zip(slots, roots):
             self.out.setdefault(s, []).append(root)  # the root is the last emitted token
-            self._follow(s, spec.depth)
-        return [self._rewrite(shape(spec, root), self.truth[s][self.emitted[s]:]) for s, root in zip(slots, roots)]
+            tree = shape(spec, root)
+            future = self._future(s)
+            on_path = self._draw(tree, None if self.probe is not None else len(future))
+            trees.append(self._fill(tree, on_path, future))
+            right.append(on_path)
+        if self.probe is not None:
+            # probed before the drafter runs: its work is queued after the probe's sync, as a real step queues it
+            trees = self._settle(slots, trees, right)
+        self.inner.propose(slots, roots, spec)
+        return trees
 
-    def _follow(self, slot: int, depth: int) -> None:
-        """Re-anchors the slot's truth on the emitted prefix when that prefix has left it, or when fewer than
-        `depth` tokens of it are left before the run's end: `horizon` (at least depth) tokens at a time."""
-        out, truth = self.out[slot], self.truth[slot]
-        total = self.total.setdefault(slot, len(truth))
-        left = total - len(out)
-        if self.anchor is None or left <= 0:
-            return
-        if truth[:len(out)] == out and len(truth) - len(out) >= min(depth, left):
-            return
-        n = min(max(self.horizon, depth), left)
-        self.truth[slot] = out + self.anchor(self.prompts.get(slot, []) + out, n)
+    def _future(self, slot: int) -> list[int]:
+        """The guessed tokens after the root: the truth's, while the emitted prefix still follows it."""
+        out, truth = self.out[slot], self.truth.get(slot, [])
+        return truth[len(out):] if truth[:len(out)] == out else []
 
     def _capped(self, spec: TreeSpec) -> TreeSpec:
         """The spec no deeper than the inner drafter can draft (a DFlash block of B drafts B - 1 tokens deep, as
@@ -122,21 +120,66 @@ class SyntheticDrafter:
         depth = block - 1
         return TreeSpec(spec.kind, depth, spec.branching[:depth], spec.top_k, spec.max_nodes)
 
-    def _rewrite(self, tree: DraftTree, future: list[int]) -> DraftTree:
+    def _draw(self, tree: DraftTree, known: int | None) -> list[bool]:
+        """Which nodes are right, from the profile's draws alone: a path from the root (at most one right child
+        per node). `known`: the depth up to which the truth is known (None: any, the probe finds it)."""
         depths = tree.depths
-        tokens, on_path = list(tree.tokens), [True] + [False] * (tree.num_nodes - 1)
+        on_path = [True] + [False] * (tree.num_nodes - 1)
         for parent in range(tree.num_nodes):
-            hit = False
+            if not on_path[parent]:
+                continue
             for rank, child in enumerate(tree.children(parent)):
                 d = depths[child]
-                truth = future[d - 1] if d - 1 < len(future) else None
-                right = (on_path[parent] and not hit and truth is not None
-                         and self.rng.random() < self.profile.p(d, rank))
-                if right:
-                    tokens[child], on_path[child], hit = truth, True, True
-                else:
-                    tokens[child] = self._wrong(truth)
+                if (known is None or d <= known) and self.rng.random() < self.profile.p(d, rank):
+                    on_path[child] = True
+                    break
+        return on_path
+
+    def _fill(self, tree: DraftTree, on_path: list[bool], future: list[int]) -> DraftTree:
+        depths, tokens = tree.depths, list(tree.tokens)
+        for node in range(1, tree.num_nodes):
+            d = depths[node]
+            truth = future[d - 1] if d - 1 < len(future) else None
+            right = on_path[node] and truth is not None
+            tokens[node] = truth if right else self._wrong(truth)
         return DraftTree(tuple(tokens), tree.parents)
+
+    def _settle(self, slots: list[int], trees: list[DraftTree], right: list[list[bool]]) -> list[DraftTree]:
+        """Probes until every right node carries the target's greedy token at its parent and no wrong node does.
+        Each round fixes the shallowest disagreeing nodes (a fix changes the answers below it): at most one
+        round per depth, plus the one that finds nothing to fix."""
+        for _ in range(max(max(t.depths) for t in trees) + 2):
+            greedy = self.probe(slots, trees)
+            self.probes += 1
+            fixed = [self._fix(t, r, g) for t, r, g in zip(trees, right, greedy)]
+            if all(f is None for f in fixed):
+                for s, t, r, g in zip(slots, trees, right, greedy):
+                    self._learn(s, t, r, g)
+                return trees
+            trees = [t if f is None else f for t, f in zip(trees, fixed)]
+        raise RuntimeError("synthetic oracle: the probe's answers did not settle (is the verify deterministic?)")
+
+    def _fix(self, tree: DraftTree, right: list[bool], greedy: list[int]) -> DraftTree | None:
+        """The tree with its shallowest disagreements fixed, or None if it agrees with the answers. Only the
+        children of right nodes matter: acceptance never reaches below a wrong node."""
+        tokens, parents = list(tree.tokens), tree.parents
+        below_fix = [False] * tree.num_nodes  # a node under a fix this round: its answer is stale
+        for node in range(1, tree.num_nodes):
+            p = parents[node]
+            if below_fix[p]:
+                below_fix[node] = True
+            elif right[p] and (tokens[node] == greedy[p]) != right[node]:
+                tokens[node] = greedy[p] if right[node] else self._wrong(greedy[p])
+                below_fix[node] = True
+        return DraftTree(tuple(tokens), parents) if any(below_fix) else None
+
+    def _learn(self, slot: int, tree: DraftTree, right: list[bool], greedy: list[int]) -> None:
+        """The step's emitted tokens are known now (the right path and the bonus): the truth keeps its guesses
+        past them only if it agrees."""
+        path = [n for n in range(1, tree.num_nodes) if right[n]]
+        known = self.out[slot] + [tree.tokens[n] for n in path] + [greedy[path[-1] if path else 0]]
+        truth = self.truth.get(slot, [])
+        self.truth[slot] = truth if truth[:len(known)] == known else known
 
     def _wrong(self, truth: int | None) -> int:
         tok = self.rng.randrange(self.vocab)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specpilot.bench.harness import BenchConfig
-from specpilot.bench.synthetic import AcceptanceProfile
+from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.cli import main
 
 
@@ -139,80 +139,118 @@ def test_synthetic_trees_are_no_deeper_than_the_drafters_block():
     profile = AcceptanceProfile.load("dflash2-gsm8k")
     for inner, depth in ((Inner(8), 7), (Inner(), 10)):
         d = SyntheticDrafter(inner, {0: list(range(40))}, profile, 100)
-        d.emitted[0] = 1
         for spec, nodes in (("chain:10", depth + 1), ("static:2,1,1,1,1,1,1,1,1,1", 2 * depth + 1)):
             (tree,) = d.propose([0], [5], TreeSpec.parse(spec))
             assert max(tree.depths) == depth and tree.num_nodes == nodes
 
 
-def test_oracle_reanchors_when_the_output_leaves_the_stock_continuation():
-    """A flipped near-tie (bf16, random target): the oracle asks the anchor for the stock continuation of the
-    prefix actually emitted and drafts from it; without an anchor the truth stays as it was."""
-    from specpilot.bench.synthetic import SyntheticDrafter
+class _HashTarget:
+    """A stand-in target whose greedy token after a node is a hash of the whole sequence up to it: nothing like
+    the oracle's stock continuation, as a bf16 verify after a flipped near-tie is nothing like AR's."""
+
+    def __init__(self, vocab: int):
+        self.vocab, self.context, self.calls = vocab, [], 0
+
+    def greedy(self, tree) -> list[int]:
+        out = []
+        for node in range(tree.num_nodes):
+            path = [node]
+            while tree.parents[path[-1]] >= 0:
+                path.append(tree.parents[path[-1]])
+            out.append(hash(tuple(self.context) + tuple(tree.tokens[n] for n in reversed(path))) % self.vocab)
+        return out
+
+    def probe(self, slots, trees):
+        self.calls += 1
+        return [self.greedy(t) for t in trees]
+
+
+class _NoDrafter:
+    target_layers = ()
+
+    def start(self, slot, prompt, features=None): ...
+
+    def commit(self, slot, accepted, features=None): ...
+
+    def propose(self, slots, roots, spec): ...
+
+
+@pytest.mark.parametrize("tree", ["chain:7", "static:2,2,1,1"])
+def test_probed_oracle_realizes_the_profile_whatever_the_stock_continuation(tree):
+    """With a probe, the oracle's right drafts are the target's own answers: the accepted depth follows the
+    profile although the stock continuation it was given is wrong from the first token; without one it would
+    accept nothing. At most one probe per depth, plus the one that confirms."""
+    import statistics
+
+    from specpilot.spec.tree import TreeSpec
+    from specpilot.spec.verify import accept_greedy
+
+    spec, profile, vocab = TreeSpec.parse(tree), AcceptanceProfile.load("dflash2-gsm8k"), 1000
+    target = _HashTarget(vocab)
+    d = SyntheticDrafter(_NoDrafter(), {0: [vocab + 1] * 5000}, profile, vocab, probe=target.probe)
+    d.start(0, [1, 2, 3])
+    root, accepted, steps = 7, [], 300
+    target.context = [1, 2, 3]
+    for _ in range(steps):
+        calls = target.calls
+        (t,) = d.propose([0], [root], spec)
+        assert target.calls - calls <= max(t.depths) + 1
+        (acc,) = accept_greedy([t], [target.greedy(t)])
+        accepted.append(acc.num_accepted)
+        d.commit(0, list(acc.tokens[:-1]))
+        target.context += [root] + list(acc.tokens[:-1])
+        root = acc.tokens[-1]
+    if tree.startswith("chain"):  # the chain's expected accepted depth is the profile's tau - 1 (4.46)
+        assert statistics.mean(accepted) == pytest.approx(profile.expected_chain_tau(7) - 1, abs=0.35)
+    else:  # a sibling at depth 1 and 2: at least the chain's first four depths' expectation
+        assert statistics.mean(accepted) >= profile.expected_chain_tau(4) - 1 - 0.3
+    assert d.truth[0][:len(d.out[0])] == d.out[0]  # the truth now follows what the target answered
+
+
+def test_oracle_without_probe_drafts_the_stock_continuation():
+    """No probe (fp32 CPU runs): right drafts are the stock continuation's tokens, while the emitted prefix
+    follows it; once it has left it, no draft is right (the truth is unknown)."""
     from specpilot.spec.tree import TreeSpec
 
-    class Inner:
-        target_layers = ()
-
-        def start(self, slot, prompt, features=None): ...
-
-        def commit(self, slot, accepted, features=None): ...
-
-        def propose(self, slots, roots, spec): ...
-
-    profile = AcceptanceProfile("always", (1.0,) * 7)
-    calls = []
-
-    def anchor(context, n):
-        calls.append((list(context), n))
-        return [100 + i for i in range(n)]
-
-    for hook in (anchor, None):
-        d = SyntheticDrafter(Inner(), {0: [1, 2, 3, 4, 5, 6]}, profile, 200, anchor=hook)
-        d.start(0, [7, 8])
-        (tree,) = d.propose([0], [1], TreeSpec.parse("chain:2"))
-        assert tree.tokens == (1, 2, 3)  # on the stock continuation: drafts follow it
-        d.commit(0, [2])
-        (tree,) = d.propose([0], [9], TreeSpec.parse("chain:2"))  # the bonus token flipped: 9, not 3
-        assert d.truth[0] == ([1, 2, 9, 100, 101, 102] if hook else [1, 2, 3, 4, 5, 6])
-    assert calls == [([7, 8, 1, 2, 9], 3)]
-    assert tree.tokens[0] == 9
-
-
-def test_oracle_anchors_a_horizon_at_a_time():
-    """After a flip the anchor is asked for `horizon` tokens, not the whole rest of the run; when the anchored truth
-    runs shorter than the tree is deep, it is extended from the emitted prefix; never past the run's length."""
-    from specpilot.bench.synthetic import SyntheticDrafter
-    from specpilot.spec.tree import TreeSpec
-
-    class Inner:
-        target_layers = ()
-
-        def start(self, slot, prompt, features=None): ...
-
-        def commit(self, slot, accepted, features=None): ...
-
-        def propose(self, slots, roots, spec): ...
-
-    calls = []
-
-    def anchor(context, n):
-        calls.append((len(context), n))
-        return [1000 + len(context) + i for i in range(n)]  # the "stock continuation" of that context
-
-    d = SyntheticDrafter(Inner(), {0: list(range(1, 21))}, AcceptanceProfile("always", (1.0,) * 7), 5000,
-                         anchor=anchor, horizon=5)
+    d = SyntheticDrafter(_NoDrafter(), {0: [1, 2, 3, 4, 5, 6]}, AcceptanceProfile("always", (1.0,) * 7), 200)
     d.start(0, [7, 8])
-    d.propose([0], [1], TreeSpec.parse("chain:3"))
-    d.commit(0, [2, 3, 4])
-    d.propose([0], [99], TreeSpec.parse("chain:3"))  # the bonus flipped: 5 was stock, 99 was emitted
-    assert calls == [(2 + 5, 5)] and len(d.truth[0]) == 5 + 5
-    while len(d.out[0]) < 20:  # follow the anchored truth: extended a horizon at a time, capped at 20 tokens
-        ahead = d.truth[0][len(d.out[0]):len(d.out[0]) + 3]
-        d.commit(0, ahead[:-1] if len(ahead) > 1 else [])
-        d.propose([0], [ahead[-1]] if ahead else [0], TreeSpec.parse("chain:3"))
-    assert all(n <= 5 for _, n in calls) and len(calls) > 2
-    assert len(d.truth[0]) <= 20
+    (tree,) = d.propose([0], [1], TreeSpec.parse("chain:2"))
+    assert tree.tokens == (1, 2, 3)
+    d.commit(0, [2])
+    (tree,) = d.propose([0], [9], TreeSpec.parse("chain:2"))  # the bonus token flipped: 9, not 3
+    assert tree.tokens[0] == 9 and tree.tokens[1] != 4 and tree.tokens[2] != 5
+    assert d.truth[0] == [1, 2, 3, 4, 5, 6]
+
+
+def test_probed_bench_accepts_every_draft_on_a_bf16_target(tmp_path):
+    """On a GPU, AR decode and the verify block of a bf16 random target flip near-ties (~20% of tokens at the
+    27B shape), and a stock-continuation oracle then leaves the profile. Here the flips are forced: the oracle's
+    stock continuation has every fifth token wrong. With the probe a profile of certain acceptance still gives
+    every step the full chain, the output passes forcing, and the probes are counted and not timed."""
+    import torch
+
+    from specpilot.bench.harness import BenchConfig, _run_config, calibrate
+    from specpilot.bench.shapes import hf_config, random_model
+    from specpilot.engine.generator import Generator
+    from specpilot.engine.runner import ModelRunner
+    from specpilot.engine.sampling import SamplingParams
+    from specpilot.spec.drafters.ngram import NgramDrafter
+
+    cfg = hf_config("tiny-dense", hidden_size=256, intermediate_size=512, num_hidden_layers=4, vocab_size=4096,
+                    head_dim=64)
+    model = random_model(cfg, "cpu", torch.bfloat16)
+    prompts = [list(range(3 + i, 40 + i)) for i in range(3)]
+    params = SamplingParams(max_new_tokens=1 + 8 * 4, ignore_eos=True)  # the prefill's token + 8 steps of 4
+    stock = ModelRunner(model)
+    truth = [r.token_ids for r in Generator(stock).generate(prompts, params)]
+    tolerance = calibrate(stock, prompts, truth, 1e-3)
+    flipped = [[(t + 1) % cfg.vocab_size if i % 5 == 4 else t for i, t in enumerate(out)] for out in truth]
+    always = AcceptanceProfile("always", (1.0,) * 7)
+    row = _run_config(model, NgramDrafter, BenchConfig("stock", "chain:3"), prompts, flipped, 1, params, always, (),
+                      stock, tolerance, torch.device("cpu"))
+    assert row["tau"] == 4.0 and row["accepted_per_depth"] == [3 * 8] * 3
+    assert row["forcing"]["passed"]
+    assert row["oracle"]["probes"] >= 3 * 8 and row["oracle"]["seconds_excluded"] > 0
 
 
 def test_tolerance_is_calibrated_on_a_bf16_random_target():
