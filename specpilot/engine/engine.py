@@ -22,7 +22,7 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.drafters.base import Drafter
 from specpilot.spec.tree import DraftTree, TreeSpec
-from specpilot.spec.verify import Acceptance, accept_greedy, tree_metadata
+from specpilot.spec.verify import Acceptance, accept_greedy, host_tree_metadata
 
 COMPONENTS = ("draft", "verify", "accept", "commit", "other")
 
@@ -140,14 +140,16 @@ class SpecEngine:
         # with captured verify graphs every step has the tree spec's full width (one graph per batch size)
         width = self.tree.max_tree_nodes if self.runner.use_verify_graphs else None
         hybrid = self.runner.config.is_hybrid
-        meta = tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device, width,
-                             chains_as_trees=hybrid and self.runner.fold_hybrid_chains)
+        host = host_tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device,
+                                  width, chains_as_trees=hybrid and self.runner.fold_hybrid_chains)
+        layers = tuple(self.drafter.target_layers)
+        meta = self.runner.verify_inputs(host, layers)
         # replayed chains update recurrent state in place (snapshot to roll back); trees (and folded chains) leave
         # it and stash their terms
         self._snapshot = self.runner.cache.snapshot(meta.slots) if hybrid and meta.block_mask is None else None
         self._tree_commit = hybrid and meta.block_mask is not None
         self._width = meta.input_ids.shape[1]
-        greedy, self._features = self.runner.verify(meta, tuple(self.drafter.target_layers))
+        greedy, self._features = self.runner.verify(meta, layers)
         return greedy
 
     @torch.inference_mode()

@@ -4,9 +4,10 @@ DecodeGraph: the AR decode step of a fixed batch. It reads static device buffers
 and writes static logits; positions advance inside the graph, so a replay needs no host-to-device copy and the
 step has no host sync.
 VerifyGraph: the verify forward of a fixed (batch, tree width, chain or tree) shape. Its static metadata views one
-packed int64 buffer (BatchMetadata.unpack), so a replay copies the step's packed metadata in one copy, then
-returns static greedy tokens (and captured features); it needs the tree-attention op, whose grid and reads do not
-depend on the committed lengths. Its forward may be captured as a GraphChain cut between decoder layers
+packed int64 buffer (BatchMetadata.unpack), so the step's packed metadata refreshes every input in one copy:
+straight from the host buffer it was filled in (load), or from a device copy (replay of other metadata); a
+replay returns static greedy tokens (and captured features). It needs the tree-attention op, whose grid and reads
+do not depend on the committed lengths. Its forward may be captured as a GraphChain cut between decoder layers
 (EngineConfig.verify_layers_per_graph): the verify step ends in a host sync, so the next step's launch is not
 hidden behind queued work, and one cudaGraphLaunch of a few hundred kernels takes the host ~0.18 ms (H200 host).
 """
@@ -17,7 +18,7 @@ import contextlib
 
 import torch
 
-from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.metadata import BatchMetadata, HostMetadata
 
 
 class DecodeGraph:
@@ -78,8 +79,16 @@ class VerifyGraph:
         # the tree pass stashes its fold terms by assignment, which a replay does not redo: keep this graph's
         self.stash = dict(cache.tree_stash)
 
+    def load(self, host: HostMetadata) -> BatchMetadata:
+        """Copies the step's host-packed metadata into the static inputs (one non-blocking copy, no unpack);
+        returns them, for replay."""
+        self.packed.copy_(host.packed, non_blocking=True)
+        return self.meta
+
     def replay(self, meta: BatchMetadata):
-        self.packed.copy_(_packed(meta))
+        """Runs the graph on `meta` (copied into the static inputs unless it is them, as load returns)."""
+        if meta is not self.meta:
+            self.packed.copy_(_packed(meta))
         self.graph.replay()
         self.cache.tree_stash.clear()
         self.cache.tree_stash.update(self.stash)

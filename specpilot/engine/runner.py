@@ -12,7 +12,7 @@ from specpilot.config import EngineConfig
 from specpilot.engine.cache import ModelCache
 from specpilot.engine.graphs import DecodeGraph, VerifyGraph, decode_metadata
 from specpilot.layers import attention, linear, pointwise
-from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.metadata import BatchMetadata, HostMetadata
 from specpilot.ops import pdl
 from specpilot.models.causal_lm import CausalLM
 
@@ -68,7 +68,8 @@ class ModelRunner:
         from a CUDA graph per (batch, width, chain) when EngineConfig.verify_graphs is on."""
         if not self.use_verify_graphs:
             return self._verify_eager(meta, layers)
-        key = (meta.input_ids.shape, meta.block_mask is None, layers)
+        B, T = meta.input_ids.shape
+        key = (B, T, meta.block_mask is not None, layers)
         graph = self.verify_graphs.get(key)
         if graph is None:
             # capture runs the step for real: put back recurrent state a chain pass advanced in place
@@ -79,6 +80,14 @@ class ModelRunner:
             if saved is not None:
                 self.cache.restore(saved)
         return graph.replay(meta)
+
+    @torch.inference_mode()
+    def verify_inputs(self, host: HostMetadata, layers: tuple[int, ...] = ()) -> BatchMetadata:
+        """The step's verify metadata on the device, for verify(): where a graph of this shape was captured, its
+        static inputs after one copy from the host buffer (no device staging buffer, no unpack); else a fresh
+        device copy (eager, or the capture)."""
+        graph = self.verify_graphs.get((host.batch, host.width, host.tree, layers)) if self.use_verify_graphs else None
+        return graph.load(host) if graph is not None else host.to(self.device)
 
     def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):
         # a captured graph fixes the shape, so the compiled pointwise helpers compile once per graph

@@ -6,8 +6,8 @@ slot, `prefix_len` is how many committed tokens precede the block, and `block_ma
 each block token sees (None: causal within the block, the AR case).
 
 A verify block's index fields can all be views into one int64 buffer (`packed`, layout in packed_spans), so
-that the host fills it once, copies it to the device once, and a captured graph refreshes its inputs with one
-copy.
+that the host fills it once (HostMetadata) and copies it to the device once: into a fresh buffer that
+BatchMetadata.unpack views, or straight into the static buffer of a captured graph whose inputs already view it.
 """
 
 from __future__ import annotations
@@ -72,6 +72,24 @@ class BatchMetadata:
             mask = packed.view(torch.bool).as_strided((B, T, T), (T * T, T, 1), 8 * (base + spans["block_mask"][0]))
         return BatchMetadata(ids, pos, loc, field("slots", (B,), (1,)), field("prefix_len", (B,), (1,)),
                              max_prefix_len, mask, parents=parents, packed=packed)
+
+
+@dataclass(frozen=True, slots=True)
+class HostMetadata:
+    """A verify block's packed index fields, filled on the host (pinned memory for a GPU), and what unpacking
+    them needs. Each copy of `packed` to a device is non-blocking: the caching host allocator keeps a pinned
+    buffer until the copies recorded on it are done, so the host never rewrites it under a pending copy."""
+
+    packed: torch.Tensor  # [words] int64, laid out as packed_spans(batch, width, tree) says
+    batch: int
+    width: int
+    tree: bool  # block_mask and parents are packed too (else: causal)
+    max_prefix_len: int
+
+    def to(self, device) -> BatchMetadata:
+        """One copy to `device` (none on the CPU), unpacked into views."""
+        packed = self.packed.to(device, non_blocking=True)
+        return BatchMetadata.unpack(packed, self.batch, self.width, self.tree, self.max_prefix_len)
 
 
 @lru_cache(maxsize=256)

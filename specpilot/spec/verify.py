@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specpilot.layers.metadata import BatchMetadata, packed_spans
+from specpilot.layers.metadata import BatchMetadata, HostMetadata, packed_spans
 from specpilot.spec.tree import DraftTree
 
 
@@ -28,10 +28,15 @@ class Acceptance:
 
 def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int], device,
                   width: int | None = None, chains_as_trees: bool = False) -> BatchMetadata:
-    """The verify block of a batch: nodes stored right after each request's committed prefix, RoPE positions by
-    depth, the ancestor mask; smaller trees are padded (to `width` if given: a captured graph's fixed size) with
-    nodes that see only themselves. Every field views one packed int64 buffer, filled on the host from the
-    cached tree layouts and copied to the device in one non-blocking copy."""
+    """The verify block of a batch on `device`: host_tree_metadata copied over in one non-blocking copy."""
+    return host_tree_metadata(trees, prefix_len, slots, device, width, chains_as_trees).to(device)
+
+
+def host_tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int], device,
+                       width: int | None = None, chains_as_trees: bool = False) -> HostMetadata:
+    """The verify block of a batch, packed on the host for `device`: nodes stored right after each request's
+    committed prefix, RoPE positions by depth, the ancestor mask; smaller trees are padded (to `width` if given:
+    a captured graph's fixed size) with nodes that see only themselves. Filled from the cached tree layouts."""
     B, T = len(trees), max(max(t.num_nodes for t in trees), width or 0)
     layouts = [t.layout for t in trees]
     # chains need no mask: causal order is their ancestor order, and padding after a chain is seen by no real
@@ -40,8 +45,7 @@ def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int
     spans = packed_spans(B, T, tree)
     host = host_int64(spans["block_mask" if tree else "prefix_len"][1], device)
     _fill(host.numpy(), spans, trees, layouts, prefix_len, slots, T, tree)
-    packed = host.to(device, non_blocking=True)
-    return BatchMetadata.unpack(packed, B, T, tree, max(prefix_len))
+    return HostMetadata(host, B, T, tree, max(prefix_len))
 
 
 def _fill(buf: np.ndarray, spans, trees, layouts, prefix_len, slots, T: int, tree: bool) -> None:

@@ -1,5 +1,6 @@
 """The host side of a speculative step: the component timer, the packed verify-graph inputs, the commit's moves."""
 
+import random
 import time
 
 import pytest
@@ -11,7 +12,8 @@ from specpilot.engine.engine import SpecEngine, _in_place, _Timer
 from specpilot.engine.graphs import VerifyGraph
 from specpilot.engine.runner import ModelRunner
 from specpilot.spec.drafters.draft_lm import DraftLMDrafter
-from specpilot.spec.tree import TreeSpec
+from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.spec.verify import host_tree_metadata
 from tests.cuda_graph_fakes import fake_cuda_graphs
 from tests.engine.test_engine import PARAMS, RandomTreeDrafter, _models, _prompts, _reference
 
@@ -114,6 +116,36 @@ def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_fac
     assert [r.token_ids for r, _ in out] == truth
     assert runner.verify_graphs and all(isinstance(g, ReplayedVerifyGraph) for g in runner.verify_graphs.values())
     assert any(s.tau > 1.2 for _, s in out)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_verify_graph_loads_host_metadata_into_its_static_inputs(name, checkpoint_factory, replayed_verify_graphs):
+    """Once a graph of the shape exists, verify_inputs copies the host buffer straight into the graph's static
+    inputs (no device staging copy, no unpack), and the replay gives the eager verify's tokens."""
+    target, _ = _models(checkpoint_factory, name)
+    graphs, eager = (ModelRunner(target, EngineConfig(block_attention="tree")) for _ in range(2))
+    graphs.use_verify_graphs = True
+    rng, prompts, width = random.Random(3), _prompts()[:2], 9
+    for runner in (graphs, eager):
+        runner.allocate(len(prompts), 64)
+        for slot, prompt in enumerate(prompts):
+            runner.prefill(slot, prompt)
+    for step in range(3):
+        trees = [_random_tree(rng, rng.randint(2, width)) for _ in prompts]
+        host = host_tree_metadata(trees, [len(p) for p in prompts], [0, 1], "cpu", width)
+        meta = graphs.verify_inputs(host)
+        if step:
+            (graph,) = graphs.verify_graphs.values()
+            assert meta is graph.meta and torch.equal(graph.packed, host.packed)
+            assert graph.packed.data_ptr() != host.packed.data_ptr()
+        got = graphs.verify(meta)[0].clone()
+        want = eager.verify(host.to("cpu"))[0]
+        assert torch.equal(got, want)
+    assert len(graphs.verify_graphs) == 1
+
+
+def _random_tree(rng: random.Random, n: int) -> DraftTree:
+    return DraftTree(tuple(rng.randrange(300) for _ in range(n)), tuple([-1] + [rng.randrange(i) for i in range(1, n)]))
 
 
 def test_layer_cuts():
