@@ -10,7 +10,10 @@ tree the path skips nodes, so commit moves K/V). What is timed is then only the 
 
 Rows: tree shape x batch; columns: median host microseconds per component over the timed steps
 (`metadata` and `replay` are the two parts of `verify`, timed alone on the same step's trees: filling the host
-buffer, then copying it into the graph's static inputs and replaying).
+buffer, then copying it into the graph's static inputs and replaying). `grow` (static and dynamic trees) is the
+host side of a tree drafter's propose for one request, which the fixed-tree drafter skips: tree.grow with a
+scorer that costs nothing (random log-probs, so a dynamic tree takes a new shape most steps, as EAGLE-2's do),
+through the new shape's verify rows (TreeLayout.padded).
 
     PYTHONPATH=. python3 bench/host_step.py --out /tmp/host_step.json
     PYTHONPATH=. python3 bench/host_step.py --trees chain:4 --batches 1 --steps 50 --out /tmp/hs.json  # quick
@@ -35,10 +38,10 @@ from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
-from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.spec.tree import DraftTree, TreeSpec, grow
 from specpilot.spec.verify import host_tree_metadata
 
-COLUMNS = ("schedule", "draft", "verify", "metadata", "replay", "accept", "commit", "emit", "step")
+COLUMNS = ("schedule", "draft", "verify", "metadata", "replay", "accept", "commit", "emit", "step", "grow")
 TREES = ("chain:5", "static:3,2,1", "static:4,2,2,1")
 
 
@@ -62,6 +65,25 @@ class FixedTreeDrafter(FullTreeDrafter):
         for i in range(len(self.parents) - 1, 0, -1):  # the lowest index child of each node wins
             greedy[self.parents[i]] = tokens[i]
         return greedy
+
+
+class FreeScorer:
+    """A tree drafter's scorer at no model cost: each frontier node's top tokens, with random log-probs sorted
+    best first, drawn from a pool made once (fresh per call where in the pool, so shapes vary step to step)."""
+
+    def __init__(self, spec: TreeSpec, vocab: int, rng: random.Random, pool: int = 64):
+        width = max(max(spec.branching, default=1), spec.top_k)
+        self.rng = rng
+        self.pool = [(rng.sample(range(1, vocab), width), sorted((-rng.expovariate(1.0) for _ in range(width)),
+                                                                  reverse=True)) for _ in range(pool)]
+
+    def __call__(self, tree: DraftTree, frontier: list[int]) -> list[tuple[list[int], list[float]]]:
+        start = self.rng.randrange(len(self.pool) - len(frontier) + 1)
+        return self.pool[start:start + len(frontier)]
+
+
+def grow_rows(spec: TreeSpec, scorer: FreeScorer, width: int) -> None:
+    grow(spec, 1, scorer).layout.padded(width)
 
 
 class _NoGraph:
@@ -133,10 +155,13 @@ def measure(model, tree: str, batch: int, steps: int, ctx: int, seed: int) -> di
                 for c, t in row.items():
                     times[c].append(t)
     runner.verify_graphs.clear()
+    if spec.kind != "chain":  # apart from the steps, whose layouts it would push out of the caches
+        scorer = FreeScorer(spec, vocab, rng)
+        times["grow"] = [_timed(grow_rows, spec, scorer, spec.max_tree_nodes)[1] for _ in range(steps)]
     tau = sum(len(r.result.token_ids) for r in reqs) / len(reqs) / (steps + 5)
     return {"tree": tree, "nodes": spec.max_tree_nodes, "batch": batch, "steps": steps, "tokens_per_step": tau,
-            "median_us": {c: statistics.median(v) for c, v in times.items()},
-            "min_us": {c: min(v) for c, v in times.items()}}
+            "median_us": {c: statistics.median(v) for c, v in times.items() if v},
+            "min_us": {c: min(v) for c, v in times.items() if v}}
 
 
 def _step(engine: SpecEngine, reqs, params, t_start) -> dict:
@@ -179,7 +204,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         med = r["median_us"]
         table.add_row(r["tree"], str(r["nodes"]), str(r["batch"]), f"{r['tokens_per_step']:.2f}",
-                      *(f"{med[c]:.0f}" for c in COLUMNS))
+                      *(f"{med[c]:.0f}" if c in med else "-" for c in COLUMNS))
     Console(width=160).print(table)
 
 

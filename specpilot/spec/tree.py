@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from operator import itemgetter
 
 import numpy as np
 import torch
@@ -78,41 +79,45 @@ class DraftTree:
 
 class TreeLayout:
     """What a tree shape (its parents) determines; built once per shape by tree_layout(). The arrays are shared
-    between every tree of the shape: read them, never write them."""
+    between every tree of the shape: read them, never write them. Only the depths are computed up front (with the
+    validation), the rest on first use: a tree's growth makes a new layout per level, which only its scorer reads
+    (often just the depths)."""
 
     def __init__(self, parents: tuple[int, ...]):
-        if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
-            raise ValueError(f"parents must be topological (parent[i] < i, root -1): {parents}")
         n = len(parents)
         depth = [0] * n
-        children: list[list[int]] = [[] for _ in range(n)]
+        if not n or parents[0] != -1:
+            raise ValueError(f"parents must be topological (parent[i] < i, root -1): {parents}")
         for i in range(1, n):
-            depth[i] = depth[parents[i]] + 1
-            children[parents[i]].append(i)
+            p = parents[i]
+            if not 0 <= p < i:
+                raise ValueError(f"parents must be topological (parent[i] < i, root -1): {parents}")
+            depth[i] = depth[p] + 1
         self.parents, self.depths = parents, tuple(depth)
-        self.children = tuple(map(tuple, children))
-        self.is_chain = parents == tuple(range(-1, n - 1))
-        counts = [0] * max(depth)
-        for d in depth[1:]:
-            counts[d - 1] += 1
-        self.draft_count_per_depth = tuple(counts)
-        self.depth_array = np.array(depth, dtype=np.int64)
-        self.depth_array.flags.writeable = False
         self._padded: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        children: list[list[int]] = [[] for _ in self.parents]
+        for i, p in enumerate(self.parents[1:], 1):
+            children[p].append(i)
+        return tuple(map(tuple, children))
+
+    @cached_property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(-1, len(self.parents) - 1))
+
+    @cached_property
+    def draft_count_per_depth(self) -> tuple[int, ...]:
+        counts = [0] * max(self.depths)
+        for d in self.depths[1:]:
+            counts[d - 1] += 1
+        return tuple(counts)
+
+    @cached_property
     def mask(self) -> np.ndarray:
-        """[N, N] bool ancestor mask (self included), by walking every node up one level at a time."""
-        n = len(self.parents)
-        up = np.array((0,) + self.parents[1:], dtype=np.int64)  # the root is its own parent: walks stop there
-        rows, node = np.arange(n), np.arange(n)
-        mask = np.zeros((n, n), dtype=bool)
-        mask[rows, node] = True
-        for _ in range(max(self.depths)):
-            node = up[node]
-            mask[rows, node] = True
-        mask.flags.writeable = False
-        return mask
+        """[N, N] bool ancestor mask (self included)."""
+        return _ancestor_rows(self.parents, len(self.parents))
 
     def padded(self, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(depths [W], parents [W], ancestor mask [W, W]) padded to `width` with nodes at depth 0, no parent,
@@ -121,15 +126,27 @@ class TreeLayout:
         if rows is None:
             n = len(self.parents)
             depths = np.zeros(width, dtype=np.int64)
-            depths[:n] = self.depth_array
+            depths[:n] = self.depths
             parents = np.full(width, -1, dtype=np.int64)
             parents[:n] = self.parents
-            mask = np.eye(width, dtype=bool)
-            mask[:n, :n] = self.mask
-            for a in (depths, parents, mask):
+            rows = self._padded[width] = (depths, parents, _ancestor_rows(self.parents, width))
+            for a in rows:
                 a.flags.writeable = False
-            rows = self._padded[width] = (depths, parents, mask)
         return rows
+
+
+def _ancestor_rows(parents: tuple[int, ...], width: int) -> np.ndarray:
+    """[W, W] bool: row i marks node i and its ancestors; rows past the tree see only themselves. Built as one
+    bitset (Python int) per row in topological order, then unpacked in one call."""
+    rows = [1 << i for i in range(width)]
+    for i in range(1, len(parents)):
+        rows[i] |= rows[parents[i]]
+    nbytes = (width + 7) // 8
+    raw = b"".join(r.to_bytes(nbytes, "little") for r in rows)
+    bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(width, nbytes), axis=1, count=width, bitorder="little")
+    mask = bits.view(np.bool_)
+    mask.flags.writeable = False
+    return mask
 
 
 @lru_cache(maxsize=1024)
@@ -191,25 +208,27 @@ def grow(spec: TreeSpec, root: int, score_children) -> DraftTree:
     """
     tokens, parents, scores = [root], [-1], [0.0]
     frontier = [0]
+    dynamic = spec.kind == "dynamic"
     for level in range(spec.depth):
         if not frontier:
             break
         proposals = score_children(DraftTree(tuple(tokens), tuple(parents)), frontier)
+        width = spec.top_k if dynamic else spec.branching[level]
         candidates = []  # (cumulative score, parent, token)
         for node, (toks, logps) in zip(frontier, proposals):
-            width = spec.branching[level] if spec.kind != "dynamic" else spec.top_k
-            for tok, lp in list(zip(toks, logps))[:width]:
-                candidates.append((scores[node] + float(lp), node, int(tok)))
-        if spec.kind == "dynamic":
-            candidates.sort(key=lambda c: -c[0])
-            candidates = candidates[:spec.top_k]
-        frontier = []
+            base = scores[node]
+            candidates += [(base + float(lp), node, tok) for tok, lp in zip(toks[:width], logps[:width])]
+        if dynamic:
+            # stable: equal scores keep proposal order
+            candidates.sort(key=itemgetter(0), reverse=True)
+            del candidates[spec.top_k:]
+        first = len(tokens)
         for score, parent, tok in candidates:
-            tokens.append(tok)
+            tokens.append(int(tok))
             parents.append(parent)
             scores.append(score)
-            frontier.append(len(tokens) - 1)
-    if spec.kind == "dynamic":
+        frontier = list(range(first, len(tokens)))
+    if dynamic:
         return _keep_best(tokens, parents, scores, spec.max_nodes)
     return DraftTree(tuple(tokens), tuple(parents))
 
@@ -217,18 +236,13 @@ def grow(spec: TreeSpec, root: int, score_children) -> DraftTree:
 def _keep_best(tokens, parents, scores, max_nodes: int) -> DraftTree:
     """Keeps the root and the max_nodes best-scoring draft nodes; a node's score never beats its parent's
     (log-probs are <= 0), so the kept set is closed under ancestors. Keeps the original (topological) order."""
-    order = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], i))[:max_nodes]
-    kept = [0] + sorted(order)
-    kept_set = set(kept)
-    # ties at equal scores could keep a child without its parent: drop such orphans (rare)
-    kept = [i for i in kept if i == 0 or _ancestors_kept(i, parents, kept_set)]
-    index = {old: new for new, old in enumerate(kept)}
+    # stable: among equal scores the lower index wins
+    best = set(sorted(range(1, len(tokens)), key=scores.__getitem__, reverse=True)[:max_nodes])
+    # ties at equal scores could keep a child without its parent: drop such orphans (rare); in topological
+    # order a node's parent is settled before it
+    index = {0: 0}
+    for i in range(1, len(tokens)):
+        if i in best and parents[i] in index:
+            index[i] = len(index)
+    kept = list(index)
     return DraftTree(tuple(tokens[i] for i in kept), tuple(-1 if i == 0 else index[parents[i]] for i in kept))
-
-
-def _ancestors_kept(i: int, parents, kept: set[int]) -> bool:
-    while parents[i] >= 0:
-        i = parents[i]
-        if i not in kept:
-            return False
-    return True

@@ -8,6 +8,7 @@ tokens are the accepted draft tokens plus the bonus token (the target's argmax a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -37,8 +38,8 @@ def host_tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: lis
     """The verify block of a batch, packed on the host for `device`: nodes stored right after each request's
     committed prefix, RoPE positions by depth, the ancestor mask; smaller trees are padded (to `width` if given:
     a captured graph's fixed size) with nodes that see only themselves. Filled from the cached tree layouts."""
-    B, T = len(trees), max(max(t.num_nodes for t in trees), width or 0)
     layouts = [t.layout for t in trees]
+    B, T = len(trees), max(width or 0, *[len(lay.parents) for lay in layouts])
     # chains need no mask: causal order is their ancestor order, and padding after a chain is seen by no real
     # node (this is also what lets recurrent layers, which take no mask, verify chains)
     tree = chains_as_trees or not all(lay.is_chain for lay in layouts)
@@ -50,25 +51,31 @@ def host_tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: lis
 
 def _fill(buf: np.ndarray, spans, trees, layouts, prefix_len, slots, T: int, tree: bool) -> None:
     B = len(trees)
-    rows = {name: buf[a:b] for name, (a, b) in spans.items() if name != "block_mask"}
-    ids, pos, loc = (rows[k].reshape(B, T) for k in ("input_ids", "positions", "cache_loc"))
-    rows["slots"][:] = slots
-    prefix = rows["prefix_len"]
-    prefix[:] = prefix_len
-    np.add(prefix[:, None], np.arange(T), out=loc)
-    ids.fill(0)
+    ids, pos, loc, (s0, s1), (p0, p1) = (spans[k] for k in ("input_ids", "positions", "cache_loc", "slots",
+                                                             "prefix_len"))
+    buf[s0:s1] = slots
+    buf[p0:p1] = prefix_len
+    np.add(buf[p0:p1, None], _steps(T), out=buf[loc[0]:loc[1]].reshape(B, T))
+    buf[ids[0]:ids[1]] = 0
     if tree:
-        a, _ = spans["block_mask"]
-        parents = rows["parents"].reshape(B, T)
+        par, (m0, _) = spans["parents"][0], spans["block_mask"]
         buf[-1] = 0  # the mask's padding bytes, so the buffer equals BatchMetadata.pack() of its fields
-        mask = buf[a:].view(np.uint8)[:B * T * T].view(np.bool_).reshape(B, T, T)
-    for b, (t, lay) in enumerate(zip(trees, layouts)):
-        ids[b, :t.num_nodes] = t.tokens
-        depths, par, anc = lay.padded(T)
-        np.add(depths, prefix[b], out=pos[b])
+        mask = buf[m0:].view(np.bool_)
+    for b, (t, lay, prefix) in enumerate(zip(trees, layouts, prefix_len)):
+        row = b * T
+        buf[ids[0] + row:ids[0] + row + len(t.tokens)] = t.tokens
+        depths, parents, anc = lay.padded(T)
+        np.add(depths, prefix, out=buf[pos[0] + row:pos[0] + row + T])
         if tree:
-            parents[b] = par
-            mask[b] = anc
+            buf[par + row:par + row + T] = parents
+            mask[row * T:(row + T) * T] = anc.reshape(-1)
+
+
+@lru_cache(maxsize=64)
+def _steps(n: int) -> np.ndarray:
+    steps = np.arange(n)
+    steps.flags.writeable = False
+    return steps
 
 
 def host_int64(n: int, device) -> torch.Tensor:
@@ -82,12 +89,15 @@ def accept_greedy(trees: list[DraftTree], argmax: list[list[int]]) -> list[Accep
     out = []
     for tree, best in zip(trees, argmax):
         children, tokens = tree.layout.children, tree.tokens
-        path = [0]
+        node, path = 0, [0]
         while True:  # the first child (lowest index) carrying the target's token wins
-            want = best[path[-1]]
-            child = next((c for c in children[path[-1]] if tokens[c] == want), None)
-            if child is None:
+            want = best[node]
+            for child in children[node]:
+                if tokens[child] == want:
+                    break
+            else:
                 break
-            path.append(child)
-        out.append(Acceptance(tuple(path), tuple(tokens[i] for i in path[1:]) + (best[path[-1]],)))
+            node = child
+            path.append(node)
+        out.append(Acceptance(tuple(path), tuple([tokens[i] for i in path[1:]] + [best[node]])))
     return out

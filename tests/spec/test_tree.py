@@ -1,5 +1,7 @@
 """DraftTree geometry, tree shapes and greedy acceptance (pure functions, no model)."""
 
+import random
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -81,6 +83,55 @@ def test_dynamic_tree_keeps_the_best_nodes_closed_under_ancestors():
     tree = grow(TreeSpec.parse("dynamic:3,4,7"), 5, _scorer)
     assert tree.num_nodes == 8
     assert max(tree.depths) <= 4
+
+
+def _reference_grow(spec: TreeSpec, root: int, score_children) -> DraftTree:
+    """grow, plainly: sort every level's candidates by score (stable), keep the best max_nodes by (score, index),
+    drop any kept node with an ancestor left out."""
+    tokens, parents, scores, frontier = [root], [-1], [0.0], [0]
+    for level in range(spec.depth):
+        if not frontier:
+            break
+        width = spec.top_k if spec.kind == "dynamic" else spec.branching[level]
+        candidates = [(scores[node] + float(lp), node, int(tok))
+                      for node, (toks, logps) in zip(frontier, score_children(DraftTree(tuple(tokens), tuple(parents)),
+                                                                             frontier))
+                      for tok, lp in list(zip(toks, logps))[:width]]
+        if spec.kind == "dynamic":
+            candidates = sorted(candidates, key=lambda c: -c[0])[:spec.top_k]
+        frontier = list(range(len(tokens), len(tokens) + len(candidates)))
+        for score, parent, tok in candidates:
+            tokens.append(tok), parents.append(parent), scores.append(score)
+    if spec.kind != "dynamic":
+        return DraftTree(tuple(tokens), tuple(parents))
+    best = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], i))[:spec.max_nodes]
+
+    def rooted(i):
+        return i == 0 or (i in best and rooted(parents[i]))
+
+    kept = [i for i in range(len(tokens)) if rooted(i)]
+    return DraftTree(tuple(tokens[i] for i in kept), tuple(-1 if i == 0 else kept.index(parents[i]) for i in kept))
+
+
+def _tied_scorer(seed: int):
+    rng = random.Random(seed)
+
+    def score(tree, frontier):
+        # few distinct log-probs, 0 among them: ties everywhere, and children as good as their parent
+        return [([rng.randrange(9) for _ in range(4)], sorted((-0.5 * rng.randint(0, 2) for _ in range(4)),
+                                                              reverse=True)) for _ in frontier]
+
+    return score
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_grow_equals_the_plain_construction_with_tied_scores(seed):
+    rng = random.Random(seed)
+    for i in range(20):
+        spec = rng.choice([TreeSpec.parse(f"dynamic:{rng.randint(1, 4)},{rng.randint(1, 5)},{rng.randint(1, 20)}"),
+                           TreeSpec("static", 3, tuple(rng.randint(1, 3) for _ in range(3)))])
+        got, want = grow(spec, 1, _tied_scorer(i)), _reference_grow(spec, 1, _tied_scorer(i))
+        assert (got.tokens, got.parents) == (want.tokens, want.parents), spec
 
 
 def test_tree_metadata_pads_and_masks():
