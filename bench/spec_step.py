@@ -1,9 +1,10 @@
 """Where a speculative step's time goes: per phase (propose, verify, accept, commit, emit) and per kernel, for a
 random-weight target in a real shape with its random DFlash drafter (the `specpilot bench` pair).
 
-One request on a random prompt. Acceptance is synthetic, as in the bench: the oracle drafts from the stock AR
-continuation under an acceptance profile (dflash2-gsm8k by default), so that commits move what a bench step
-moves; the drafter still runs at full cost. After warm-up, --steps steps run under torch.profiler with each
+One request on a random prompt. Acceptance is synthetic, as in the bench: the oracle drafts what the target's
+verify answers (its probe: a verify pass that commits nothing, labelled "probe" and left out of the propose
+phase and the step wall) under an acceptance profile (dflash2-gsm8k by default), so that commits move what a
+bench step moves; the drafter still runs at full cost. After warm-up, --steps steps run under torch.profiler with each
 phase labelled. A kernel is charged to the phase whose host range launched it (through the launch's correlation
 id; a graph's kernels to the phase that replayed the graph). Output (JSON, and a table): per phase, host ms per
 step (the labelled range) and GPU ms per step (kernel and copy durations) with its top kernels; the step's wall.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gzip
 import json
 import os
@@ -28,7 +30,7 @@ import time
 import torch
 
 from bench.common import Report, engine_step, run_record, sync
-from specpilot.bench.harness import BenchConfig
+from specpilot.bench.harness import BenchConfig, OracleClock
 from specpilot.bench.shapes import hf_config, random_dflash, random_model
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
@@ -38,7 +40,7 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.tree import TreeSpec
 
-PHASES = ("schedule", "propose", "verify", "accept", "commit", "emit")
+PHASES = ("schedule", "propose", "probe", "verify", "accept", "commit", "emit")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -51,10 +53,11 @@ def attribute(trace: dict, steps: int, top: int = 14) -> dict:
                  if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
 
     def phase_at(ts: float) -> str:
-        for a, b, name in ranges:  # a handful per step: a scan is fine
+        inner = "outside"
+        for a, b, name in ranges:  # a handful per step: a scan is fine; the last range to open is the innermost
             if a <= ts <= b:
-                return name
-        return "outside"
+                inner = name
+        return inner
 
     out = {p: {"host_ms": 0.0, "gpu_ms": 0.0, "kernels": collections.Counter()} for p in (*PHASES, "outside")}
     for a, b, name in ranges:
@@ -67,6 +70,7 @@ def attribute(trace: dict, steps: int, top: int = 14) -> dict:
         ms = e["dur"] / 1e3 / steps
         out[phase]["gpu_ms"] += ms
         out[phase]["kernels"][e["name"][:120]] += ms
+    out["propose"]["host_ms"] -= out["probe"]["host_ms"]  # the oracle's probe runs inside propose
     for v in out.values():
         v["top_kernels"] = [(k, round(ms, 4)) for k, ms in v.pop("kernels").most_common(top)]
     return out
@@ -90,6 +94,13 @@ def profile_steps(args) -> dict:
                                AcceptanceProfile.load(args.profile), vocab)
     spec = TreeSpec.parse(args.tree)
     engine = SpecEngine(runner, drafter, spec)
+    clock, labels = OracleClock(torch.device(device)), [contextlib.nullcontext]
+
+    def probe(slots, trees):
+        with labels[0]("probe"):
+            return engine.peek(slots, trees)
+
+    drafter.probe = clock.timed(probe)
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     t_start = time.perf_counter()
     reqs = engine.requests = engine._start([prompt], params, None, t_start)
@@ -104,12 +115,13 @@ def profile_steps(args) -> dict:
     sync(device)
     walls, emitted0 = [], len(reqs[0].result.token_ids)
     for _ in range(args.steps):
-        t0 = time.perf_counter()
+        t0, probed = time.perf_counter(), clock.seconds
         step()
         sync(device)
-        walls.append((time.perf_counter() - t0) * 1e3)
+        walls.append((time.perf_counter() - t0 - (clock.seconds - probed)) * 1e3)
     emitted = len(reqs[0].result.token_ids) - emitted0
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    labels[0] = record_function
     with profile(activities=acts) as prof:
         for _ in range(args.steps):
             step(record_function)
@@ -120,11 +132,38 @@ def profile_steps(args) -> dict:
     with opener(path, "rt") as f:
         phases = attribute(json.load(f), args.steps)
     walls.sort()
-    return {"target": args.target, "tree": args.tree, "engine": fields, "profile": args.profile,
+    prefill = time_prefill(runner, prompt, device)
+    return {"prefill": prefill, "target": args.target, "tree": args.tree, "engine": fields, "profile": args.profile,
             "prompt": args.prompt, "steps": args.steps, "tokens_per_step": emitted / args.steps,
             "step_wall_ms_median": walls[len(walls) // 2], "phases": phases,
-            "gpu_ms_per_step": sum(p["gpu_ms"] for p in phases.values()),
+            "gpu_ms_per_step": sum(p["gpu_ms"] for n, p in phases.items() if n != "probe"),
             "note": "phase GPU ms: kernels launched in that phase's host range, per step (the profiled steps)"}
+
+
+def time_prefill(runner: ModelRunner, prompt: list[int], device, reps: int = 3) -> dict:
+    """What every request pays before its first step, and the ops that dominate it: the prompt's prefill (after
+    the warm-up above compiled it), median of `reps`, then one more under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    slot = runner.cache.num_slots - 1
+    ms = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        runner.prefill(slot, prompt)
+        sync(device)
+        ms.append((time.perf_counter() - t0) * 1e3)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        runner.prefill(slot, prompt)
+        sync(device)
+    rows = prof.key_averages()
+    host = sorted(rows, key=lambda r: r.self_cpu_time_total, reverse=True)[:12]
+    gpu = sorted(rows, key=lambda r: getattr(r, "self_device_time_total", 0), reverse=True)[:12]
+    return {"tokens": len(prompt), "ms_median": sorted(ms)[len(ms) // 2], "ms": ms,
+            "top_host_ops_ms": [(r.key[:80], r.count, round(r.self_cpu_time_total / 1e3, 3)) for r in host],
+            "top_gpu_ops_ms": [(r.key[:80], r.count, round(getattr(r, "self_device_time_total", 0) / 1e3, 3))
+                               for r in gpu]}
 
 
 def main() -> None:
@@ -148,6 +187,7 @@ def main() -> None:
     report.save()
     print(f"{args.target} {args.tree}: step wall {r['step_wall_ms_median']:.2f} ms, GPU {r['gpu_ms_per_step']:.2f} "
           f"ms, {r['tokens_per_step']:.2f} tokens/step (synthetic acceptance)")
+    print(f"prefill of {r['prefill']['tokens']} tokens: {r['prefill']['ms_median']:.2f} ms")
     print(f"{'phase':>9} {'host ms':>8} {'GPU ms':>8}  top kernels (GPU ms per step)")
     for name, ph in r["phases"].items():
         if ph["host_ms"] or ph["gpu_ms"]:

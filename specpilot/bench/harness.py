@@ -16,6 +16,7 @@ teacher-forced pass over the same tokens) instead of the stated one.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 import traceback
 from dataclasses import dataclass
@@ -312,12 +313,14 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
     # drafter serves engine after engine: allocate only grows its cache, start resets a slot
     base_drafter = make_drafter()
     clock = OracleClock(device) if profile is not None else None
+    seeds = itertools.count()
 
     def make():
         if profile is None:
             return SpecEngine(runner, base_drafter, TreeSpec.parse(cfg.tree), eos)
         # requests start at slot 0 in every batch: index the truth by slot within the current group
-        drafter = SyntheticDrafter(base_drafter, {}, profile, model.config.vocab_size)
+        # a seed per group: with one seed every group would draw the same acceptance pattern
+        drafter = SyntheticDrafter(base_drafter, {}, profile, model.config.vocab_size, seed=next(seeds))
         engine = SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
         drafter.probe = clock.timed(engine.peek)
         return engine

@@ -36,8 +36,9 @@ def test_bench_end_to_end(acceptance, checkpoint_factory, data_dir, tmp_path, ca
     assert all(r["synthetic"] == (acceptance != "real") for r in rows)
     assert (tmp_path / "bench.png").stat().st_size > 1000
     if acceptance != "real":
-        # the oracle follows the profile: tau well above 1 on a chain of 3 (expected about 3.3)
-        assert all(r["tau"] > 2.2 for r in rows if r["config"] == "stock")
+        # the oracle follows the profile: tau well above 1 on a chain of 3 (expected about 3.4)
+        # (a few steps per row, each group with its own draws: seeded, so deterministic)
+        assert all(r["tau"] > 2.0 for r in rows if r["config"] == "stock")
         assert "SYNTHETIC" in capsys.readouterr().out
 
 
