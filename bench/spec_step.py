@@ -2,8 +2,8 @@
 random-weight target in a real shape with its random DFlash drafter (the `specpilot bench` pair).
 
 One request on a random prompt. Acceptance is synthetic, as in the bench: the oracle drafts what the target's
-verify answers (its probe: a verify pass that commits nothing, labelled "probe" and left out of the propose
-phase and the step wall) under an acceptance profile (dflash2-gsm8k by default), so that commits move what a
+verify answers (its probe: a verify pass that commits nothing; the oracle's work is labelled "oracle" and left
+out of the propose phase and the step wall) under an acceptance profile (dflash2-gsm8k by default), so that commits move what a
 bench step moves; the drafter still runs at full cost. After warm-up, --steps steps run under torch.profiler with each
 phase labelled. A kernel is charged to the phase whose host range launched it (through the launch's correlation
 id; a graph's kernels to the phase that replayed the graph). Output (JSON, and a table): per phase, host ms per
@@ -40,7 +40,7 @@ from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.tree import TreeSpec
 
-PHASES = ("schedule", "propose", "probe", "verify", "accept", "commit", "emit")
+PHASES = ("schedule", "propose", "oracle", "verify", "accept", "commit", "emit")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -70,7 +70,7 @@ def attribute(trace: dict, steps: int, top: int = 14) -> dict:
         ms = e["dur"] / 1e3 / steps
         out[phase]["gpu_ms"] += ms
         out[phase]["kernels"][e["name"][:120]] += ms
-    out["propose"]["host_ms"] -= out["probe"]["host_ms"]  # the oracle's probe runs inside propose
+    out["propose"]["host_ms"] -= out["oracle"]["host_ms"]  # the synthetic oracle runs inside propose
     for v in out.values():
         v["top_kernels"] = [(k, round(ms, 4)) for k, ms in v.pop("kernels").most_common(top)]
     return out
@@ -96,11 +96,11 @@ def profile_steps(args) -> dict:
     engine = SpecEngine(runner, drafter, spec)
     clock, labels = OracleClock(torch.device(device)), [contextlib.nullcontext]
 
-    def probe(slots, trees):
-        with labels[0]("probe"):
-            return engine.peek(slots, trees)
+    def oracle(fn, *args):
+        with labels[0]("oracle"):
+            return clock(fn, *args)
 
-    drafter.probe = clock.timed(probe)
+    drafter.probe, drafter.untimed = engine.peek, oracle
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     t_start = time.perf_counter()
     reqs = engine.requests = engine._start([prompt], params, None, t_start)
@@ -136,7 +136,7 @@ def profile_steps(args) -> dict:
     return {"prefill": prefill, "target": args.target, "tree": args.tree, "engine": fields, "profile": args.profile,
             "prompt": args.prompt, "steps": args.steps, "tokens_per_step": emitted / args.steps,
             "step_wall_ms_median": walls[len(walls) // 2], "phases": phases,
-            "gpu_ms_per_step": sum(p["gpu_ms"] for n, p in phases.items() if n != "probe"),
+            "gpu_ms_per_step": sum(p["gpu_ms"] for n, p in phases.items() if n != "oracle"),
             "note": "phase GPU ms: kernels launched in that phase's host range, per step (the profiled steps)"}
 
 

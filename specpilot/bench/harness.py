@@ -95,29 +95,27 @@ def _sync(device) -> None:
 
 
 class OracleClock:
-    """Times the synthetic oracle's probes (synced) so that run_generation can take their seconds out of the
-    speculative run's: they are the benchmark's own work, not the engine's."""
+    """Times the synthetic oracle's work (synced) so that run_generation can take its seconds out of the
+    speculative run's: it is the benchmark's own work, not the engine's."""
 
     def __init__(self, device):
         self.device = device
-        self.count, self.seconds = 0, 0.0
+        self.seconds = 0.0
 
-    def timed(self, fn):
-        def call(*args):
-            _sync(self.device)
-            t0 = time.perf_counter()
-            out = fn(*args)
-            _sync(self.device)
-            self.count, self.seconds = self.count + 1, self.seconds + time.perf_counter() - t0
-            return out
-        return call
+    def __call__(self, fn, *args):
+        _sync(self.device)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        _sync(self.device)
+        self.seconds += time.perf_counter() - t0
+        return out
 
 
 def run_generation(make, prompts: list[list[int]], batch: int, params: SamplingParams, device, truth=None,
                    clock: OracleClock | None = None):
     """Generates every prompt in batches; returns (outputs, per-request stats or None, seconds). With `truth`
     (synthetic acceptance) the engine's oracle gets each group's stock continuations by slot; the clock's
-    seconds (oracle probes, not the engine's work) are not counted."""
+    seconds (the oracle's work, not the engine's) are not counted."""
     outputs, stats = [], []
     hidden = clock.seconds if clock is not None else 0.0
     _sync(device)
@@ -313,7 +311,7 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
     # drafter serves engine after engine: allocate only grows its cache, start resets a slot
     base_drafter = make_drafter()
     clock = OracleClock(device) if profile is not None else None
-    seeds = itertools.count()
+    seeds, oracles = itertools.count(), []
 
     def make():
         if profile is None:
@@ -322,7 +320,8 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
         # a seed per group: with one seed every group would draw the same acceptance pattern
         drafter = SyntheticDrafter(base_drafter, {}, profile, model.config.vocab_size, seed=next(seeds))
         engine = SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
-        drafter.probe = clock.timed(engine.peek)
+        drafter.probe, drafter.untimed = engine.peek, clock
+        oracles.append(drafter)
         return engine
 
     synthetic_truth = truth if profile is not None else None
@@ -336,7 +335,8 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
             run_generation(make, prompts[:b], b, SamplingParams(max_new_tokens=16, ignore_eos=True), device,
                            synthetic_truth, clock)
         if clock is not None:
-            clock.count, clock.seconds = 0, 0.0
+            clock.seconds = 0.0
+            oracles.clear()
         out, stats, seconds = run_generation(make, prompts, batch, params, device, synthetic_truth, clock)
     finally:  # graphs reference the runner (a cycle): free its cache and graphs now, not at the next gc
         runner.graphs.clear()
@@ -346,9 +346,10 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
             torch.cuda.empty_cache()
     row = summarize(out, stats, seconds)
     if clock is not None:
-        # the probes ran inside the engine's draft step: their seconds leave the split as they left the total
+        # the oracle ran inside the engine's draft step: its seconds leave the split as they left the total
         row["seconds_split"]["draft"] -= clock.seconds
-        row["oracle"] = {"probes": clock.count, "probes_per_step": clock.count / max(_engine_steps(stats, batch), 1),
+        count = sum(d.probes for d in oracles)
+        row["oracle"] = {"probes": count, "probes_per_step": count / max(_engine_steps(stats, batch), 1),
                          "seconds_excluded": clock.seconds}
     row["forcing"] = forcing(stock_runner, prompts, out, tolerance)
     return row

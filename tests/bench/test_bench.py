@@ -208,6 +208,38 @@ def test_probed_oracle_realizes_the_profile_whatever_the_stock_continuation(tree
     assert d.truth[0][:len(d.out[0])] == d.out[0]  # the truth now follows what the target answered
 
 
+def test_only_the_inner_drafter_is_timed():
+    """The oracle's drawing and probing run inside `untimed` (a benchmark's clock leaves them out); the inner
+    drafter's proposal, the step's real draft cost, runs outside it."""
+    from specpilot.spec.tree import TreeSpec
+
+    target, where = _HashTarget(50), []
+
+    class Inner(_NoDrafter):
+        def propose(self, slots, roots, spec):
+            where.append(("drafter", bool(untimed)))
+
+    untimed = []
+
+    def clock(fn, *args):
+        untimed.append(fn)
+        try:
+            return fn(*args)
+        finally:
+            untimed.pop()
+
+    def probe(slots, trees):
+        where.append(("probe", bool(untimed)))
+        return target.probe(slots, trees)
+
+    d = SyntheticDrafter(Inner(), {}, AcceptanceProfile.load("dflash2-gsm8k"), 50, probe=probe)
+    d.untimed = clock
+    d.start(0, [1])
+    d.propose([0], [3], TreeSpec.parse("chain:4"))
+    assert ("drafter", False) in where and ("drafter", True) not in where
+    assert ("probe", True) in where and ("probe", False) not in where
+
+
 def test_oracle_without_probe_drafts_the_stock_continuation():
     """No probe (fp32 CPU runs): right drafts are the stock continuation's tokens, while the emitted prefix
     follows it; once it has left it, no draft is right (the truth is unknown)."""
