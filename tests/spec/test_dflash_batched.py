@@ -77,13 +77,36 @@ def test_tree_attention_kernel_gives_the_same_trees(tree, target, tmp_path, monk
     assert len(calls) == len(drafter.model.layers), "one tree-attention call per layer for the whole batch"
 
 
+@pytest.mark.parametrize("tree", ["chain:5", "dynamic:3,4,8"])
+def test_context_extension_inside_the_proposal_equals_an_eager_one(tree, target, tmp_path):
+    """Accepted tokens' features (at most a block per request) extend the context inside the proposal forward,
+    all B rows written and the ones past the new rows overwritten by the block: the same trees as an eager
+    extension first. A request with two pending extensions, or one longer than a block, takes the eager path."""
+    spec = TreeSpec.parse(tree)
+    tensors = dflash_tensors(torch.Generator().manual_seed(4))
+    gen = torch.Generator().manual_seed(5)
+    trees = []
+    for eager in (False, True):
+        drafter, contexts = _drafter(target, tmp_path / str(eager), tensors)
+        drafter.propose(SLOTS, ROOTS, spec)  # flushes the prompts (longer than a block): eager
+        gen.manual_seed(5)
+        for slot, n in zip(SLOTS, (3, 1, 6)):
+            drafter.commit(slot, [9] * (n - 1), torch.randn(n, contexts[slot].shape[1], generator=gen))
+        if eager:
+            drafter._flush()
+        assert bool(drafter._pending) != eager
+        trees.append(drafter.propose(SLOTS, ROOTS, spec))
+        assert not drafter._pending
+    assert trees[0] == trees[1]
+
+
 class ReplayedProposalGraph(dflash.ProposalGraph):
     """Replay re-runs the forward on the static input and writes the captured output in place, as a real replay
     does: what is checked is that the one input copy refreshes everything the step reads."""
 
-    def __init__(self, run, inputs, warmup: int = 2):
-        super().__init__(run, inputs, warmup)
-        self.graph.graphs[-1].rerun = lambda: self.output.copy_(run(self.inputs))
+    def __init__(self, run, inputs, features, warmup: int = 2):
+        super().__init__(run, inputs, features, warmup)
+        self.graph.graphs[-1].rerun = lambda: self.output.copy_(run(self.inputs, self.features))
 
 
 @pytest.fixture

@@ -10,8 +10,11 @@ of the B-1 next positions: a chain takes the argmax of each, a tree the top cand
 A step's proposal is one forward over every request's block (the drafter's own attention layers: the block's
 K/V go to scratch positions [context, context + B) of the slot, past the context, which the next context
 extension overwrites), then one device-to-host copy; on GPU that forward is a CUDA graph per (batch, depth,
-tree width). Accepted tokens' target features extend the context lazily: all requests' extensions since the
-last proposal go into the cache in one pass at the start of the next.
+tree width). Accepted tokens' target features extend the context lazily, inside the same forward: each
+request's new rows (at most a block: the accepted path) sit in a [n, B, F] buffer, and all B rows are written
+at [old context, old context + B); the rows past the new ones land on scratch positions that the block then
+overwrites, so the extension has a fixed shape and joins the graph. Longer extensions (a prompt's features)
+take one eager pass first.
 """
 
 from __future__ import annotations
@@ -114,17 +117,25 @@ class DFlashModel(nn.Module):
 
 
 class ProposalGraph:
-    """The proposal forward of a fixed (batch, depth, width), captured once and replayed: it reads one static
-    int64 input [3, n] (roots, slots, context lengths) and writes one static output."""
+    """The context extension and proposal forward of a fixed (batch, depth, width), captured once and replayed:
+    it reads one static int64 input [4, n] (roots, slots, old context lengths, new context rows) and a static
+    features buffer [n, B, F], and writes one static output."""
 
-    def __init__(self, run, inputs: torch.Tensor, warmup: int = 2):
-        self.inputs = inputs.clone()
-        self.graph, self.output = capture(run, self.inputs, warmup=warmup)
+    def __init__(self, run, inputs: torch.Tensor, features: torch.Tensor, warmup: int = 2):
+        self.inputs, self.features = inputs.clone(), features.clone()
+        self.graph, self.output = capture(run, self.inputs, self.features, warmup=warmup)
 
-    def replay(self, inputs: torch.Tensor) -> torch.Tensor:
+    def replay(self, inputs: torch.Tensor, rows: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
         self.inputs.copy_(inputs, non_blocking=True)
+        _fill_rows(self.features, rows)
         self.graph.replay()
         return self.output
+
+
+def _fill_rows(buffer: torch.Tensor, rows: list[tuple[int, torch.Tensor]]) -> None:
+    """Each request's new context features into its row of the [n, B, F] buffer (the rest of a row is scratch)."""
+    for row, features in rows:
+        buffer[row, :features.shape[0]].copy_(features)
 
 
 class DFlashDrafter:
@@ -170,6 +181,18 @@ class DFlashDrafter:
         self._pending.append((slot, start, features))
         self.context_len[slot] = start + features.shape[0]
 
+    def _take_pending(self, slots: list[int]) -> list[tuple[int, int, torch.Tensor]]:
+        """The pending extensions that join this proposal's forward, as (row, old context length, features): one
+        per proposing request, at most a block. If any of theirs does not fit, everything is flushed eagerly
+        first. Extensions of slots not proposing now stay pending."""
+        rows = {s: i for i, s in enumerate(slots)}
+        mine = [p for p in self._pending if p[0] in rows]
+        if len({p[0] for p in mine}) < len(mine) or any(f.shape[0] > self.block_size for _, _, f in mine):
+            self._flush()
+            return []
+        self._pending = [p for p in self._pending if p[0] not in rows]
+        return [(rows[slot], start, f) for slot, start, f in mine]
+
     def _flush(self) -> None:
         """Every pending context extension into the cache: one add_context for all requests."""
         if not self._pending:
@@ -204,26 +227,39 @@ class DFlashDrafter:
     def _draft(self, slots: list[int], roots: list[int], depth: int, width: int):
         """The batch's proposal on the host, from one forward and one device-to-host copy: width 0 (chain)
         argmax rows [n][depth]; else top-k ids and log-prob bits as an int32 host tensor [2, n, depth, width]."""
-        self._flush()
-        host = self._inputs(slots, roots)
+        pending = self._take_pending(slots)
+        host = self._inputs(slots, roots, pending)
+        rows = [(row, f) for row, _, f in pending]
         with self._regions():
             if self.use_graphs:
                 key = (len(slots), depth, width)
                 graph = self.graphs.get(key)
                 if graph is None:
                     max_len = self.cache.max_seq_len  # a replay cannot follow a host bound: the SDPA path reads all
-                    graph = self.graphs[key] = ProposalGraph(lambda x: self._run(x, depth, width, max_len),
-                                                             host.to(self.device))
-                out = graph.replay(host)
+                    features = self._features(len(slots))
+                    _fill_rows(features, rows)
+                    graph = self.graphs[key] = ProposalGraph(lambda x, f: self._run(x, f, depth, width, max_len),
+                                                             host.to(self.device), features)
+                out = graph.replay(host, rows)
             else:
-                out = self._run(host.to(self.device, non_blocking=True), depth, width, int(host[2].max()))
+                features = self._features(len(slots))
+                _fill_rows(features, rows)
+                out = self._run(host.to(self.device, non_blocking=True), features, depth, width,
+                                int((host[2] + host[3]).max()))
         return out.tolist() if width == 0 else out.cpu()
 
-    def _inputs(self, slots: list[int], roots: list[int]) -> torch.Tensor:
-        """The step's only host-to-device input, [3, n] (roots, slots, context lengths); pinned on GPU so that
-        its copy does not block."""
-        return torch.tensor([roots, slots, [self.context_len[s] for s in slots]], dtype=torch.long,
-                            pin_memory=self.on_gpu)
+    def _inputs(self, slots: list[int], roots: list[int], pending) -> torch.Tensor:
+        """The step's only host-to-device input, [4, n] (roots, slots, old context lengths, new context rows);
+        pinned on GPU so that its copy does not block."""
+        old, new = [self.context_len[s] for s in slots], [0] * len(slots)
+        for row, start, f in pending:
+            old[row], new[row] = start, f.shape[0]
+        return torch.tensor([roots, slots, old, new], dtype=torch.long, pin_memory=self.on_gpu)
+
+    def _features(self, n: int) -> torch.Tensor:
+        """A zeroed [n, B, F] buffer of new context features (zeros: the scratch rows stay finite)."""
+        fc = self.model.fc.weight
+        return torch.zeros(n, self.block_size, fc.shape[1], dtype=fc.dtype, device=self.device)
 
     def _regions(self) -> contextlib.ExitStack:
         """The runner's GPU regions for a fixed-shape forward of a few rows: fused pointwise helpers (only where
@@ -234,10 +270,16 @@ class DFlashDrafter:
         stack.enter_context(linear.decode_gemv(self.on_gpu))
         return stack
 
-    def _run(self, inputs: torch.Tensor, depth: int, width: int, max_prefix_len: int) -> torch.Tensor:
-        """Device only (capturable): inputs [3, n] -> chain argmax [n, depth] int64, or (width > 0) the top-k
-        ids and log-prob bits [2, n, depth, width] int32, so one copy brings back both."""
-        logits = self._logits(inputs, depth, max_prefix_len)
+    def _run(self, inputs: torch.Tensor, features: torch.Tensor, depth: int, width: int,
+             max_prefix_len: int) -> torch.Tensor:
+        """Device only (capturable): inputs [4, n] and the new context features [n, B, F] -> chain argmax
+        [n, depth] int64, or (width > 0) the top-k ids and log-prob bits [2, n, depth, width] int32, so one copy
+        brings back both."""
+        roots, slots, old, new = inputs
+        n, B = features.shape[:2]
+        self.model.add_context(features.view(n * B, -1), (old[:, None] + self._offsets).view(-1),
+                               slots[:, None].expand(n, B).reshape(-1), self.cache)
+        logits = self._logits(torch.stack((roots, slots, old + new)), depth, max_prefix_len)
         if width == 0:
             return logits.argmax(-1)
         top = torch.log_softmax(logits, dim=-1).topk(width, dim=-1)
@@ -258,7 +300,7 @@ class DFlashDrafter:
     def block_logits(self, slots: list[int], roots: list[int]) -> torch.Tensor:
         """Draft logits [n, B-1, vocab] fp32 for the positions after each root (eager)."""
         self._flush()
-        host = self._inputs(slots, roots)
+        host = self._inputs(slots, roots, [])[:3]
         with self._regions():
             return self._logits(host.to(self.device), self.block_size - 1, int(host[2].max()))
 
