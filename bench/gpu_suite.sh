@@ -31,7 +31,8 @@
 # the next step runs. The bench plots go to /tmp (OUTDIR may hold 8 files).
 #
 # Environment: SUITE_DRY=1 runs every step on the CPU on tiny shapes (a check of the scripts, minutes);
-# SUITE_DATA_DIR (default .data/prompts) holds the prompt sets; SUITE_BUDGET_S scales all caps; SUITE_ONLY="a b"
+# SUITE_DATA_DIR (default .data/prompts) holds the prompt sets; SUITE_BENCH_TOKENS (default 128) the bench's new tokens
+# per prompt; SUITE_BUDGET_S scales all caps; SUITE_ONLY="a b"
 # runs only the named steps (their caps only count), e.g. to split the suite over two calls.
 
 OUT=${1:?usage: bash bench/gpu_suite.sh OUTDIR COMMIT}
@@ -109,7 +110,7 @@ if [ "$DRY" = 1 ]; then
 else
     DEV=()
     T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
-    BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens 64)
+    BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens ${SUITE_BENCH_TOKENS:-128})
     VC=(--reps 10 --ab-layers-per-graph 4)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at 22d4117
     HT=(--reps 5)  # ~95 s in all (2026-11-30, 673dc2a: checks 7 s, sweeps 72 s, commit section 18 s)
     GK=(--nodes 1 16 32 64 --warps 4 8 --precisions ieee tf32 tf32x3)
