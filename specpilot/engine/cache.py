@@ -63,11 +63,13 @@ class ModelCache:
         self.conv[:, slots] = 0
         self.ssm[:, slots] = 0
 
-    def commit(self, slots: list[int], bases: list[int], paths: list[list[int]], fold: bool) -> None:
+    def commit(self, slots: list[int], bases: list[int], paths: list[tuple[int, ...]], fold: bool) -> None:
         """After a verify pass of len(slots) rows whose tree nodes sat from bases[i] on: compact each row's kept
         root-first path into place (K/V) and, with fold, commit the recurrent state along it. One host-to-device
         copy; no launch where every path is already in place and nothing folds."""
-        moves = any(any(node != j for j, node in enumerate(path)) for path in paths)
+        # a root-first path rises strictly (parents precede children) from node 0, so it is in place (node j at j)
+        # exactly when it ends at node len - 1
+        moves = any(path and path[-1] != len(path) - 1 for path in paths)
         if not (moves or fold):
             return
         index = PathIndex.build(list(range(len(slots))), slots, paths, self._device, bases=bases)

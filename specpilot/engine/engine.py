@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.engine.generator import GenerationResult, append_token
-from specpilot.engine.runner import ModelRunner
+from specpilot.engine.runner import ModelRunner, inference
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.drafters.base import Drafter
 from specpilot.spec.tree import DraftTree, TreeSpec
@@ -134,7 +134,7 @@ class SpecEngine:
         assert all(t.num_nodes <= n for t, n in zip(trees, room)), "draft tree larger than the cache room left"
         return trees
 
-    @torch.inference_mode()
+    @inference
     def verify(self, active: list[_Request], trees: list[DraftTree]) -> torch.Tensor:
         """One target forward over all trees -> greedy tokens [B, T] (device); keeps the drafter's features."""
         # with captured verify graphs every step has the tree spec's full width (one graph per batch size)
@@ -166,10 +166,10 @@ class SpecEngine:
     def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
         return accept_greedy(trees, greedy.tolist())
 
-    @torch.inference_mode()
+    @inference
     def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:
         self.runner.cache.commit([r.slot for r in active], [r.committed for r in active],
-                                 [list(acc.path) for acc in accepted], fold=self._tree_commit)
+                                 [acc.path for acc in accepted], fold=self._tree_commit)
         for row, (r, acc) in enumerate(zip(active, accepted)):
             feats = self._path_features(row, acc.path) if self._features is not None else None
             self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)

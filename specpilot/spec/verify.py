@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specpilot.layers.metadata import BatchMetadata, HostMetadata, packed_spans
-from specpilot.spec.tree import DraftTree
+from specpilot.spec.tree import DraftTree, TreeLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,51 +37,55 @@ def host_tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: lis
                        width: int | None = None, chains_as_trees: bool = False) -> HostMetadata:
     """The verify block of a batch, packed on the host for `device`: nodes stored right after each request's
     committed prefix, RoPE positions by depth, the ancestor mask; smaller trees are padded (to `width` if given:
-    a captured graph's fixed size) with nodes that see only themselves. Filled from the cached tree layouts."""
-    layouts = [t.layout for t in trees]
+    a captured graph's fixed size) with nodes that see only themselves. A copy of the batch's shapes' cached
+    template, then the step's tokens, slots and prefix lengths."""
+    layouts = tuple(t.layout for t in trees)
     B, T = len(trees), max(width or 0, *[len(lay.parents) for lay in layouts])
     # chains need no mask: causal order is their ancestor order, and padding after a chain is seen by no real
     # node (this is also what lets recurrent layers, which take no mask, verify chains)
     tree = chains_as_trees or not all(lay.is_chain for lay in layouts)
+    template = _template(layouts, T, tree)
+    host = host_int64(template.size, device)
+    buf = host.numpy()
+    buf[:] = template
     spans = packed_spans(B, T, tree)
-    host = host_int64(spans["block_mask" if tree else "prefix_len"][1], device)
-    _fill(host.numpy(), spans, trees, layouts, prefix_len, slots, T, tree)
+    (s0, s1), (p0, p1), pos, loc = spans["slots"], spans["prefix_len"], spans["positions"][0], spans["cache_loc"][1]
+    for b, t in enumerate(trees):  # input_ids [B, T] come first
+        buf[b * T:b * T + len(t.tokens)] = t.tokens
+    buf[s0:s1] = slots
+    buf[p0:p1] = prefix_len
+    # positions (depth) and storage (node index) are adjacent [B, T] blocks, both past the request's prefix
+    shifted = buf[pos:loc].reshape(2, B, T)
+    shifted += buf[p0:p1, None]
     return HostMetadata(host, B, T, tree, max(prefix_len))
 
 
-def _fill(buf: np.ndarray, spans, trees, layouts, prefix_len, slots, T: int, tree: bool) -> None:
-    B = len(trees)
-    ids, pos, loc, (s0, s1), (p0, p1) = (spans[k] for k in ("input_ids", "positions", "cache_loc", "slots",
-                                                             "prefix_len"))
-    buf[s0:s1] = slots
-    buf[p0:p1] = prefix_len
-    np.add(buf[p0:p1, None], _steps(T), out=buf[loc[0]:loc[1]].reshape(B, T))
-    buf[ids[0]:ids[1]] = 0
+@lru_cache(maxsize=256)
+def _template(layouts: tuple[TreeLayout, ...], T: int, tree: bool) -> np.ndarray:
+    """The packed verify block of these tree shapes with every token, slot and prefix length 0 (read-only).
+    Keyed by the layouts themselves, which the cache keeps alive: a key's identity is never reused while cached."""
+    B = len(layouts)
+    spans = packed_spans(B, T, tree)
+    buf = np.zeros(spans["block_mask" if tree else "prefix_len"][1], dtype=np.int64)
+    loc, pos = spans["cache_loc"], spans["positions"][0]
+    buf[loc[0]:loc[1]].reshape(B, T)[:] = np.arange(T)
     if tree:
-        par, (m0, _) = spans["parents"][0], spans["block_mask"]
-        buf[-1] = 0  # the mask's padding bytes, so the buffer equals BatchMetadata.pack() of its fields
-        mask = buf[m0:].view(np.bool_)
-    for b, (t, lay, prefix) in enumerate(zip(trees, layouts, prefix_len)):
+        par, mask = spans["parents"][0], buf[spans["block_mask"][0]:].view(np.bool_)
+    for b, lay in enumerate(layouts):
         row = b * T
-        buf[ids[0] + row:ids[0] + row + len(t.tokens)] = t.tokens
         depths, parents, anc = lay.padded(T)
-        np.add(depths, prefix, out=buf[pos[0] + row:pos[0] + row + T])
+        buf[pos + row:pos + row + T] = depths
         if tree:
             buf[par + row:par + row + T] = parents
             mask[row * T:(row + T) * T] = anc.reshape(-1)
-
-
-@lru_cache(maxsize=64)
-def _steps(n: int) -> np.ndarray:
-    steps = np.arange(n)
-    steps.flags.writeable = False
-    return steps
+    buf.flags.writeable = False
+    return buf
 
 
 def host_int64(n: int, device) -> torch.Tensor:
     """An uninitialised int64 host buffer to fill and send to `device`: pinned for a GPU, so the copy is truly
     non-blocking (the caching host allocator keeps it until that copy is done)."""
-    return torch.empty(n, dtype=torch.long, pin_memory=torch.device(device).type == "cuda")
+    return torch.empty(n, dtype=torch.long, pin_memory=str(device).startswith("cuda"))
 
 
 def accept_greedy(trees: list[DraftTree], argmax: list[list[int]]) -> list[Acceptance]:

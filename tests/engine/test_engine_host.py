@@ -73,6 +73,43 @@ def test_timer_on_a_gpu_reads_events_after_one_sync(monkeypatch):
     assert 0.01 <= reqs[0].stats.seconds["a"] < 1 and reqs[0].stats.seconds["b"] < 0.01
 
 
+def test_inference_decorator_enters_inference_mode_only_where_it_is_off(monkeypatch):
+    from specpilot.engine.runner import inference
+
+    @inference
+    def make():
+        return torch.ones(2), torch.is_inference_mode_enabled()
+
+    out, on = make()
+    assert on and out.is_inference()  # as under @torch.inference_mode()
+    entered = []
+    real = torch.inference_mode
+    monkeypatch.setattr(torch, "inference_mode", lambda *a: entered.append(1) or real(*a))
+    with real():
+        assert make()[1] and not entered  # nested: no second entry
+    make()
+    assert entered == [1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_commit_moves_exactly_where_a_path_leaves_its_place(seed, monkeypatch):
+    """ModelCache.commit's in-place test (a root-first path ends at node len - 1) against the node-by-node one."""
+    from specpilot.engine.cache import ModelCache
+
+    rng = random.Random(seed)
+    kept = []
+    monkeypatch.setattr(ModelCache, "keep", lambda self, index: kept.append(index.packed.clone()))
+    cache = ModelCache.__new__(ModelCache)
+    cache._device = torch.device("cpu")
+    for _ in range(20):
+        trees = [_random_tree(rng, rng.randint(1, 9)) for _ in range(3)]
+        paths = [tuple(rng.choice(t.paths())[:rng.randint(0, 4)]) for t in trees]
+        want = any(any(node != j for j, node in enumerate(p)) for p in paths)
+        kept.clear()
+        cache.commit([0, 1, 2], [5, 6, 7], paths, fold=False)
+        assert bool(kept) == want
+
+
 def test_in_place_prefix():
     assert _in_place((0, 1, 2)) == 3 and _in_place((0, 2)) == 1 and _in_place((0, 1, 4, 7)) == 2
 

@@ -96,6 +96,16 @@ def test_packed_metadata_equals_the_plain_construction(seed):
                                           parents=meta.parents))
 
 
+def test_cached_template_takes_each_steps_tokens_slots_and_prefixes():
+    """The same shapes step after step (a template cache hit) with new tokens, slots and prefix lengths."""
+    rng = random.Random(7)
+    shapes = [_random_tree(rng, 9).parents, tuple(range(-1, 4)), _random_tree(rng, 6).parents]
+    for _ in range(4):
+        trees = [DraftTree(tuple(rng.randrange(50) for _ in p), p) for p in shapes]
+        prefix, slots = [rng.randint(0, 300) for _ in trees], rng.sample(range(8), len(trees))
+        _assert_same(tree_metadata(trees, prefix, slots, "cpu", 12), _reference_metadata(trees, prefix, slots, 12))
+
+
 def test_unpack_views_a_buffer_at_an_offset():
     """A packed buffer that is itself a slice (as_strided offsets are absolute in the storage)."""
     trees = [_random_tree(random.Random(1), 9), _random_tree(random.Random(2), 4)]
