@@ -212,6 +212,7 @@ class EngineConfig:
     # decode steps: our kernels (GEMVs, norms, attention) launch with programmatic dependent launch, so that each
     # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
     decode_pdl: bool = True
+    verify_pdl: bool = True  # the same for verify blocks (the skinny GEMMs, norms, fused q/k norm + RoPE + store)
     decode_gated_down: bool = True  # single-row steps: the down GEMV forms silu(gate) * up itself
     decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)

@@ -44,6 +44,7 @@ class ModelRunner:
         self.gemv = engine.decode_gemv and on_gpu
         self.fused_rope = engine.fused_qk_rope_store and on_gpu
         self.pdl = engine.decode_pdl and on_gpu
+        self.verify_pdl = engine.verify_pdl and on_gpu
         self.gated_down = engine.decode_gated_down
         self.decode_splits = engine.decode_attention_splits
         self.block_kernel = engine.block_attention == "tree"
@@ -109,7 +110,7 @@ class ModelRunner:
         # a captured graph fixes the shape, so the compiled pointwise helpers compile once per graph
         compile_now = self.compile and self.use_verify_graphs
         with (pointwise.compiled(compile_now), linear.decode_gemv(self.gemv, self.gated_down),
-              attention.fused_qk_rope_store(self.fused_rope)):
+              attention.fused_qk_rope_store(self.fused_rope), pdl.enabled(self.verify_pdl)):
             hidden, features = self.forward(meta, layers), None
             if layers:
                 hidden, captured = hidden
