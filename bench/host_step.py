@@ -9,8 +9,8 @@ graph's static greedy tokens are set so that acceptance takes the first-child pa
 tree the path skips nodes, so commit moves K/V). What is timed is then only the Python/host work of the step.
 
 Rows: tree shape x batch; columns: median host microseconds per component over the timed steps
-(`metadata` and `replay` are the two parts of `verify`, timed alone on the same step's trees: filling the host
-buffer, then copying it into the graph's static inputs and replaying). `grow` (static and dynamic trees) is the
+(`metadata` and `replay` are the two parts of `verify`, timed alone on the same step's trees: filling the
+runner's staged host buffer, then copying it into the graph's static inputs and replaying). `grow` (static and dynamic trees) is the
 host side of a tree drafter's propose for one request, which the fixed-tree drafter skips: tree.grow with a
 scorer that costs nothing (random log-probs, so a dynamic tree takes a new shape most steps, as EAGLE-2's do),
 through the new shape's verify rows (TreeLayout.padded).
@@ -178,10 +178,15 @@ def _step(engine: SpecEngine, reqs, params, t_start) -> dict:
     # verify's two parts, timed alone on this step's trees (the replay rewrites the same static buffers)
     runner = engine.runner
     args = ([r.committed for r in active], [r.slot for r in active], runner.device, engine.tree.max_tree_nodes)
-    host, t_meta = _timed(host_tree_metadata, trees, *args)
-    _, t_replay = _timed(_replay, runner, host)
+    host, t_meta = _timed(_metadata, runner, trees, args)
+    (tokens, _), t_replay = _timed(_replay, runner, host)
+    runner.staging.read_tokens(tokens)  # as accept does: frees the staged buffer for the next step
     return {"schedule": t_sched, "draft": t_draft, "verify": t_verify, "metadata": t_meta, "replay": t_replay,
             "accept": t_accept, "commit": t_commit, "emit": t_emit, "step": t_step}
+
+
+def _metadata(runner: ModelRunner, trees, args):
+    return host_tree_metadata(trees, *args, alloc=runner.staging.take)
 
 
 def _replay(runner: ModelRunner, host):

@@ -141,7 +141,8 @@ class SpecEngine:
         width = self.tree.max_tree_nodes if self.runner.use_verify_graphs else None
         hybrid = self.runner.config.is_hybrid
         host = host_tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device,
-                                  width, chains_as_trees=hybrid and self.runner.fold_hybrid_chains)
+                                  width, chains_as_trees=hybrid and self.runner.fold_hybrid_chains,
+                                  alloc=self.runner.staging.take)
         layers = tuple(self.drafter.target_layers)
         meta = self.runner.verify_inputs(host, layers)
         # replayed chains update recurrent state in place (snapshot to roll back); trees (and folded chains) leave
@@ -164,7 +165,8 @@ class SpecEngine:
         return [row[:t.num_nodes] for row, t in zip(greedy, trees)]
 
     def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
-        return accept_greedy(trees, greedy.tolist())
+        # the step's one sync, which also frees verify's staged metadata buffer for the next step
+        return accept_greedy(trees, self.runner.staging.read_tokens(greedy))
 
     @inference
     def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:

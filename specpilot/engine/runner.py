@@ -2,6 +2,7 @@
 
 Prefill runs one request at a time in chunks (exact for ragged prompts and recurrent layers); decode runs
 the whole batch, replaying a captured CUDA graph on GPU. The runner never sees requests or sampling.
+HostStaging: the host buffers of a verify step's two copies (metadata in, greedy tokens out), kept across steps.
 """
 
 from __future__ import annotations
@@ -33,6 +34,51 @@ def inference(fn):
     return call
 
 
+class HostStaging:
+    """Host buffers kept across steps (pinned on a GPU) for the verify step's two copies: the packed metadata is
+    filled in take(words), the greedy tokens come back through read_tokens, the step's one sync. A fresh pinned
+    buffer per step costs the host an allocation and an event query of the caching host allocator."""
+
+    def __init__(self, device: torch.device, depth: int = 2):
+        self.pin = device.type == "cuda"
+        self.depth = depth
+        self.inputs: dict[int, list[torch.Tensor]] = {}  # words -> buffers of that size
+        self.taken: dict[int, int] = {}  # words -> buffers of that size handed out since the last read_tokens
+        self.outputs: dict[tuple, torch.Tensor] = {}  # (shape, dtype) -> pinned greedy tokens
+
+    def take(self, words: int) -> torch.Tensor:
+        """An int64 host buffer to fill and copy to the device before the next read_tokens.
+
+        Why reuse is safe: a buffer taken before a read_tokens is handed out again only after it. read_tokens
+        waits for everything queued on the stream, which includes the non-blocking copy out of the buffer (queued
+        before the verify whose tokens it reads), so the host never refills a buffer under a pending copy. Up to
+        `depth` buffers of a size are out between two syncs (a benchmark's probe verify before the step's); past
+        that the buffer is a fresh one, which the caching host allocator guards itself."""
+        n = self.taken.get(words, 0)
+        self.taken[words] = n + 1
+        kept = self.inputs.setdefault(words, [])
+        if n < len(kept):
+            return kept[n]
+        buf = torch.empty(words, dtype=torch.long, pin_memory=self.pin)
+        if n < self.depth:
+            kept.append(buf)
+        return buf
+
+    def read_tokens(self, tokens: torch.Tensor) -> list[list[int]]:
+        """tokens (device) as host lists: a non-blocking copy into a pinned buffer and a sync on it (a pageable
+        copy goes through the driver's own staging); frees every buffer taken before it."""
+        if tokens.is_cuda:
+            key = (tuple(tokens.shape), tokens.dtype)
+            host = self.outputs.get(key)
+            if host is None:
+                host = self.outputs[key] = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            torch.cuda.current_stream(tokens.device).synchronize()
+            tokens = host
+        self.taken.clear()
+        return tokens.tolist()
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, engine: EngineConfig = EngineConfig(), prefill_chunk: int = 2048):
         self.model, self.config = model, model.config
@@ -61,6 +107,7 @@ class ModelRunner:
         self.prefill_chunk = prefill_chunk
         self.cache: ModelCache | None = None
         self.graphs: dict[int, DecodeGraph] = {}
+        self.staging = HostStaging(self.device)
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         """Make sure the cache holds num_slots requests of max_seq_len tokens (reallocates only to grow)."""

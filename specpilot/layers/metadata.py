@@ -77,8 +77,9 @@ class BatchMetadata:
 @dataclass(frozen=True, slots=True)
 class HostMetadata:
     """A verify block's packed index fields, filled on the host (pinned memory for a GPU), and what unpacking
-    them needs. Each copy of `packed` to a device is non-blocking: the caching host allocator keeps a pinned
-    buffer until the copies recorded on it are done, so the host never rewrites it under a pending copy."""
+    them needs. Each copy of `packed` to a device is non-blocking: a fresh pinned buffer is kept by the caching
+    host allocator until the copies recorded on it are done; a buffer kept across steps (the engine's, see
+    runner.HostStaging) is refilled only after a sync that follows its copy."""
 
     packed: torch.Tensor  # [words] int64, laid out as packed_spans(batch, width, tree) says
     batch: int
@@ -87,8 +88,10 @@ class HostMetadata:
     max_prefix_len: int
 
     def to(self, device) -> BatchMetadata:
-        """One copy to `device` (none on the CPU), unpacked into views."""
-        packed = self.packed.to(device, non_blocking=True)
+        """One copy to `device`, unpacked into views."""
+        # a copy on the CPU too: `packed` may be a staging buffer that the next step refills while the metadata
+        # returned here is still held
+        packed = self.packed.to(device, non_blocking=True, copy=True)
         return BatchMetadata.unpack(packed, self.batch, self.width, self.tree, self.max_prefix_len)
 
 

@@ -7,6 +7,7 @@ tokens are the accepted draft tokens plus the bonus token (the target's argmax a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -34,18 +35,20 @@ def tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int
 
 
 def host_tree_metadata(trees: list[DraftTree], prefix_len: list[int], slots: list[int], device,
-                       width: int | None = None, chains_as_trees: bool = False) -> HostMetadata:
+                       width: int | None = None, chains_as_trees: bool = False,
+                       alloc: Callable[[int], torch.Tensor] | None = None) -> HostMetadata:
     """The verify block of a batch, packed on the host for `device`: nodes stored right after each request's
     committed prefix, RoPE positions by depth, the ancestor mask; smaller trees are padded (to `width` if given:
     a captured graph's fixed size) with nodes that see only themselves. A copy of the batch's shapes' cached
-    template, then the step's tokens, slots and prefix lengths."""
+    template, then the step's tokens, slots and prefix lengths; in a fresh host buffer (host_int64), or in
+    alloc(words) (the engine's: HostStaging.take, a buffer kept across steps)."""
     layouts = tuple(t.layout for t in trees)
     B, T = len(trees), max(width or 0, *[len(lay.parents) for lay in layouts])
     # chains need no mask: causal order is their ancestor order, and padding after a chain is seen by no real
     # node (this is also what lets recurrent layers, which take no mask, verify chains)
     tree = chains_as_trees or not all(lay.is_chain for lay in layouts)
     template = _template(layouts, T, tree)
-    host = host_int64(template.size, device)
+    host = alloc(template.size) if alloc is not None else host_int64(template.size, device)
     buf = host.numpy()
     buf[:] = template
     spans = packed_spans(B, T, tree)

@@ -218,3 +218,104 @@ def test_verify_graph_is_cut_between_layers(per_graph, graphs, checkpoint_factor
 def test_engine_config_rejects_negative_layers_per_graph():
     with pytest.raises(ValueError, match="verify_layers_per_graph"):
         EngineConfig(verify_layers_per_graph=-1)
+
+
+def test_staging_hands_a_buffer_out_again_only_after_a_sync():
+    from specpilot.engine.runner import HostStaging
+
+    staging = HostStaging(torch.device("cpu"), depth=2)
+    a, b, c, d = staging.take(10), staging.take(10), staging.take(10), staging.take(4)
+    assert len({t.data_ptr() for t in (a, b, c, d)}) == 4  # none handed out twice before a sync
+    assert staging.inputs[10] == [a, b]  # past `depth`, a fresh buffer that is not kept
+    assert staging.read_tokens(torch.tensor([[3, 4]])) == [[3, 4]]
+    assert staging.take(10) is a and staging.take(4) is d and staging.take(10) is b
+    assert staging.take(10) is not c
+
+
+def test_staged_metadata_equals_fresh_metadata_and_outlives_the_refill():
+    """Staged buffers refilled with trees of other shapes (and the same shape) hold exactly what fresh buffers
+    would, and device metadata taken from one (on the CPU: a copy) is not changed by the next refill."""
+    from specpilot.engine.runner import HostStaging
+
+    rng, staging, seen, kept = random.Random(5), HostStaging(torch.device("cpu")), {}, []
+    for step in range(12):
+        trees = [_random_tree(rng, rng.randint(1, 7)) for _ in range(2)]
+        args = (trees, [9 + step, 4], [1, 0], "cpu", 7 if step % 2 else None)
+        host, fresh = host_tree_metadata(*args, alloc=staging.take), host_tree_metadata(*args)
+        assert torch.equal(host.packed, fresh.packed)
+        seen.setdefault(host.packed.numel(), set()).add(host.packed.data_ptr())
+        kept.append((host.to("cpu"), fresh))
+        staging.read_tokens(torch.zeros(2, 7, dtype=torch.long))
+    assert all(len(ptrs) == 1 for ptrs in seen.values()) and len(seen) > 1  # one buffer per size, reused
+    for meta, fresh in kept:
+        assert torch.equal(meta.packed, fresh.packed)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_verify_graph_from_a_reused_staging_buffer_gives_the_fresh_buffers_tokens(name, checkpoint_factory,
+                                                                                  replayed_verify_graphs):
+    """Step after step one staging buffer holds different trees; the graph's tokens, read back through the staging,
+    are the eager verify's on fresh buffers."""
+    target, _ = _models(checkpoint_factory, name)
+    graphs, eager = (ModelRunner(target, EngineConfig(block_attention="tree")) for _ in range(2))
+    graphs.use_verify_graphs = True
+    rng, prompts, width, buffers = random.Random(4), _prompts()[:2], 9, set()
+    for runner in (graphs, eager):
+        runner.allocate(len(prompts), 64)
+        for slot, prompt in enumerate(prompts):
+            runner.prefill(slot, prompt)
+    for _ in range(4):
+        trees = [_random_tree(rng, rng.randint(2, width)) for _ in prompts]
+        args = (trees, [len(p) for p in prompts], [0, 1], "cpu", width)
+        host = host_tree_metadata(*args, alloc=graphs.staging.take)
+        buffers.add(host.packed.data_ptr())
+        got = graphs.staging.read_tokens(graphs.verify(graphs.verify_inputs(host))[0])
+        assert got == eager.verify(host_tree_metadata(*args).to("cpu"))[0].tolist()
+    assert len(buffers) == 1
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_engine_steps_reuse_their_staging_buffers_with_exact_output(graphs, checkpoint_factory,
+                                                                     replayed_verify_graphs):
+    target, _ = _models(checkpoint_factory, "qwen3")
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    runner = ModelRunner(target, EngineConfig(block_attention="tree"))
+    runner.use_verify_graphs = graphs
+    taken, take = [], runner.staging.take
+    runner.staging.take = lambda words: taken.append(take(words)) or taken[-1]
+    out = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:3,2")).generate(
+        prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == truth
+    by_size = {}
+    for t in taken:
+        by_size.setdefault(t.numel(), set()).add(t.data_ptr())
+    assert len(taken) > len(by_size) and all(len(p) == 1 for p in by_size.values())  # one buffer per size
+
+
+class _OnDevice(torch.Tensor):
+    """A CPU tensor that reports itself on a GPU: read_tokens' pinned path, run on the CPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_read_tokens_through_a_pinned_buffer_equals_tolist(monkeypatch):
+    from specpilot.engine.runner import HostStaging
+
+    pinned, synced, empty = [], [], torch.empty
+
+    def fake_empty(*args, pin_memory=False, **kwargs):
+        pinned.append(pin_memory)
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", fake_empty)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type(
+        "S", (), {"synchronize": lambda self: synced.append(1)})())
+    staging, rng = HostStaging(torch.device("cpu")), random.Random(0)
+    for step in range(3):
+        tokens = torch.tensor([[rng.randrange(1000) for _ in range(5)] for _ in range(2)])
+        assert staging.read_tokens(tokens.as_subclass(_OnDevice)) == tokens.tolist()
+        assert len(synced) == step + 1
+    assert pinned == [True] and len(staging.outputs) == 1  # one pinned buffer, reused
