@@ -20,8 +20,9 @@ waits for the host. 1 - busy / wall is reported beside it as the GPU idle share.
 measured the same way, synchronised after each call. Variants: eager SDPA,
 eager tree attention, and verify CUDA graphs (EngineConfig(verify_graphs=True, block_attention="tree")); beside
 each, the host time of launching the verify graph onto an idle GPU (cudaGraphLaunch of a few hundred kernels).
---ab-layers-per-graph N: one verify graph against a chain of graphs cut every N layers, their steps interleaved
-(the same configuration varied 3-9% between runs on the H200 host: only a paired comparison can see ~0.1 ms).
+--ab-layers-per-graph A B: verify graphs cut every A layers against every B layers (0: one graph; a single N
+means 0 against N), their steps interleaved (the same configuration varied 3-9% between runs on the H200 host:
+only a paired comparison can see ~0.1 ms).
 
     PYTHONPATH=. python3 bench/verify_cost.py --out bench/results/verify_cost_h200.json
     PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/verify_cost.py --out /tmp/vc.json --device cpu \
@@ -364,6 +365,16 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
             "meets_issue3_5pct": (1 - gpu_step / wall) <= 0.05}
 
 
+def ab_spacings(values: list[int] | None) -> tuple[int, int] | None:
+    """--ab-layers-per-graph as (a, b) layers per graph: A B as given, a single N as 0 (one graph) against N;
+    None where absent or a single 0 (the option's old "off")."""
+    if not values or values == [0]:
+        return None
+    if len(values) > 2 or min(values) < 0:
+        raise SystemExit(f"--ab-layers-per-graph takes N or A B (layers per graph, >= 0), got {values}")
+    return (0, values[0]) if len(values) == 1 else (values[0], values[1])
+
+
 OVERHEAD_VARIANTS = {
     "eager_sdpa": dict(),
     "eager_tree": dict(block_attention="tree"),
@@ -384,8 +395,9 @@ def main() -> None:
     p.add_argument("--overhead-steps", type=int, default=100)
     p.add_argument("--skip-sweep", action="store_true", help="host overhead only")
     p.add_argument("--overhead-variants", nargs="+", default=["graphs_tree"], choices=list(OVERHEAD_VARIANTS))
-    p.add_argument("--ab-layers-per-graph", type=int, default=0,
-                   help="also time one verify graph against a chain cut every N layers, steps interleaved")
+    p.add_argument("--ab-layers-per-graph", type=int, nargs="+", default=None, metavar="N",
+                   help="also time verify graphs cut every A layers against every B layers (A B; one value N: "
+                        "0 N, i.e. one graph against a chain cut every N layers), steps interleaved")
     p.add_argument("--trace-dir", default=None,
                    help="write a chrome trace of a few host-overhead steps per tree here (host_trace_<kind>.json.gz)")
     p.add_argument("--device", default="cuda")
@@ -426,16 +438,19 @@ def main() -> None:
             print("host overhead", key, json.dumps(r)[:400], flush=True)
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
-    if args.ab_layers_per_graph:  # the verify graph whole (a) against a chain of graphs (b), interleaved
+    spacings = ab_spacings(args.ab_layers_per_graph)
+    if spacings is not None:  # two cut spacings of the verify graphs, a against b, interleaved
+        spacing_a, spacing_b = spacings
         base = OVERHEAD_VARIANTS["graphs_tree"]
         report["host_overhead_ab"] = {}
         for tree in args.overhead_trees:
-            r = attempt(f"a/b {tree}", host_overhead_ab, model, EngineConfig(**base, verify_layers_per_graph=0),
-                        EngineConfig(**base, verify_layers_per_graph=args.ab_layers_per_graph), tree,
+            r = attempt(f"a/b {tree}", host_overhead_ab, model,
+                        EngineConfig(**base, verify_layers_per_graph=spacing_a),
+                        EngineConfig(**base, verify_layers_per_graph=spacing_b), tree,
                         args.overhead_ctx, args.overhead_steps, rng)
             report["host_overhead_ab"][tree] = r
             report.save()
-            print(f"a/b {tree}: one graph vs cut every {args.ab_layers_per_graph} layers:",
+            print(f"a/b {tree}: cut every {spacing_a} vs every {spacing_b} layers (0: one graph):",
                   {k: r.get(k) for k in ("wall_ms_quartiles_a", "wall_ms_quartiles_b",
                                           "paired_diff_ms_quartiles_b_minus_a", "b_faster_share", "error")},
                   flush=True)

@@ -319,3 +319,13 @@ def test_read_tokens_through_a_pinned_buffer_equals_tolist(monkeypatch):
         assert staging.read_tokens(tokens.as_subclass(_OnDevice)) == tokens.tolist()
         assert len(synced) == step + 1
     assert pinned == [True] and len(staging.outputs) == 1  # one pinned buffer, reused
+
+
+def test_ab_layers_per_graph_takes_one_spacing_or_two():
+    from bench.verify_cost import ab_spacings
+
+    assert ab_spacings([4]) == (0, 4) and ab_spacings([4, 8]) == (4, 8) and ab_spacings([0, 4]) == (0, 4)
+    assert ab_spacings(None) is None and ab_spacings([0]) is None
+    for bad in ([4, 8, 12], [-1], [4, -2]):
+        with pytest.raises(SystemExit):
+            ab_spacings(bad)
