@@ -348,7 +348,8 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
     # the device's own (a replay loop with no host work has them too), unlike the kernel-time sum `v_busy`
     graph = next(iter(runner.verify_graphs.values()), None)
     graph_ms = time_replays(graph.graph.replay, steps) * 1e3 if graph is not None else None
-    in_graph_gaps = max(0.0, graph_ms - v_busy) if graph_ms is not None else 0.0
+    # negative under PDL: a kernel's profiled span then includes its wait on the one before, so spans overlap
+    in_graph_gaps = graph_ms - v_busy if graph_ms is not None else 0.0
     launch_ms = host_ms(graph.graph.replay, DEVICE, steps) if graph is not None else None
     gpu_step = busy + in_graph_gaps  # what the step costs the GPU with an infinitely fast host
     runner.verify_graphs.clear()  # graphs hold the cache: free both now

@@ -212,7 +212,9 @@ class EngineConfig:
     # decode steps: our kernels (GEMVs, norms, attention) launch with programmatic dependent launch, so that each
     # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
     decode_pdl: bool = True
-    verify_pdl: bool = True  # the same for verify blocks (the skinny GEMMs, norms, fused q/k norm + RoPE + store)
+    # the same for verify blocks (skinny GEMMs, norms, fused q/k norm + RoPE + store). Off: a 27B chain:7 step took
+    # 18.07 ms with it against 17.53 ms without (bench/results/spec_step_27b_{pdl,nopdl}_h200.json, two processes)
+    verify_pdl: bool = False
     decode_gated_down: bool = True  # single-row steps: the down GEMV forms silu(gate) * up itself
     decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
     block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
@@ -221,8 +223,10 @@ class EngineConfig:
     # N > 0: a verify graph is a chain of graphs cut after layer 0 and every N layers, so that launching it
     # overlaps the GPU's work on the first layers (0: one graph, whose whole launch the step waits for). Cut every
     # 4 layers, an 8B step was faster in 95% (chain:7) and 100% (dynamic:4,7,28) of 100 interleaved pairs, by a
-    # median 0.09 / 0.14 ms (bench/verify_cost.py --ab-layers-per-graph 4: bench/results/verify_overhead_ab_h200.json)
-    verify_layers_per_graph: int = 4
+    # median 0.09 / 0.14 ms (bench/verify_cost.py --ab-layers-per-graph 4: bench/results/verify_overhead_ab_h200.json);
+    # every 8 layers against every 4: faster in 84% / 76% of pairs, by 0.012 / 0.007 ms
+    # (--ab-layers-per-graph 4 8: bench/results/verify_host_overhead_h200.json)
+    verify_layers_per_graph: int = 8
     # hybrid targets, chains: "fold" verifies a chain as a tree and folds the kept prefix into the state (no second
     # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
     hybrid_chain_commit: str = "fold"
