@@ -155,18 +155,28 @@ def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_fac
     assert any(s.tau > 1.2 for _, s in out)
 
 
+def _graph_and_eager_runners(checkpoint_factory, name):
+    """Two runners of one target on the tree-attention path: one with verify graphs (faked on CPU), one eager."""
+    target, _ = _models(checkpoint_factory, name)
+    graphs, eager = (ModelRunner(target, EngineConfig(block_attention="tree")) for _ in range(2))
+    graphs.use_verify_graphs = True
+    return graphs, eager
+
+
+def _prefill(prompts, *runners):
+    for runner in runners:
+        runner.allocate(len(prompts), 64)
+        for slot, prompt in enumerate(prompts):
+            runner.prefill(slot, prompt)
+
+
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
 def test_verify_graph_loads_host_metadata_into_its_static_inputs(name, checkpoint_factory, replayed_verify_graphs):
     """Once a graph of the shape exists, verify_inputs copies the host buffer straight into the graph's static
     inputs (no device staging copy, no unpack), and the replay gives the eager verify's tokens."""
-    target, _ = _models(checkpoint_factory, name)
-    graphs, eager = (ModelRunner(target, EngineConfig(block_attention="tree")) for _ in range(2))
-    graphs.use_verify_graphs = True
+    graphs, eager = _graph_and_eager_runners(checkpoint_factory, name)
     rng, prompts, width = random.Random(3), _prompts()[:2], 9
-    for runner in (graphs, eager):
-        runner.allocate(len(prompts), 64)
-        for slot, prompt in enumerate(prompts):
-            runner.prefill(slot, prompt)
+    _prefill(prompts, graphs, eager)
     for step in range(3):
         trees = [_random_tree(rng, rng.randint(2, width)) for _ in prompts]
         host = host_tree_metadata(trees, [len(p) for p in prompts], [0, 1], "cpu", width)
@@ -256,14 +266,9 @@ def test_verify_graph_from_a_reused_staging_buffer_gives_the_fresh_buffers_token
                                                                                   replayed_verify_graphs):
     """Step after step one staging buffer holds different trees; the graph's tokens, read back through the staging,
     are the eager verify's on fresh buffers."""
-    target, _ = _models(checkpoint_factory, name)
-    graphs, eager = (ModelRunner(target, EngineConfig(block_attention="tree")) for _ in range(2))
-    graphs.use_verify_graphs = True
+    graphs, eager = _graph_and_eager_runners(checkpoint_factory, name)
     rng, prompts, width, buffers = random.Random(4), _prompts()[:2], 9, set()
-    for runner in (graphs, eager):
-        runner.allocate(len(prompts), 64)
-        for slot, prompt in enumerate(prompts):
-            runner.prefill(slot, prompt)
+    _prefill(prompts, graphs, eager)
     for _ in range(4):
         trees = [_random_tree(rng, rng.randint(2, width)) for _ in prompts]
         args = (trees, [len(p) for p in prompts], [0, 1], "cpu", width)
