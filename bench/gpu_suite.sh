@@ -2,12 +2,14 @@
 # The GPU benchmark suite (H200) in four calls of under 10 minutes each: run from the repository root,
 #
 #     SUITE_ONLY="kernel_check w12n_gemv spec_step" bash bench/gpu_suite.sh OUTDIR COMMIT           # caps 360 s
-#     SUITE_ONLY="bench_27b bench_8b" SUITE_BUDGET_S=1000 bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 407 s
+#     SUITE_ONLY="bench_27b bench_8b" SUITE_BUDGET_S=1400 bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 570 s
 #     SUITE_ONLY="verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 350 s
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #
-# (measured 2026-11-30, fifth session: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s, spec_step
-# 63 s, verify_cost --skip-sweep with the A/B 62 s, hybrid_tree with its checks 92-116 s)
+# (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
+# spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
+# tokens per prompt with the probing oracle bench_27b 277 s and bench_8b 116 s. The 27B bench at 2 prompts x 2,048
+# tokens, stock + one tree, batch 1 only, took ~240 s: run it alone, see docs/performance.md)
 #
 # (without kernel_check in a call, SUITE_KERNEL_CHECK=FILE points the later steps at an earlier call's verdicts)
 #
