@@ -230,6 +230,7 @@ class EngineConfig:
     # hybrid targets, chains: "fold" verifies a chain as a tree and folds the kept prefix into the state (no second
     # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
     hybrid_chain_commit: str = "fold"
+    triton_gdn_prefill: bool = False  # hybrid prefill: the chunked delta rule as one Triton kernel per layer (GPU only)
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):

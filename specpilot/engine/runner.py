@@ -14,7 +14,7 @@ import torch
 from specpilot.config import EngineConfig
 from specpilot.engine.cache import ModelCache
 from specpilot.engine.graphs import DecodeGraph, VerifyGraph, decode_metadata
-from specpilot.layers import attention, linear, pointwise
+from specpilot.layers import attention, gated_deltanet, linear, pointwise
 from specpilot.layers.metadata import BatchMetadata, HostMetadata
 from specpilot.ops import pdl
 from specpilot.models.causal_lm import CausalLM
@@ -98,6 +98,7 @@ class ModelRunner:
         self.use_verify_graphs = engine.verify_graphs and on_gpu
         self.verify_layers_per_graph = engine.verify_layers_per_graph
         self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
+        self.gdn_prefill = engine.triton_gdn_prefill and on_gpu
         self.verify_graphs: dict[tuple, VerifyGraph] = {}
         if engine.weight_format == "w12n":
             if self.dtype != torch.bfloat16:
@@ -190,14 +191,15 @@ class ModelRunner:
         slots = torch.tensor([slot], device=self.device)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         features = []
-        for offset in range(0, len(token_ids), self.prefill_chunk):
-            chunk = ids[offset:offset + self.prefill_chunk][None]
-            prefix = torch.tensor([start + offset], device=self.device)
-            meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start + offset)
-            hidden = self.forward(meta, layers)
-            if layers:
-                hidden, captured = hidden
-                features.append(torch.cat(captured, dim=-1)[0])
+        with gated_deltanet.triton_prefill(self.gdn_prefill):
+            for offset in range(0, len(token_ids), self.prefill_chunk):
+                chunk = ids[offset:offset + self.prefill_chunk][None]
+                prefix = torch.tensor([start + offset], device=self.device)
+                meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start + offset)
+                hidden = self.forward(meta, layers)
+                if layers:
+                    hidden, captured = hidden
+                    features.append(torch.cat(captured, dim=-1)[0])
         logits = self.logits(hidden[0, -1]).float()
         return (logits, torch.cat(features)) if layers else logits
 

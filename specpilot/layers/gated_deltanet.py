@@ -5,10 +5,13 @@ short causal conv and the delta rule read and update the request's state slot in
 chains) take the fused recurrent kernel; long blocks (prefill) the chunked form. A tree block (meta.block_mask
 set) runs the conv through parent pointers and the tree-masked delta rule from the committed state, writes no
 state, and stashes per node what the commit of the kept path needs into the cache's buffers
-(ModelCache.tree_stash_out, then ModelCache.commit_tree).
+(ModelCache.tree_stash_out, then ModelCache.commit_tree). Inside `triton_prefill()` the chunked form runs as one
+Triton kernel per layer on CUDA (EngineConfig.triton_gdn_prefill).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -24,6 +27,20 @@ from specpilot.ops.gdn_tree import tree_causal_conv1d, tree_gated_delta_rule
 
 # blocks up to this many tokens run the token-by-token kernel; longer ones the chunked (WY) form
 RECURRENT_MAX_TOKENS = 16
+
+_triton_prefill = False
+
+
+@contextlib.contextmanager
+def triton_prefill(enabled: bool = True):
+    """Inside this region blocks longer than RECURRENT_MAX_TOKENS run the chunked delta rule as one Triton kernel
+    per layer on CUDA, instead of the torch form (EngineConfig.triton_gdn_prefill)."""
+    global _triton_prefill
+    previous, _triton_prefill = _triton_prefill, enabled
+    try:
+        yield
+    finally:
+        _triton_prefill = previous
 
 
 class GatedDeltaNet(nn.Module):
@@ -84,6 +101,6 @@ class GatedDeltaNet(nn.Module):
         if T <= RECURRENT_MAX_TOKENS:
             return fused_recurrent_gated_delta_rule(q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool, meta.slots)
         g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-        o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots])
+        o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots], kernel=_triton_prefill)
         ssm_pool[meta.slots] = final
         return o

@@ -1,5 +1,5 @@
-"""Gated delta rule: chunk form vs the recurrent reference, the reference vs transformers, and the fused Triton
-decode kernel vs its reference under the Triton interpreter."""
+"""Gated delta rule: chunk form vs the recurrent reference, the reference vs transformers, and the Triton kernels
+(fused decode, chunked prefill) vs their references under the Triton interpreter."""
 
 import os
 import sys
@@ -29,6 +29,13 @@ def _triton_fused():
     from specpilot.ops.gated_delta_rule.triton import fused_recurrent_gated_delta_rule as fused
 
     return fused
+
+
+def _triton_chunk():
+    _triton_fused()
+    from specpilot.ops.gated_delta_rule.triton import chunk_gated_delta_rule as kernel
+
+    return kernel
 
 
 def _qkv(B, T, H, HV, K, V, dtype=torch.float32):
@@ -266,3 +273,76 @@ def test_fused_split_in_two_calls(impl):
     o2 = fn(*[x[:, split:] for x in per_token], *shared, pool_split, state_idx)
     assert_close("o", o_all, torch.cat([o1, o2], dim=1))
     assert_close("state", pool[state_idx], pool_split[state_idx])
+
+
+# ---------------------------------------------------------------- chunked prefill: Triton kernel vs the torch form
+
+TRITON_CHUNK_CASES = [
+    # B, T, H, HV, K, V, block_v
+    pytest.param(1, 1, 1, 1, 16, 16, 16, id="T1"),
+    pytest.param(3, 17, 2, 4, 16, 24, 16, id="T17-B3-gva2-V24"),
+    pytest.param(1, 63, 2, 2, 32, 16, 32, id="T63-K32"),
+    pytest.param(2, 64, 1, 2, 16, 32, 16, id="T64-gva2-2tiles"),
+    pytest.param(1, 65, 1, 3, 16, 16, 16, id="T65-gva3"),
+    pytest.param(3, 130, 1, 2, 16, 16, 16, id="T130-B3-gva2"),
+    pytest.param(1, 200, 2, 2, 32, 32, 32, id="T200-K32"),
+]
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
+@pytest.mark.parametrize("B,T,H,HV,K,V,block_v", TRITON_CHUNK_CASES)
+def test_triton_chunk_matches_torch_chunk(B, T, H, HV, K, V, block_v, with_state, monkeypatch):
+    kernel = _triton_chunk()
+    q, k, v = _qkv(B, T, H, HV, K, V)
+    g, beta = _gates(B, T, HV)
+    s0 = torch.randn(B, HV, K, V) if with_state else None  # per request: a different state
+    s0_copy = None if s0 is None else s0.clone()
+    o_ref, s_ref = chunk_gated_delta_rule(q, k, v, g, beta, s0)
+    empty = torch.empty
+    # the kernel's outputs and workspace start as NaN: an element it forgets to write (or reads unwritten) shows
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    o, s = kernel(q, k, v, g, beta, s0, block_v=block_v)
+    monkeypatch.undo()
+    assert o.dtype == v.dtype and s.dtype == torch.float32 and s.shape == (B, HV, K, V)
+    assert_close("o", o_ref, o, ratio=1e-4)
+    assert_close("state", s_ref, s, ratio=1e-4)
+    if T <= 64:
+        o_rec, s_rec = recurrent_gated_delta_rule(q, k, v, g, beta, s0)
+        assert_close("o vs recurrent", o_rec, o, ratio=1e-4)
+        assert_close("state vs recurrent", s_rec, s, ratio=1e-4)
+    if s0 is not None:
+        assert torch.equal(s0, s0_copy), "initial_state must not be modified"
+
+
+@pytest.mark.parametrize("layout", ["tokens-major", "channels-major"])
+def test_triton_chunk_bf16_strided_views_and_scale(layout):
+    """q, k, v as head views into one conv output (as the layer splits them; the torch prefill conv leaves its
+    channels strided), bf16, a custom scale, 16-token chunks."""
+    kernel = _triton_chunk()
+    B, T, H, HV, K, V = 2, 40, 1, 2, 16, 16
+    C = 2 * H * K + HV * V
+    mixed = torch.randn(B, T, C).bfloat16() if layout == "tokens-major" else torch.randn(B, C, T).bfloat16().mT
+    q, k, v = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
+    q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, HV, V)
+    g, beta = _gates(B, T, HV)
+    s0 = torch.randn(B, HV, K, V)
+    o_ref, s_ref = chunk_gated_delta_rule(q, k, v, g, beta, s0, scale=0.3)
+    o, s = kernel(q, k, v, g, beta, s0, scale=0.3, chunk_size=16)
+    assert o.dtype == torch.bfloat16
+    assert_close("o", o_ref, o, ratio=1e-2)
+    assert_close("state", s_ref, s, ratio=1e-4)
+
+
+def test_chunk_dispatch_takes_the_kernel_only_when_asked(monkeypatch):
+    import specpilot.ops.gated_delta_rule as op
+
+    calls = []
+    monkeypatch.setattr(op, "_chunk_triton", lambda *a: calls.append(1) or op._chunk.chunk_gated_delta_rule(*a))
+    q, k, v = _qkv(1, 20, 1, 1, 16, 16)
+    g, beta = _gates(1, 20, 1)
+    chunk_gated_delta_rule(q, k, v, g, beta, kernel=True)  # CPU tensors: the torch form
+    monkeypatch.setattr(op, "use_triton", lambda x: True)
+    chunk_gated_delta_rule(q, k, v, g, beta)
+    assert not calls
+    chunk_gated_delta_rule(q, k, v, g, beta, kernel=True)
+    assert calls == [1]

@@ -1,16 +1,17 @@
-"""Qwen3.5 Gated DeltaNet core: gating, the chunked prefill form, and the fused recurrent decode op
-(Triton on CUDA, torch reference elsewhere)."""
+"""Qwen3.5 Gated DeltaNet core: gating, the chunked prefill form (torch, or one Triton kernel on CUDA when asked),
+and the fused recurrent decode op (Triton on CUDA, torch reference elsewhere)."""
 
 import torch
 
 from ..dispatch import use_triton
-from .chunk import chunk_gated_delta_rule
+from . import chunk as _chunk
 from .reference import fused_recurrent_gated_delta_rule_ref, gdn_gating, recurrent_gated_delta_rule
 
 try:
+    from .triton import chunk_gated_delta_rule as _chunk_triton
     from .triton import fused_recurrent_gated_delta_rule as _fused_recurrent_triton
 except ImportError:  # CPU-only installs may lack triton; they always take the reference path.
-    _fused_recurrent_triton = None
+    _chunk_triton = _fused_recurrent_triton = None
 
 __all__ = [
     "chunk_gated_delta_rule",
@@ -19,6 +20,29 @@ __all__ = [
     "gdn_gating",
     "recurrent_gated_delta_rule",
 ]
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    chunk_size: int = 64,
+    *,
+    kernel: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked gated delta rule -> (o [B,T,HV,V] in v.dtype, final state [B,HV,K,V] fp32); see chunk.py for shapes.
+
+    kernel: on CUDA, one Triton launch over all chunks (triton.py; EngineConfig.triton_gdn_prefill) instead of the
+    torch form's dozens of small ops per chunk.
+    """
+    if kernel and use_triton(v):
+        assert _chunk_triton is not None, "CUDA tensors need triton installed"
+        return _chunk_triton(q, k, v, g, beta, initial_state, scale, chunk_size)
+    return _chunk.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
 
 
 def fused_recurrent_gated_delta_rule(

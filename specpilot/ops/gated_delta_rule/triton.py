@@ -121,3 +121,127 @@ def fused_recurrent_gated_delta_rule(
         num_warps=num_warps,
     )
     return o
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
+                      T, HV, V, scale,
+                      sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, ws_n,
+                      GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                      PREC: tl.constexpr):
+    """Program (i_v, b * HV + hv) runs the chunks of request b, value head hv, value columns of tile i_v in order.
+
+    The [K, BV] state lives in the two halves of the workspace ws: chunk c reads half (c + 1) % 2 (the initial
+    state is in half 1) and writes half c % 2, so that no location is read and written in one chunk (a replicated
+    element could otherwise be rewritten before another thread has read it); a barrier per chunk publishes the
+    writes to the next chunk."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    b = (i_bh // HV).to(tl.int64)
+    hv = i_bh % HV
+    h = hv // GROUP
+    offs_c = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    v_ok = offs_v < V
+    tile = ws_ptr + (b * HV + hv) * K * V + (offs_c[:, None] * V + offs_v[None, :])
+    q_base = q_ptr + b * sq_b + h * sq_h
+    k_base = k_ptr + b * sk_b + h * sk_h
+    v_base = v_ptr + b * sv_b + hv * sv_h
+    for c in range(0, tl.cdiv(T, BT)):
+        # the masks depend on the chunk so that they are not hoisted out of the loop (and held in registers)
+        t = c * BT + tl.arange(0, BT)
+        row_ok = t < T
+        causal = t[:, None] >= t[None, :]
+        src = tile + ((c + 1) % 2) * ws_n
+        dst = tile + (c % 2) * ws_n
+        q_rows = q_base + t[:, None] * sq_t + offs_c[None, :] * sq_k
+        k_rows = k_base + t[:, None] * sk_t + offs_c[None, :] * sk_k
+        # q and k go through K in BK-wide slices (as the tree kernel does), so no [BT, K] tile stays live: one pass
+        # for the norms, one for the products with k and the state, one for the state's update
+        q_ss = tl.zeros([BT], dtype=tl.float32)
+        k_ss = tl.zeros([BT], dtype=tl.float32)
+        for kc0 in tl.static_range(0, K, BK):
+            qc = tl.load(q_rows + kc0 * sq_k, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            kc = tl.load(k_rows + kc0 * sk_k, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            q_ss += tl.sum(qc * qc, axis=1)
+            k_ss += tl.sum(kc * kc, axis=1)
+        q_scale = tl.rsqrt(q_ss + _EPS) * scale
+        k_scale = tl.rsqrt(k_ss + _EPS)
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
+        qk = tl.zeros([BT, BT], dtype=tl.float32)
+        ks = tl.zeros([BT, BV], dtype=tl.float32)
+        qs = tl.zeros([BT, BV], dtype=tl.float32)
+        for kc0 in tl.static_range(0, K, BK):
+            qc = tl.load(q_rows + kc0 * sq_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * q_scale[:, None]
+            kc = tl.load(k_rows + kc0 * sk_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * k_scale[:, None]
+            sc = tl.load(src + kc0 * V, mask=v_ok[None, :], other=0.0)
+            kk += _dot(kc, tl.trans(kc), PREC)
+            qk += _dot(qc, tl.trans(kc), PREC)
+            ks += _dot(kc, sc, PREC)
+            qs += _dot(qc, sc, PREC)
+
+        vals = tl.load(v_base + t[:, None] * sv_t + offs_v[None, :] * sv_v, mask=row_ok[:, None] & v_ok[None, :],
+                       other=0.0).to(tl.float32)
+        gb = (b * T + t) * HV + hv
+        g = tl.load(g_ptr + gb, mask=row_ok, other=0.0)
+        beta = tl.load(beta_ptr + gb, mask=row_ok, other=0.0)
+        # padded rows have g = beta = 0 and k = 0: their u is 0 and they leave the state alone
+        G = tl.sum(tl.where(causal, g[None, :], 0.0), axis=1)  # [BT] cumulative log-decay within the chunk
+        G_last = tl.sum(g, axis=0)
+        D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+        A = tl.where(t[:, None] > t[None, :], beta[:, None] * D * kk, 0.0)
+        qkd = qk * D  # formed now, so that kk, qk and D are dead before the solve
+        rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * ks)
+        # (I + A) u = rhs with A strictly lower triangular: the Neumann iteration u <- rhs - A u is exact after
+        # (tokens in the chunk - 1) steps
+        u = rhs
+        for _ in range(1, tl.minimum(T - c * BT, BT)):
+            u = rhs - _dot(A, u, PREC)
+        o = tl.exp(G)[:, None] * qs + _dot(qkd, u, PREC)
+        tl.store(o_ptr + ((b * T + t[:, None]) * HV + hv) * V + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & v_ok[None, :])
+        w = tl.exp(G_last - G) * k_scale  # [BT] each write's decay to the chunk's end, with k's norm
+        for kc0 in tl.static_range(0, K, BK):
+            kc = tl.load(k_rows + kc0 * sk_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * w[:, None]
+            sc = tl.load(src + kc0 * V, mask=v_ok[None, :], other=0.0)
+            tl.store(dst + kc0 * V, tl.exp(G_last) * sc + _dot(tl.trans(kc), u, PREC), mask=v_ok[None, :])
+        # the next chunk reads state columns that other threads of this program wrote
+        tl.debug_barrier()
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                           initial_state: torch.Tensor | None = None, scale: float | None = None,
+                           chunk_size: int = 64, *, block_v: int = 32, block_k: int = 32, num_warps: int = 4,
+                           precision: str = "tf32x3") -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as chunk.chunk_gated_delta_rule, in one launch (plus the copy of the initial state into the
+    workspace): q, k [B,T,H,K]; v [B,T,HV,V] (any strides: views of the conv output, whose channels the torch
+    prefill conv leaves strided); g, beta [B,T,HV] fp32; initial_state [B,HV,K,V] fp32 or None (zeros) ->
+    (o [B,T,HV,V] in v.dtype, final state [B,HV,K,V] fp32). chunk_size (a power of two in [16, 64]) is the token tile; precision the tl.dot input
+    precision of the fp32 products (tf32x3: three tf32 products, fp32-accurate, the tree kernel's at 64 nodes)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[-2:]
+    assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0, "q, k, v shapes disagree"
+    assert g.shape == beta.shape == (B, T, HV), f"g, beta must be [B,T,HV]={B, T, HV}"
+    assert K & (K - 1) == 0 and 16 <= K <= 256, f"K={K} must be a power of two in [16, 256]"
+    assert chunk_size & (chunk_size - 1) == 0 and 16 <= chunk_size <= 64, f"chunk_size={chunk_size}"
+    assert T > 0, "an empty block has no chunk"
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    ws = torch.empty(2, B, HV, K, V, dtype=torch.float32, device=v.device)
+    if initial_state is None:
+        ws[1].zero_()
+    else:
+        ws[1].copy_(initial_state)
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
+    BT = min(chunk_size, max(16, triton.next_power_of_2(T)))
+    block_v = min(block_v, max(16, triton.next_power_of_2(V)))
+    grid = (triton.cdiv(V, block_v), B * HV)
+    _chunk_gdn_kernel[grid](q, k, v, g, beta, ws, o, T, HV, V, K**-0.5 if scale is None else scale,
+                            *q.stride(), *k.stride(), *v.stride(), ws.stride(0),
+                            GROUP=HV // H, K=K, BT=BT, BV=block_v, BK=min(K, block_k), PREC=precision,
+                            num_warps=num_warps)
+    return o, ws[(triton.cdiv(T, BT) - 1) % 2]
