@@ -97,6 +97,30 @@ def check_gdn_tree(dev, dtype, B, T, H, HV, K, V):
             "tol": 1e-2 if dtype != torch.float32 else 1e-3}
 
 
+def check_gdn_chunk(dev, dtype, B, T, H, HV, K, V):
+    """The prefill's Triton chunk kernel (EngineConfig.triton_gdn_prefill) vs the torch chunk form in fp32 on the
+    same rounded inputs: the output and the final state."""
+    import torch
+
+    from bench.common import rel_err
+    from specpilot.ops.gated_delta_rule import chunk_gated_delta_rule, gdn_gating
+    from specpilot.ops.gated_delta_rule.triton import chunk_gated_delta_rule as kernel
+
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g, beta = gdn_gating(torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV, generator=gen),
+                         torch.rand(HV, generator=gen).log(), torch.randn(HV, generator=gen))
+    S0 = torch.randn(B, HV, K, V, generator=gen) * 0.3
+    q, k, v = (t.to(dtype).to(dev) for t in (q, k, v))
+    g, beta, S0 = g.to(dev), beta.to(dev), S0.to(dev)
+    out, final = kernel(q, k, v, g, beta, initial_state=S0)
+    ref, ref_final = chunk_gated_delta_rule(q.float(), k.float(), v.float(), g, beta, initial_state=S0)
+    res = {"o": rel_err(out, ref), "state": rel_err(final, ref_final)}
+    return {**res, "rel_rms_err": max(r["rel_rms_err"] for r in res.values()),
+            "nan": sum(r["nan"] for r in res.values()), "tol": 1e-2 if dtype != torch.float32 else 1e-3}
+
+
 def check_tree_conv(dev, dtype, B, T, C, W):
     """The Triton tree conv (parent-pointer walk into the committed window) vs the per-path reference, in fp32
     on the same rounded inputs."""
@@ -385,6 +409,10 @@ def checks(device: str):
         out.append((f"tree_attention.{name}", "tree_attention", check_tree_attention, dict(dtype=bf, **kw)))
     for name, kw in gdn:
         out.append((f"gdn_tree.{name}", "gdn_tree", check_gdn_tree, dict(dtype=bf, **kw)))
+    chunks = ([(f"qwen3.5-27b.T{T}", dict(B=2, T=T, H=16, HV=48, K=128, V=128)) for T in (17, 64, 300)]
+              if device == "cuda" else [("tiny.T70", dict(B=2, T=70, H=2, HV=4, K=16, V=16))])
+    for name, kw in chunks:
+        out.append((f"gdn_chunk.{name}", "gdn_chunk", check_gdn_chunk, dict(dtype=bf, **kw)))
     conv = ([("qwen3.5-27b.T64", dict(B=2, T=64, C=10240, W=4)), ("qwen3.5-27b.T1", dict(B=8, T=1, C=10240, W=4))]
             if device == "cuda" else [("tiny.T9", dict(B=2, T=9, C=40, W=4))])
     for name, kw in conv:
