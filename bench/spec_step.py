@@ -3,12 +3,14 @@ random-weight target in a real shape with its random DFlash drafter (the `specpi
 
 One request on a random prompt. Acceptance is synthetic, as in the bench: the oracle drafts what the target's
 verify answers (its probe: a verify pass that commits nothing; the oracle's work is labelled "oracle" and left
-out of the propose phase and the step wall) under an acceptance profile (dflash2-gsm8k by default), so that commits move what a
-bench step moves; the drafter still runs at full cost. After warm-up, --steps steps run under torch.profiler with each
-phase labelled. A kernel is charged to the phase whose host range launched it (through the launch's correlation
-id; a graph's kernels to the phase that replayed the graph). Output (JSON, and a table): per phase, host ms per
-step (the labelled range) and GPU ms per step (kernel and copy durations) with its top kernels; the step's wall.
-With --trace, the chrome trace too.
+out of the propose phase and the step wall) under an acceptance profile (dflash2-gsm8k by default), so that
+commits move what a bench step moves; the drafter still runs at full cost. After warm-up, --steps steps run
+under torch.profiler with each phase labelled. A kernel is charged to the phase whose host range launched it
+(through the launch's correlation id; a graph's kernels to the phase that replayed the graph). Output (JSON, and a
+table): per phase, host ms per step (the labelled range) and GPU ms per step (kernel and copy durations) with its
+top kernels; the step's wall. With --trace, the chrome trace too. Then what a request pays before its first
+step: the prompt's prefill (and, on a hybrid target, an interleaved A/B of the GDN chunk form in torch against
+the Triton kernel, EngineConfig.triton_gdn_prefill) and the speculative start.
 
     PYTHONPATH=. python3 bench/spec_step.py --target Qwen3.5-27B --tree chain:7 --out /tmp/step.json
     PYTHONPATH=. python3 bench/spec_step.py --target tiny-hybrid --device cpu --steps 3 --prompt 32 \
@@ -134,6 +136,8 @@ def profile_steps(args) -> dict:
     walls.sort()
     prefill = time_prefill(runner, prompt, device)
     prefill["request_start_ms"] = time_start(engine, prompt, params, device)
+    if model.config.is_hybrid:
+        prefill["triton_gdn_prefill"] = ab_gdn_prefill(runner, prompt, device)
     return {"prefill": prefill, "target": args.target, "tree": args.tree, "engine": fields, "profile": args.profile,
             "prompt": args.prompt, "steps": args.steps, "tokens_per_step": emitted / args.steps,
             "step_wall_ms_median": walls[len(walls) // 2], "phases": phases,
@@ -165,6 +169,29 @@ def time_prefill(runner: ModelRunner, prompt: list[int], device, reps: int = 3) 
             "top_host_ops_ms": [(r.key[:80], r.count, round(r.self_cpu_time_total / 1e3, 3)) for r in host],
             "top_gpu_ops_ms": [(r.key[:80], r.count, round(getattr(r, "self_device_time_total", 0) / 1e3, 3))
                                for r in gpu]}
+
+
+def ab_gdn_prefill(runner: ModelRunner, prompt: list[int], device, reps: int = 3) -> dict:
+    """The prompt's prefill with the GDN chunk form in torch (a) and as one Triton kernel per layer (b,
+    EngineConfig.triton_gdn_prefill), interleaved, after a warm-up of each; and how far their logits differ."""
+    slot, flag = runner.cache.num_slots - 1, runner.gdn_prefill
+    ms, logits = {False: [], True: []}, {}
+    try:
+        for i in range(reps + 1):
+            for on in (False, True):
+                runner.gdn_prefill = on
+                sync(device)
+                t0 = time.perf_counter()
+                logits[on] = runner.prefill(slot, prompt).float()
+                sync(device)
+                if i:  # the first round compiles
+                    ms[on].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        runner.gdn_prefill = flag
+    diff = (logits[True] - logits[False]).abs().max().item()
+    same = int(logits[True].argmax()) == int(logits[False].argmax())
+    return {"torch_ms": ms[False], "triton_ms": ms[True], "max_abs_logit_diff": diff,
+            "logit_std": logits[False].std().item(), "same_argmax": same}
 
 
 def time_start(engine: SpecEngine, prompt: list[int], params, device, reps: int = 3) -> list[float]:
@@ -204,6 +231,10 @@ def main() -> None:
           f"ms, {r['tokens_per_step']:.2f} tokens/step (synthetic acceptance)")
     print(f"prefill of {r['prefill']['tokens']} tokens: {r['prefill']['ms_median']:.2f} ms; a speculative request's "
           f"start with its first proposal: {min(r['prefill']['request_start_ms']):.2f} ms")
+    if "triton_gdn_prefill" in r["prefill"]:
+        ab = r["prefill"]["triton_gdn_prefill"]
+        print(f"GDN prefill, torch chunk form vs Triton kernel: {min(ab['torch_ms']):.2f} vs "
+              f"{min(ab['triton_ms']):.2f} ms, max |logit diff| {ab['max_abs_logit_diff']:.3g}")
     print(f"{'phase':>9} {'host ms':>8} {'GPU ms':>8}  top kernels (GPU ms per step)")
     for name, ph in r["phases"].items():
         if ph["host_ms"] or ph["gpu_ms"]:

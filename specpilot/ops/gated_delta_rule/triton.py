@@ -221,8 +221,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     """Same contract as chunk.chunk_gated_delta_rule, in one launch (plus the copy of the initial state into the
     workspace): q, k [B,T,H,K]; v [B,T,HV,V] (any strides: views of the conv output, whose channels the torch
     prefill conv leaves strided); g, beta [B,T,HV] fp32; initial_state [B,HV,K,V] fp32 or None (zeros) ->
-    (o [B,T,HV,V] in v.dtype, final state [B,HV,K,V] fp32). chunk_size (a power of two in [16, 64]) is the token tile; precision the tl.dot input
-    precision of the fp32 products (tf32x3: three tf32 products, fp32-accurate, the tree kernel's at 64 nodes)."""
+    (o [B,T,HV,V] in v.dtype, final state [B,HV,K,V] fp32). chunk_size (a power of two in [16, 64]) is the token
+    tile; precision the tl.dot input precision of the fp32 products (tf32x3: three tf32 products, fp32-accurate,
+    the tree kernel's at 64 nodes)."""
     B, T, H, K = q.shape
     HV, V = v.shape[-2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0, "q, k, v shapes disagree"
