@@ -2,7 +2,8 @@
 tree attention, the GDN tree kernel, the prefill's GDN chunk kernel, the W12N and FP8-view GEMVs), each against
 its torch reference on the device, on small problems at the real head sizes of Qwen3-8B and Qwen3.5-27B. Run
 first by bench/gpu_suite.sh: a kernel that faults kills only a child process here, and the benchmark scripts
-then skip the variants that need it (bench/common.kernel_crashed); the suite drops the bench configurations that need it.
+then skip the variants that need it (bench/common.kernel_crashed); the suite drops the bench configurations
+that need it.
 
 Each check ends in one status: ok (error within tolerance), mismatch (ran, error above tolerance or NaN),
 error (a Python exception; the CUDA context survived), crash (the context died, or the child process did).
