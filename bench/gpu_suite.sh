@@ -5,6 +5,7 @@
 #     SUITE_ONLY="bench_27b bench_8b" SUITE_BUDGET_S=1400 bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 570 s
 #     SUITE_ONLY="verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 350 s
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
+#     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 250 s: issue 7's row
 #
 # (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
@@ -103,6 +104,7 @@ if [ "$DRY" = 1 ]; then
     DEV=(--device cpu)
     T27=random:tiny-hybrid; T8=random:tiny-dense
     BENCH_SIZE=(--limit 2 --batch-sizes 1 2 --max-new-tokens 8)
+    LONG_SIZE=(--limit 1 --batch-sizes 1 --max-new-tokens 12)
     VC=(--shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3)
     HT=(--shape tiny-hybrid --sizes 1 4 8 --configs 1x32 2x16 --reps 2)
     GK=(--batches 1 --nodes 4 9 --warps 4 --precisions ieee tf32x3 --reps 1 --heads 2 6 --dim 16)
@@ -113,6 +115,7 @@ else
     DEV=()
     T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
     BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens ${SUITE_BENCH_TOKENS:-128})
+    LONG_SIZE=(--limit 2 --batch-sizes 1 --max-new-tokens 2048)  # the bench's default length: ~240 s at 27B
     VC=(--reps 10 --ab-layers-per-graph 4)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at 22d4117
     HT=(--reps 5)  # ~95 s in all (2026-11-30, 673dc2a: checks 7 s, sweeps 72 s, commit section 18 s)
     GK=(--nodes 1 16 32 64 --warps 4 8 --precisions ieee tf32 tf32x3)
@@ -159,6 +162,15 @@ step spec_step 90 python3 bench/spec_step.py --target "${T27#random:}" --tree ch
 step bench_27b 140 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
     --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${BENCH_SIZE[@]}" \
     --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]}" --out "$OUT/bench_27b_h200.json" --plot /tmp/bench_27b_h200.png "${DEV[@]}"
+
+# issue 7's target row, opt-in (SUITE_ONLY must name it): batch 1 at the bench's default 2,048 tokens, stock against
+# the static tree of 15 (the 2-prompt run of 21bc29a had only tree29, which fell behind stock)
+if [[ " ${SUITE_ONLY:-} " == *" bench_27b_long "* ]]; then
+    step bench_27b_long 250 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
+        --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${LONG_SIZE[@]}" \
+        --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]:0:1}" --out "$OUT/bench_27b_long_h200.json" \
+        --plot /tmp/bench_27b_long_h200.png "${DEV[@]}"
+fi
 
 # 3. verify cost vs tree size (SDPA and tree attention) and host overhead per step at batch 1
 step verify_cost 200 python3 bench/verify_cost.py --out "$OUT/verify_cost_h200.json" --commit "$COMMIT" \
