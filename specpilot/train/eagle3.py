@@ -104,21 +104,27 @@ def _loss(drafter: Eagle3Drafter, target, tokens_all, step: int, seed: int, cfg:
           train: bool):
     """Teacher-forced step 0: pair (feature_p, token_p+1), predict the target's greedy token p+2, over windows."""
     tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
-    B, L = tokens.shape
     with torch.no_grad():
         features, greedy = _features(target, tokens, drafter.target_layers)
-    drafter.cache = None
-    drafter.allocate(B, L)
-    ids = tokens[:, 1:]
-    meta = BatchMetadata.contiguous(ids, torch.zeros(B, dtype=torch.long, device=device),
-                                    torch.arange(B, device=device), 0)
     with torch.set_grad_enabled(train):
-        h = drafter.forward(meta, drafter.head.fc(features[:, :-1]))
-        logits = drafter.draft_logits(h[:, :-1])  # [B, L-2, draft vocab]
+        logits = eagle3_forward(drafter, features, tokens)
     labels = to_draft[greedy[:, 1:-1]]  # the target's greedy token at p+2 (self-distillation)
     loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
     hit = (logits.argmax(-1) == labels).float()[labels >= 0].mean()
     return loss, float(hit)
+
+
+def eagle3_forward(drafter: Eagle3Drafter, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """features [B, L, 3*H] and tokens [B, L] -> step-0 draft logits [B, L-2, draft vocab]: head position p pairs
+    feature p with token p+1 (RoPE position p, causal, a scratch cache) and predicts token p+2."""
+    B, L = tokens.shape
+    device = tokens.device
+    drafter.cache = None
+    drafter.allocate(B, L)
+    meta = BatchMetadata.contiguous(tokens[:, 1:], torch.zeros(B, dtype=torch.long, device=device),
+                                    torch.arange(B, device=device), 0)
+    h = drafter.forward(meta, drafter.head.fc(features[:, :-1]))
+    return drafter.draft_logits(h[:, :-1])
 
 
 def save_eagle3(head: Eagle3Head, raw: dict, out: Path, report: dict, save_dtype: str = "bfloat16") -> None:
