@@ -153,13 +153,14 @@ class SpecEngine:
         greedy, self._features = self.runner.verify(meta, layers)
         return greedy
 
-    @torch.inference_mode()
+    @inference
     def peek(self, slots: list[int], trees: list[DraftTree]) -> list[list[int]]:
         """The target's greedy token after every node of the running requests' trees, from a verify pass that
         commits nothing (the verify a step would run on these trees answers the same, bit for bit): the synthetic
-        oracle's probe, for benchmarks. Recurrent state a chain pass advanced in place is put back."""
+        oracle's probe, for benchmarks. Read back as accept reads a step's (a sync that frees the staged metadata
+        buffer); recurrent state a chain pass advanced in place is put back."""
         by_slot = {r.slot: r for r in self.requests}
-        greedy = self.verify([by_slot[s] for s in slots], trees).tolist()
+        greedy = self.runner.staging.read_tokens(self.verify([by_slot[s] for s in slots], trees))
         if self._snapshot is not None:
             self.runner.cache.restore(self._snapshot)
         return [row[:t.num_nodes] for row, t in zip(greedy, trees)]

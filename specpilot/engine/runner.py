@@ -39,7 +39,7 @@ class HostStaging:
     filled in take(words), the greedy tokens come back through read_tokens, the step's one sync. A fresh pinned
     buffer per step costs the host an allocation and an event query of the caching host allocator."""
 
-    def __init__(self, device: torch.device, depth: int = 2):
+    def __init__(self, device: torch.device, depth: int = 1):
         self.pin = device.type == "cuda"
         self.depth = depth
         self.inputs: dict[int, list[torch.Tensor]] = {}  # words -> buffers of that size
@@ -52,8 +52,8 @@ class HostStaging:
         Why reuse is safe: a buffer taken before a read_tokens is handed out again only after it. read_tokens
         waits for everything queued on the stream, which includes the non-blocking copy out of the buffer (queued
         before the verify whose tokens it reads), so the host never refills a buffer under a pending copy. Up to
-        `depth` buffers of a size are out between two syncs (a benchmark's probe verify before the step's); past
-        that the buffer is a fresh one, which the caching host allocator guards itself."""
+        `depth` buffers of a size are kept; a caller that takes more between two syncs gets fresh ones, which the
+        caching host allocator guards itself."""
         n = self.taken.get(words, 0)
         self.taken[words] = n + 1
         kept = self.inputs.setdefault(words, [])
