@@ -10,10 +10,10 @@ tree the path skips nodes, so commit moves K/V). What is timed is then only the 
 
 Rows: tree shape x batch; columns: median host microseconds per component over the timed steps
 (`metadata` and `replay` are the two parts of `verify`, timed alone on the same step's trees: filling the
-runner's staged host buffer, then copying it into the graph's static inputs and replaying). `grow` (static and dynamic trees) is the
-host side of a tree drafter's propose for one request, which the fixed-tree drafter skips: tree.grow with a
-scorer that costs nothing (random log-probs, so a dynamic tree takes a new shape most steps, as EAGLE-2's do),
-through the new shape's verify rows (TreeLayout.padded).
+runner's staged host buffer, then copying it into the graph's static inputs and replaying). `grow` (static and
+dynamic trees) is the host side of a tree drafter's propose for one request, which the fixed-tree drafter skips:
+tree.grow with a scorer that costs nothing (random log-probs, so a dynamic tree takes a new shape most steps, as
+EAGLE-2's do), through the new shape's verify rows (TreeLayout.padded).
 
     PYTHONPATH=. python3 bench/host_step.py --out /tmp/host_step.json
     PYTHONPATH=. python3 bench/host_step.py --trees chain:4 --batches 1 --steps 50 --out /tmp/hs.json  # quick

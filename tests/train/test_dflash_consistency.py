@@ -89,7 +89,8 @@ def _both_sides(target, layers, tmp_path, train_layers=None, train_mask=MASK):
     oracle = _Oracle(drafter, sequences)
     out = SpecEngine(ModelRunner(target), oracle, TreeSpec.parse(f"chain:{BLOCK - 1}")).generate(
         prompts, SamplingParams(max_new_tokens=NEW))
-    assert [p + r.token_ids for p, (r, _) in zip(prompts, out)] == [s[:len(p) + NEW] for p, s in zip(prompts, sequences)]
+    emitted = [p + r.token_ids for p, (r, _) in zip(prompts, out)]
+    assert emitted == [s[:len(p) + NEW] for p, s in zip(prompts, sequences)]
     anchors = {0: [], 1: []}
     for slot, at, _ in recorded:
         anchors[slot].append(at)

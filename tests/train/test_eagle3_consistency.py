@@ -61,7 +61,8 @@ def test_inference_logits_equal_the_training_forward(checkpoint_factory, tmp_pat
     sequences = [p + r.token_ids for p, r in zip(prompts, ref)]
     out = SpecEngine(ModelRunner(target), _Oracle(drafter, sequences), TreeSpec.parse(f"chain:{DEPTH}")).generate(
         prompts, SamplingParams(max_new_tokens=NEW))
-    assert [p + r.token_ids for p, (r, _) in zip(prompts, out)] == [s[:len(p) + NEW] for p, s in zip(prompts, sequences)]
+    emitted = [p + r.token_ids for p, (r, _) in zip(prompts, out)]
+    assert emitted == [s[:len(p) + NEW] for p, s in zip(prompts, sequences)]
 
     trainer = Eagle3Drafter(head, target, layers)  # as train_eagle3 builds it
     for slot, seq in enumerate(sequences):
