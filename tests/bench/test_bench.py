@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specpilot.bench.harness import BenchConfig
-from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
+from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter, shape
 from specpilot.cli import main
 
 
@@ -176,7 +176,7 @@ class _NoDrafter:
     def propose(self, slots, roots, spec): ...
 
 
-@pytest.mark.parametrize("tree", ["chain:7", "static:2,2,1,1"])
+@pytest.mark.parametrize("tree", ["chain:7", "static:2,2,1,1", "dynamic:4,7,15"])
 def test_probed_oracle_realizes_the_profile_whatever_the_stock_continuation(tree):
     """With a probe, the oracle's right drafts are the target's own answers: the accepted depth follows the
     profile although the stock continuation it was given is wrong from the first token; without one it would
@@ -201,11 +201,35 @@ def test_probed_oracle_realizes_the_profile_whatever_the_stock_continuation(tree
         d.commit(0, list(acc.tokens[:-1]))
         target.context += [root] + list(acc.tokens[:-1])
         root = acc.tokens[-1]
-    if tree.startswith("chain"):  # the chain's expected accepted depth is the profile's tau - 1 (4.46)
-        assert statistics.mean(accepted) == pytest.approx(profile.expected_chain_tau(7) - 1, abs=0.35)
-    else:  # a sibling at depth 1 and 2: at least the chain's first four depths' expectation
-        assert statistics.mean(accepted) >= profile.expected_chain_tau(4) - 1 - 0.3
+    # the expected accepted depth is the profile's tau of the tree's shape - 1 (a chain of 7: 4.46)
+    assert statistics.mean(accepted) == pytest.approx(profile.expected_tau(shape(spec, 0, profile)) - 1, abs=0.35)
     assert d.truth[0][:len(d.out[0])] == d.out[0]  # the truth now follows what the target answered
+
+
+def test_synthetic_dynamic_trees_keep_the_nodes_the_profile_accepts_most():
+    """A dynamic tree is shaped as if the drafter were calibrated to the profile: at 15 draft nodes it beats a chain
+    and the static tree of 14, and it is the best closed set of 15 nodes that dynamic:4,7 can grow (brute force
+    over the full 28-node tree: any kept set must contain its ancestors)."""
+    import itertools
+
+    from specpilot.spec.tree import DraftTree, TreeSpec
+
+    profile = AcceptanceProfile.load("dflash2-gsm8k")
+    tau = {t: profile.expected_tau(shape(TreeSpec.parse(t), 0, profile))
+           for t in ["chain:7", "static:2,1,1,1,1,1,1", "dynamic:4,7,15", "dynamic:4,7,28"]}
+    assert tau["chain:7"] == pytest.approx(profile.expected_chain_tau(7)) == pytest.approx(5.46, abs=0.01)
+    assert tau["chain:7"] < tau["static:2,1,1,1,1,1,1"] < tau["dynamic:4,7,15"] < tau["dynamic:4,7,28"]
+    # small enough to brute-force: dynamic:2,3,4 against every ancestor-closed 4-node subset of its full tree
+    full = shape(TreeSpec.parse("dynamic:2,3,6"), 0, profile)
+    best = 0.0
+    for keep in itertools.combinations(range(1, full.num_nodes), 4):
+        kept = (0,) + keep
+        if all(full.parents[n] in kept for n in keep):
+            index = {n: i for i, n in enumerate(kept)}
+            sub = DraftTree(tuple(full.tokens[n] for n in kept),
+                            tuple(-1 if n == 0 else index[full.parents[n]] for n in kept))
+            best = max(best, profile.expected_tau(sub))
+    assert profile.expected_tau(shape(TreeSpec.parse("dynamic:2,3,4"), 0, profile)) == pytest.approx(best)
 
 
 def test_only_the_inner_drafter_is_timed():
