@@ -1,6 +1,6 @@
 """Decode GEMV on every projection shape of Qwen3-8B and Qwen3.5-27B: cuBLAS vs our Triton kernels.
 
-M = 1 (default): the FMA GEMV's config sweep. --skinny: M = 2..16 rows (verify blocks, small decode batches),
+M = 1 (default): the FMA GEMV's config sweep. --skinny: M = 2..32 rows (verify blocks, small decode batches),
 the tensor-core skinny kernel's config sweep, each M beside cuBLAS and beside our own M = 1 GEMV (the time a
 verify block of M tokens costs over one token). Correctness first (each config against the fp32 reference),
 then the median time of each over weights rotated through more memory than the L2 holds, as achieved
@@ -38,7 +38,7 @@ CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w) for bn, bk, w in itertools.
 SKINNY_CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
                   for bn, bk, w, st in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))
                   if bn * bk <= 16384]
-SKINNY_ROWS = (4, 8, 16)
+SKINNY_ROWS = (4, 8, 16, 24, 32)
 
 
 def time_fn(fn, weights, x, calls: int = 24, reps: int = 10) -> float:
@@ -47,18 +47,24 @@ def time_fn(fn, weights, x, calls: int = 24, reps: int = 10) -> float:
     return graph_ms(lambda i: fn(x, weights[i % len(weights)]), calls, reps) / 1e3
 
 
+def _shapes(args) -> list[tuple[str, tuple[int, int]]]:
+    return [(n, s) for n, s in SHAPES.items() if args.shapes is None or n.startswith(tuple(args.shapes))]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default="unknown")
-    p.add_argument("--skinny", action="store_true", help="M = 2..16: the skinny kernel's sweep")
+    p.add_argument("--skinny", action="store_true", help="M = 2..32: the skinny kernel's sweep")
+    p.add_argument("--rows", type=int, nargs="+", default=list(SKINNY_ROWS), help="--skinny: the M values")
+    p.add_argument("--shapes", nargs="+", default=None, help="only the shapes whose name starts with one of these")
     args = p.parse_args()
     if args.skinny:
         return skinny_sweep(args)
     bw = copy_bandwidth()
     out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "shapes": {}}
-    for name, (N, K) in SHAPES.items():
+    for name, (N, K) in _shapes(args):
         nbytes = N * K * 2
         copies = max(2, (512 << 20) // nbytes + 1)
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -91,8 +97,8 @@ def main() -> None:
 def skinny_sweep(args) -> None:
     bw = copy_bandwidth()
     out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": " ".join(sys.argv),
-           "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "rows": SKINNY_ROWS, "shapes": {}}
-    for name, (N, K) in SHAPES.items():
+           "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "rows": args.rows, "shapes": {}}
+    for name, (N, K) in _shapes(args):
         nbytes = N * K * 2
         copies = max(2, (512 << 20) // nbytes + 1)
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -100,7 +106,7 @@ def skinny_sweep(args) -> None:
         x1 = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         row = {"N": N, "K": K, "bytes": nbytes,
                "gemv_m1_s": time_fn(lambda a, w: gemv(a, w, block_n=bn, block_k=bk, num_warps=nw), weights, x1)}
-        for m in SKINNY_ROWS:
+        for m in args.rows:
             x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
             ref = gemv_ref(x, weights[0]).float()
             r = {"cublas_s": time_fn(lambda a, w: F.linear(a, w), weights, x), "configs": []}

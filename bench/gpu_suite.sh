@@ -5,7 +5,8 @@
 #     SUITE_ONLY="bench_27b bench_8b" SUITE_BUDGET_S=1400 bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 570 s
 #     SUITE_ONLY="verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 350 s
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
-#     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 250 s: issue 7's row
+#     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
+#     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
 #
 # (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
@@ -25,6 +26,7 @@
 #   gdn_tree_kernel_h200.json  the GDN tree kernel per (requests, nodes, warps, dot precision) vs the torch form
 #   spec_step_27b_h200.json  one 27B speculative step (chain:7, random DFlash, synthetic): ms per phase and kernel
 #   ar_decode_h200.json      AR decode (ours, cuBLAS, W12N, HF generate) at 1x512 1x4096 8x512 32x512, profile
+#   (opt-in) bench_27b_long_h200.json, gemv_skinny32_h200.json, bench_zoo_{dense,hybrid}_h200.json
 #
 # Most important first. Each step runs under `timeout`: step i must end by the sum of the caps of the steps run
 # so far (time a step leaves unused goes to the next ones). The caps come from the H200 run of 2026-11-30, where
@@ -105,6 +107,7 @@ if [ "$DRY" = 1 ]; then
     T27=random:tiny-hybrid; T8=random:tiny-dense
     BENCH_SIZE=(--limit 2 --batch-sizes 1 2 --max-new-tokens 8)
     LONG_SIZE=(--limit 1 --batch-sizes 1 --max-new-tokens 12)
+    ZOO_SIZE=(--limit 2 --batch-sizes 1 2 --max-new-tokens 16)
     VC=(--shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3)
     HT=(--shape tiny-hybrid --sizes 1 4 8 --configs 1x32 2x16 --reps 2)
     GK=(--batches 1 --nodes 4 9 --warps 4 --precisions ieee tf32x3 --reps 1 --heads 2 6 --dim 16)
@@ -116,6 +119,7 @@ else
     T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
     BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens ${SUITE_BENCH_TOKENS:-128})
     LONG_SIZE=(--limit 2 --batch-sizes 1 --max-new-tokens 2048)  # the bench's default length: ~240 s at 27B
+    ZOO_SIZE=(--limit 16 --batch-sizes 1 8 --max-new-tokens 256)
     VC=(--reps 10 --ab-layers-per-graph 4)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at 22d4117
     HT=(--reps 5)  # ~95 s in all (2026-11-30, 673dc2a: checks 7 s, sweeps 72 s, commit section 18 s)
     GK=(--nodes 1 16 32 64 --warps 4 8 --precisions ieee tf32 tf32x3)
@@ -141,13 +145,14 @@ esac
 BASE_ENGINE=(--engine "$ENGINE")
 
 # the bench configurations beside AR and stock: none that needs a kernel which crashed its process in the check
-# (a dead CUDA context would take the later rows with it). Trees are at most 7 deep (a DFlash block of 8);
-# expected tau under dflash2-gsm8k (simulated with the oracle): chain:7 5.45, static:2,1,1,1,1,1,1 (15 nodes)
-# 5.65, dynamic:4,7,28 (29 nodes) 6.07.
+# (a dead CUDA context would take the later rows with it). Trees are at most 7 deep (a DFlash block of 8); under
+# synthetic acceptance a dynamic tree is shaped by the profile's chances. Expected tau under dflash2-gsm8k
+# (AcceptanceProfile.expected_tau): chain:7 5.46, dynamic:4,7,15 (16 rows, the skinny GEMV's 16-row tile) 5.79,
+# dynamic:4,7,28 (29 rows) 6.10.
 configs() {  # configs dense|hybrid
     local out=()
     if [ "$1" = dense ] || [ "$GT" != crash ]; then
-        out+=("tree15=tree:static:2,1,1,1,1,1,1" "tree29=tree:dynamic:4,7,28")
+        out+=("tree16=tree:dynamic:4,7,15" "tree29=tree:dynamic:4,7,28")
     fi
     [ "${#out[@]}" -gt 0 ] && printf '%s\n' "${out[@]}"
     return 0
@@ -164,13 +169,24 @@ step bench_27b 140 python3 -m specpilot bench --target "$T27" --drafter random-d
     --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]}" --out "$OUT/bench_27b_h200.json" --plot /tmp/bench_27b_h200.png "${DEV[@]}"
 
 # issue 7's target row, opt-in (SUITE_ONLY must name it): batch 1 at the bench's default 2,048 tokens, stock against
-# the static tree of 15 (the 2-prompt run of 21bc29a had only tree29, which fell behind stock)
+# the trees (the 2-prompt run of 21bc29a had only tree29, rank-shaped, which fell behind stock)
 if [[ " ${SUITE_ONLY:-} " == *" bench_27b_long "* ]]; then
-    step bench_27b_long 250 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
+    step bench_27b_long 480 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
         --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${LONG_SIZE[@]}" \
-        --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]:0:1}" --out "$OUT/bench_27b_long_h200.json" \
+        --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]}" --out "$OUT/bench_27b_long_h200.json" \
         --plot /tmp/bench_27b_long_h200.png "${DEV[@]}"
 fi
+
+# the skinny GEMV at 16, 24 and 32 rows on the 27B projections (tree verify blocks above 16 nodes)
+[ "$DRY" = 1 ] || step gemv_skinny 100 python3 bench/gemv.py --skinny --rows 16 24 32 --shapes 27B \
+    --out "$OUT/gemv_skinny32_h200.json" --commit "$COMMIT"
+
+# the zoo pairs with their real acceptance (issue 7): trained targets, their DFlash drafters, HumanEval held out
+for pair in dense hybrid; do
+    step "bench_zoo_$pair" 60 python3 -m specpilot bench --target "zoo/$pair" --drafter "zoo/$pair-dflash" \
+        --workloads humaneval --data-dir "$DATA" "${ZOO_SIZE[@]}" --configs "tree16=tree:dynamic:4,7,15" \
+        --out "$OUT/bench_zoo_${pair}_h200.json" --plot "/tmp/bench_zoo_${pair}_h200.png" "${DEV[@]}"
+done
 
 # 3. verify cost vs tree size (SDPA and tree attention) and host overhead per step at batch 1
 step verify_cost 200 python3 bench/verify_cost.py --out "$OUT/verify_cost_h200.json" --commit "$COMMIT" \

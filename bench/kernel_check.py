@@ -395,6 +395,7 @@ def checks(device: str):
         gm = [("8b.down-gated.M1", dict(M=1, N=4096, K=12288, gated=True)),
               ("8b.qkv.M8", dict(M=8, N=6144, K=4096, gated=False)),
               ("27b.down.M16", dict(M=16, N=5120, K=17408, gated=False)),
+              ("27b.gate_up.M29", dict(M=29, N=34816, K=5120, gated=False)),
               ("odd.M5", dict(M=5, N=2053, K=5000, gated=False))]
         for name, kw in dec:
             out.append((f"decode_attention.{name}", "decode_attention", check_decode_attention,

@@ -5,7 +5,7 @@ Two regions the runner opens, each a knob of EngineConfig:
   small trees) through the fused register-decoding GEMV, where reading fewer bytes pays; larger products stay
   on cuBLAS with the bf16 weight, which is kept (for them and every other reader), so one model serves both
   formats side by side. Dropping the bf16 copy to save memory is a later step.
-- `decode_gemv()`: products of up to 16 rows (decode steps, verify blocks of a few tree nodes) run the Triton
+- `decode_gemv()`: products of up to 32 rows (decode steps, verify blocks of a tree) run the Triton
   GEMVs instead of cuBLAS.
 Everywhere else it is a plain F.linear.
 """

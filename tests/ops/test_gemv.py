@@ -23,8 +23,10 @@ def test_gemv_matches_reference(M, N, K, block_n, block_k):
 
 @pytest.mark.parametrize("M,N,K,block_n,block_k,dtype", [
     (2, 17, 40, 16, 16, torch.float32), (5, 70, 96, 32, 32, torch.float32), (16, 33, 130, 16, 64, torch.float32),
-    (8, 48, 256, 32, 64, torch.bfloat16), (13, 20, 100, 16, 32, torch.bfloat16)],
-    ids=["m2-ragged", "m5-even", "m16-ragged", "m8-bf16", "m13-bf16-ragged"])
+    (8, 48, 256, 32, 64, torch.bfloat16), (13, 20, 100, 16, 32, torch.bfloat16), (17, 35, 96, 16, 32, torch.float32),
+    (29, 50, 130, 32, 64, torch.bfloat16), (32, 64, 256, 64, 128, torch.float32)],
+    ids=["m2-ragged", "m5-even", "m16-ragged", "m8-bf16", "m13-bf16-ragged", "m17-32row-tile", "m29-bf16-ragged",
+         "m32-even"])
 def test_skinny_matches_reference(M, N, K, block_n, block_k, dtype):
     from specpilot.ops.gemv.triton import skinny
 
@@ -32,6 +34,13 @@ def test_skinny_matches_reference(M, N, K, block_n, block_k, dtype):
     w = (torch.randn(N + 3, K)[:N] * 0.1).to(dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert_close("skinny", gemv_ref(x, w), skinny(x, w, block_n=block_n, block_k=block_k), tol)
+
+
+def test_dispatch_and_kernel_agree_on_the_row_limit():
+    from specpilot.ops import gemv
+    from specpilot.ops.gemv import triton
+
+    assert gemv.MAX_M == triton.MAX_M == 32
 
 
 def test_dispatch_takes_reference_on_cpu_and_checks_rows():

@@ -1,4 +1,4 @@
-"""Decode GEMV: y = x W^T for 1..16 rows, dispatched to the Triton kernels on CUDA (M = 1: FMA GEMV; M = 2..16:
+"""Decode GEMV: y = x W^T for 1..32 rows, dispatched to the Triton kernels on CUDA (M = 1: FMA GEMV; M = 2..32:
 the tensor-core skinny kernel), each with its per-shape launch config."""
 
 import torch
@@ -8,11 +8,11 @@ from specpilot.ops.gemv.reference import gated_gemv_ref, gemv_ref
 
 __all__ = ["MAX_M", "gated_gemv", "gated_gemv_ref", "gemv", "gemv_ref"]
 
-MAX_M = 16
+MAX_M = 32  # = triton.MAX_M (kept here: the dispatch must import without triton)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M <= 16, K], weight [N, K] -> y [M, N]."""
+    """x [M <= 32, K], weight [N, K] -> y [M, N]."""
     if use_triton(x):
         from specpilot.ops.gemv import configs, triton
 

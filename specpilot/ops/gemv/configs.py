@@ -1,5 +1,6 @@
 """Launch configs of the decode GEMV per weight shape (N, K): (block_n, block_k, num_warps) for M = 1, and
-(block_n, block_k, num_warps, num_stages) for the skinny kernel (M = 2..16).
+(block_n, block_k, num_warps, num_stages) for the skinny kernel (M = 2..32; tuned at 4..16, 32-row tiles take
+fewer stages where shared memory runs out).
 
 Measured on an H200 by bench/gemv.py (bench/results/gemv_h200.json: each best config with its speed-up over
 cuBLAS at M = 1). Shapes not listed use DEFAULT. The tuner will own this table per GPU later.

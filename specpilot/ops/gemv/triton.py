@@ -1,12 +1,13 @@
-"""Triton GEMV for decode and small verify blocks (M = 1..16 rows): each program streams BLOCK_N weight rows
+"""Triton GEMV for decode and small verify blocks (M = 1..32 rows): each program streams BLOCK_N weight rows
 once, fp32 accumulate.
 
 At batch 1 the decode step is a chain of weight reads; cuBLAS picks split-K or small-tile kernels for the
 narrower projections (o_proj, out_proj, qkv) that reach only 72-84% of the copy bandwidth on an H200, plus
 split-K reduce kernels. One pass over the rows with no split keeps the whole matrix in one kernel.
-M = 1 multiplies on the FMA units (`_gemv_kernel`); M = 2..16 (a verify block of a few tree nodes, or a small
-decode batch) runs each weight tile once through a tensor-core dot against all rows padded to 16
-(`_skinny_kernel`), so the weight bytes, not M, set the time.
+M = 1 multiplies on the FMA units (`_gemv_kernel`); M = 2..32 (a verify block of a tree, or a small decode batch)
+runs each weight tile once through a tensor-core dot against all rows padded to 16 or 32 (`_skinny_kernel`), so
+the weight bytes, not M, set the time. cuBLAS at 17..32 rows made a 27B verify of 32 nodes 1.21x the time of one
+node (bench/results/hybrid_tree_h200.json), against 1.04x at 16 on the skinny kernel.
 """
 
 import os
@@ -103,7 +104,9 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & m_ok[None, :])
 
 
-MAX_M = 16
+MAX_M = 32
+# shared memory a skinny launch may ask for (an H200 SM has 227 KB): 32-row tiles take fewer stages
+_SKINNY_SMEM = 160 * 1024
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
@@ -127,18 +130,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: in
 
 def skinny(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k: int = 256, num_warps: int = 4,
            num_stages: int = 4) -> torch.Tensor:
-    """gemv for M = 1..16 rows on the tensor cores: x [M, K], weight [N, K] -> y [M, N] in x.dtype."""
+    """gemv for M = 1..32 rows on the tensor cores: x [M, K], weight [N, K] -> y [M, N] in x.dtype."""
     M = x.shape[0]
     N, K = weight.shape
     assert x.shape[1] == K, f"x {list(x.shape)} does not fit weight {list(weight.shape)}"
     assert weight.stride(1) == 1, "weight must be [N, K] with dense rows"
     assert x.stride(1) == 1 and 1 <= M <= MAX_M, f"x must be [M <= {MAX_M}, K] with a dense last dim"
     assert block_n >= 16 and block_k >= 16, "tensor-core tiles need block_n and block_k >= 16"
+    block_m = 16 if M <= 16 else 32
+    num_stages = max(1, min(num_stages, _SKINNY_SMEM // ((block_n + block_m) * block_k * weight.element_size())))
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     on = pdl.active(x)
     _skinny_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         DOT_F32=weight.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps,
         num_stages=num_stages, PDL=on, **pdl.launch_kwargs(on))
     return y
