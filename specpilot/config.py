@@ -217,9 +217,13 @@ class EngineConfig:
     verify_pdl: bool = False
     decode_gated_down: bool = True  # single-row steps: the down GEMV forms silu(gate) * up itself
     decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
-    block_attention: str = "sdpa"  # multi-token blocks (prefill, verify): "sdpa" or "tree" (the tree-attention op)
+    # multi-token blocks (prefill, verify): "tree" (the tree-attention op), "sdpa", or "auto" (tree on GPU, SDPA on CPU)
+    block_attention: str = "auto"
     weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
-    verify_graphs: bool = False  # capture the verify forward per (batch, tree width) (GPU; needs block_attention=tree)
+    # capture the verify forward per (batch, tree width) (GPU, with the tree-attention op: the SDPA path slices the
+    # prefix by a host-side length, which a captured graph cannot follow, so SDPA blocks stay eager). Eager, the zoo
+    # dense pair's chain:7 verify took 22 ms per step on an H200 (bench/results/bench_zoo_dense_eager_h200.json)
+    verify_graphs: bool = True
     # N > 0: a verify graph is a chain of graphs cut after layer 0 and every N layers, so that launching it
     # overlaps the GPU's work on the first layers (0: one graph, whose whole launch the step waits for). Cut every
     # 4 layers, an 8B step was faster in 95% (chain:7) and 100% (dynamic:4,7,28) of 100 interleaved pairs, by a
@@ -230,7 +234,10 @@ class EngineConfig:
     # hybrid targets, chains: "fold" verifies a chain as a tree and folds the kept prefix into the state (no second
     # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
     hybrid_chain_commit: str = "fold"
-    triton_gdn_prefill: bool = False  # hybrid prefill: the chunked delta rule as one Triton kernel per layer (GPU only)
+    # hybrid prefill: the chunked delta rule as one Triton kernel per layer (GPU only). 512 tokens of the 27B shape:
+    # 143 ms against 329 ms for the torch chunk form, interleaved, same argmax
+    # (bench/results/spec_step_27b_gdnprefill_h200.json)
+    triton_gdn_prefill: bool = True
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):
@@ -239,11 +246,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}: use 'auto', 'bfloat16', 'float16' or 'float32'")
         if self.weight_format not in ("bf16", "w12n"):
             raise ValueError(f"EngineConfig.weight_format={self.weight_format!r}: use 'bf16' or 'w12n'")
-        if self.block_attention not in ("sdpa", "tree"):
-            raise ValueError(f"EngineConfig.block_attention={self.block_attention!r}: use 'sdpa' or 'tree'")
-        if self.verify_graphs and self.block_attention != "tree":
-            raise ValueError("EngineConfig.verify_graphs needs block_attention='tree' (the SDPA path slices the "
-                             "prefix by a host-side length, which a captured graph cannot follow)")
+        if self.block_attention not in ("auto", "sdpa", "tree"):
+            raise ValueError(f"EngineConfig.block_attention={self.block_attention!r}: use 'auto', 'sdpa' or 'tree'")
         if self.hybrid_chain_commit not in ("fold", "replay"):
             raise ValueError(f"EngineConfig.hybrid_chain_commit={self.hybrid_chain_commit!r}: use 'fold' or 'replay'")
         if self.verify_layers_per_graph < 0:

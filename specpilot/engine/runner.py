@@ -93,9 +93,9 @@ class ModelRunner:
         self.verify_pdl = engine.verify_pdl and on_gpu
         self.gated_down = engine.decode_gated_down
         self.decode_splits = engine.decode_attention_splits
-        self.block_kernel = engine.block_attention == "tree"
+        self.block_kernel = engine.block_attention == "tree" or (engine.block_attention == "auto" and on_gpu)
         self.weight_format = engine.weight_format
-        self.use_verify_graphs = engine.verify_graphs and on_gpu
+        self.use_verify_graphs = engine.verify_graphs and on_gpu and self.block_kernel
         self.verify_layers_per_graph = engine.verify_layers_per_graph
         self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
         self.gdn_prefill = engine.triton_gdn_prefill and on_gpu

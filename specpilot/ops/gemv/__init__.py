@@ -1,5 +1,6 @@
 """Decode GEMV: y = x W^T for 1..32 rows, dispatched to the Triton kernels on CUDA (M = 1: FMA GEMV; M = 2..32:
-the tensor-core skinny kernel), each with its per-shape launch config."""
+the tensor-core skinny kernel; above 16 rows only on the shapes where it beat cuBLAS), each with its per-shape
+launch config."""
 
 import torch
 
@@ -19,7 +20,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:
             block_n, block_k, num_warps = configs.gemv_config(*weight.shape)
             return triton.gemv(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps)
-        block_n, block_k, num_warps, num_stages = configs.skinny_config(*weight.shape)
+        config = configs.skinny_config(*weight.shape, x.shape[0])
+        if config is None:
+            return torch.nn.functional.linear(x, weight)
+        block_n, block_k, num_warps, num_stages = config
         return triton.skinny(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
     return gemv_ref(x, weight)
 

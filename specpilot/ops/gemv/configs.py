@@ -46,5 +46,19 @@ SKINNY_H200 = {
 }
 
 
-def skinny_config(n: int, k: int) -> tuple[int, int, int, int]:
+# 17..32 rows (tree verify blocks): only the shapes where the skinny kernel beat cuBLAS at both 24 and 32 rows
+# (bench/results/gemv_skinny32_h200.json, us at 32 rows); with fewer programs than SMs (N = 5120 over 64-row
+# tiles) or the 32-row tile's fewer stages, cuBLAS won the rest: 27B o_proj 20.4 vs 18.2, down 50.2 vs 47.9,
+# gate_up 87.9 vs 87.4; the 8B shapes are unmeasured there
+SKINNY_WIDE_H200 = {
+    (14336, 5120),  # Qwen3.5-27B attention qkv: 36.8 vs cuBLAS 37.8
+    (16480, 5120),  # Qwen3.5-27B GDN in_proj: 41.1 vs 43.5
+    (248320, 5120),  # Qwen3.5-27B lm_head: 579 vs 607
+}
+
+
+def skinny_config(n: int, k: int, m: int = 16) -> tuple[int, int, int, int] | None:
+    """The skinny launch config for m rows, or None where cuBLAS is the faster choice (m > 16 off the table)."""
+    if m > 16 and (n, k) not in SKINNY_WIDE_H200:
+        return None
     return SKINNY_H200.get((n, k), SKINNY_DEFAULT)
