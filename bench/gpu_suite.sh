@@ -119,7 +119,7 @@ else
     T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
     BENCH_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens ${SUITE_BENCH_TOKENS:-128})
     LONG_SIZE=(--limit 2 --batch-sizes 1 --max-new-tokens 2048)  # the bench's default length: ~240 s at 27B
-    ZOO_SIZE=(--limit 16 --batch-sizes 1 8 --max-new-tokens 256)
+    ZOO_SIZE=(--limit 8 --batch-sizes 1 8 --max-new-tokens 256)
     VC=(--reps 10 --ab-layers-per-graph 4)  # the t(N)/t(1) sweep (4 configs, --reps 20) took ~120 s at 22d4117
     HT=(--reps 5)  # ~95 s in all (2026-11-30, 673dc2a: checks 7 s, sweeps 72 s, commit section 18 s)
     GK=(--nodes 1 16 32 64 --warps 4 8 --precisions ieee tf32 tf32x3)
@@ -184,7 +184,7 @@ fi
 # the zoo pairs with their real acceptance (issue 7): trained targets, their DFlash drafters, HumanEval held out
 for pair in dense hybrid; do
     step "bench_zoo_$pair" 60 python3 -m specpilot bench --target "zoo/$pair" --drafter "zoo/$pair-dflash" \
-        --workloads humaneval --data-dir "$DATA" "${ZOO_SIZE[@]}" --configs "tree16=tree:dynamic:4,7,15" \
+        --workloads humaneval --data-dir "$DATA" "${ZOO_SIZE[@]}" "${BASE_ENGINE[@]}" --configs "tree16=tree:dynamic:4,7,15" \
         --out "$OUT/bench_zoo_${pair}_h200.json" --plot "/tmp/bench_zoo_${pair}_h200.png" "${DEV[@]}"
 done
 
