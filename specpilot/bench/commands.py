@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from rich.console import Console
 
 from specpilot.cli_util import err, pick_device
@@ -30,8 +29,8 @@ def add_parsers(sub) -> None:
     b.add_argument("--acceptance", default="real", help="real, or synthetic:PROFILE (shipped name or JSON path)")
     b.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     b.add_argument("--tie-tolerance", type=float, default=1e-3,
-                   help="forcing's tie tolerance (logits); random:SHAPE targets use at least 2 x their measured "
-                        "AR-decode vs teacher-forced logit noise, recorded in each row")
+                   help="forcing's tie tolerance (logits); random:SHAPE targets and half-precision runs use at "
+                        "least 2 x their measured AR-decode vs teacher-forced logit noise, recorded in each row")
     b.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     b.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
     b.add_argument("--out", default="bench.json", help="JSON report path")
@@ -41,6 +40,8 @@ def add_parsers(sub) -> None:
 
 def cmd_bench(args) -> int:
     from pathlib import Path
+
+    import torch
 
     from specpilot.bench.harness import BenchConfig, bench
     from specpilot.bench.report import plot, table, write_json
@@ -80,7 +81,7 @@ def cmd_bench(args) -> int:
     rows = bench(model, tokenizer, make_drafter, args.workloads,
                  args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit, profile,
                  chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress, base_engine=base.engine,
-                 calibrate_tolerance=args.target.startswith("random:"))
+                 calibrate_tolerance=args.target.startswith("random:") or next(model.parameters()).dtype != torch.float32)
     write_json(rows, args.out, extra)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     try:

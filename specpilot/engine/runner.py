@@ -34,6 +34,13 @@ def inference(fn):
     return call
 
 
+def _host_buffer(shape, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """A kept host buffer, made outside inference mode whatever the caller's mode: a buffer first taken inside a
+    peek (inference mode) is written again by a step's accept outside it, and an inference tensor refuses that."""
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+
 class HostStaging:
     """Host buffers kept across steps (pinned on a GPU) for the verify step's two copies: the packed metadata is
     filled in take(words), the greedy tokens come back through read_tokens, the step's one sync. A fresh pinned
@@ -59,7 +66,7 @@ class HostStaging:
         kept = self.inputs.setdefault(words, [])
         if n < len(kept):
             return kept[n]
-        buf = torch.empty(words, dtype=torch.long, pin_memory=self.pin)
+        buf = _host_buffer((words,), torch.long, self.pin)
         if n < self.depth:
             kept.append(buf)
         return buf
@@ -71,7 +78,7 @@ class HostStaging:
             key = (tuple(tokens.shape), tokens.dtype)
             host = self.outputs.get(key)
             if host is None:
-                host = self.outputs[key] = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                host = self.outputs[key] = _host_buffer(tokens.shape, tokens.dtype, True)
             host.copy_(tokens, non_blocking=True)
             torch.cuda.current_stream(tokens.device).synchronize()
             tokens = host

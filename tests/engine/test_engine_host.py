@@ -242,6 +242,21 @@ def test_staging_hands_a_buffer_out_again_only_after_a_sync():
     assert staging.take(10) is not c
 
 
+def test_staging_buffers_first_taken_in_inference_mode_are_written_outside_it():
+    """A peek (inference mode) may take a buffer size first; the next step's accept writes it outside inference
+    mode, which an inference tensor refuses (the 27B bench failed so on the GPU at 5551485)."""
+    from specpilot.engine.runner import HostStaging, _host_buffer
+
+    staging = HostStaging(torch.device("cpu"))
+    with torch.inference_mode():
+        buf, out = staging.take(6), _host_buffer((2, 3), torch.long, False)
+    staging.read_tokens(torch.tensor([1]))
+    assert staging.take(6) is buf
+    buf.fill_(7)
+    out.copy_(torch.ones(2, 3, dtype=torch.long))
+    assert not buf.is_inference() and not out.is_inference()
+
+
 def test_staged_metadata_equals_fresh_metadata_and_outlives_the_refill():
     """Staged buffers refilled with trees of other shapes (and the same shape) hold exactly what fresh buffers
     would, and device metadata taken from one (on the CPU: a copy) is not changed by the next refill."""
