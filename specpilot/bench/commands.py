@@ -78,10 +78,11 @@ def cmd_bench(args) -> int:
                       f"{r['speedup_vs_ar']:.2f}x AR[/]")
         write_json(done, args.out, {**extra, "partial": True})
 
+    half = next(model.parameters()).dtype != torch.float32  # two correct half-precision kernels round apart
     rows = bench(model, tokenizer, make_drafter, args.workloads,
                  args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit, profile,
                  chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress, base_engine=base.engine,
-                 calibrate_tolerance=args.target.startswith("random:") or next(model.parameters()).dtype != torch.float32)
+                 calibrate_tolerance=args.target.startswith("random:") or half)
     write_json(rows, args.out, extra)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     try:
