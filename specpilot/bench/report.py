@@ -66,15 +66,18 @@ def plot(rows: list[dict], path: str | Path) -> None:
     for i, cfg in enumerate(configs):
         vals = [next((r.get("speedup_vs_ar", 0) for r in rows if (r["workload"], r["batch"]) == k
                       and r["config"] == cfg), 0) for k in keys]
-        ax.bar([x + i * width for x in range(len(keys))], vals, width, label=cfg)
+        bars = ax.bar([x + i * width for x in range(len(keys))], vals, width, label=cfg)
+        ax.bar_label(bars, labels=[f"{v:.2f}x" if v else "" for v in vals], fontsize=8, padding=2)
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(keys))])
     ax.set_xticklabels([f"{w}\nbatch {b}" for w, b in keys])
     ax.set_ylabel("speedup over AR")
     synthetic = any(r.get("synthetic") for r in rows)
     label = next((r["acceptance"] for r in rows if "acceptance" in r), "")
-    ax.set_title("specpilot bench" + (f" — SYNTHETIC acceptance ({label})" if synthetic else ""))
-    ax.legend()
+    # two lines: a long profile name must not run off a narrow figure
+    ax.set_title("specpilot bench" + (f"\nSYNTHETIC acceptance ({label})" if synthetic else ""))
+    ax.margins(y=0.12)
+    ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
