@@ -33,6 +33,7 @@ import torch
 from bench.common import Report, run_record
 from bench.verify_cost import FullTreeDrafter
 from specpilot.bench.shapes import hf_config, random_model
+from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
@@ -51,7 +52,7 @@ class FixedTreeDrafter(FullTreeDrafter):
     name = "fixed-tree"
 
     def __init__(self, spec: TreeSpec, vocab: int):
-        shape = full_shape(spec, 0)
+        shape = full_shape(spec, 0, AcceptanceProfile.load("dflash2-gsm8k"))
         self.parents = shape.parents
         self.drafts = tuple(1 + i % (vocab - 1) for i in range(1, shape.num_nodes))  # never token 0
 

@@ -46,6 +46,7 @@ import torch
 
 from bench.ar_decode import SHAPES, random_model
 from bench.common import Report, attempt, engine_step, failed, host_ms, kernel_crashed, run_record, sync
+from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
@@ -201,7 +202,7 @@ class FullTreeDrafter:
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         key = str(spec)
         if key not in self.shapes:
-            par = full_shape(spec, 0).parents
+            par = full_shape(spec, 0, AcceptanceProfile.load("dflash2-gsm8k")).parents
             self.shapes[key] = par, [tuple(self.rng.randrange(self.vocab) for _ in par[1:]) for _ in range(self.POOL)]
         par, pool = self.shapes[key]
         trees = []
