@@ -7,6 +7,7 @@
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
+#     SUITE_ONLY="ar_l2_prefetch" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 150 s: issue 2's experiment
 #
 # (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
@@ -114,6 +115,7 @@ if [ "$DRY" = 1 ]; then
     SS=(--steps 2 --warmup 1 --prompt 16)
     WG=(--ms 1 4)
     AR=(--shapes tiny-dense tiny-hybrid --configs 1x16 2x16 --steps 3 --hf-tokens 3)
+    AR_ONE=(1x16 --steps 3)
 else
     DEV=()
     T27=random:Qwen3.5-27B; T8=random:Qwen3-8B
@@ -126,6 +128,7 @@ else
     SS=()
     WG=()
     AR=(--configs 1x512 1x4096 8x512 32x512 --steps 40 --hf-tokens 8)
+    AR_ONE=(1x512 --steps 100)
 fi
 
 # 0. Triton kernels vs references, each crash confined to a child process (the later steps read the verdicts)
@@ -210,6 +213,14 @@ step w12n_gemv 120 python3 bench/w12n_gemv.py --out "$OUT/w12n_gemv_h200.json" -
 # 2. AR decode: ours vs cuBLAS vs W12N vs HF generate (8B first: the 27B part gets what time is left)
 step ar_decode 300 python3 bench/ar_decode.py --out "$OUT/ar_decode_h200.json" --commit "$COMMIT" --w12n --profile \
     "${AR[@]}" "${AR_BASE[@]}" "${DEV[@]}"
+
+# issue 2's open experiment, opt-in: the decode step with the M = 1 GEMV's L2 prefetch under PDL beside the step
+# without it (EngineConfig.decode_l2_prefetch), batch 1, context 512, both shapes
+if [[ " ${SUITE_ONLY:-} " == *" ar_l2_prefetch "* ]]; then
+    step ar_l2_prefetch 150 python3 bench/ar_decode.py --out "$OUT/ar_decode_l2pf_h200.json" --commit "$COMMIT" \
+        --shapes "${T8#random:}" "${T27#random:}" --configs "${AR_ONE[@]}" --skip-hf --variant l2pf:decode_l2_prefetch=true \
+        "${AR_BASE[@]}" "${DEV[@]}"
+fi
 
 rm -f "$OUT"/*.tmp  # a write cut by a timeout
 log "done in $((SECONDS - START))s; files in $OUT:"

@@ -335,6 +335,29 @@ def check_gemv_paths(dev, M, N, K, gated):
                                                       num_stages=st).float(), 1e-2)
 
 
+def check_gemv_l2_prefetch(dev, N, K):
+    """The M = 1 GEMV under PDL with the L2 prefetch (EngineConfig.decode_l2_prefetch) vs without it: a hint only,
+    so the outputs must be equal bitwise; and vs the fp32 reference."""
+    import torch
+
+    from specpilot.ops import pdl
+    from specpilot.ops.gemv import configs, triton
+    from specpilot.ops.gemv.reference import gemv_ref
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    w = (torch.randn(N, K, generator=g) * 0.02).to(dev, torch.bfloat16)
+    x = torch.randn(1, K, generator=g).to(dev, torch.bfloat16)
+    bn, bk, nw = configs.gemv_config(N, K)
+    outs = {}
+    for prefetch in (False, True):
+        with pdl.enabled(True, l2_prefetch=prefetch):
+            outs[prefetch] = triton.gemv(x, w, block_n=bn, block_k=bk, num_warps=nw)
+    res = _err(gemv_ref(x, w).float(), outs[True].float(), 1e-2)
+    res["equal_without_prefetch"] = bool(torch.equal(outs[True], outs[False]))
+    res["batch_invariant"] = res["equal_without_prefetch"]  # the child's status rule: False marks a mismatch
+    return res
+
+
 def check_rms_norm(dev, rows, H, zero_centered):
     """The decode RMSNorm (+ residual) kernel vs its reference, bf16."""
     import torch
@@ -402,6 +425,8 @@ def checks(device: str):
                         dict(dtype=bf, repeats=10, **kw)))
         for name, kw in gm:
             out.append((f"gemv.{name}", "gemv", check_gemv_paths, kw))
+        for name, kw in (("8b.o_proj", dict(N=4096, K=4096)), ("odd", dict(N=2053, K=5000))):
+            out.append((f"gemv_l2_prefetch.{name}", "gemv_l2_prefetch", check_gemv_l2_prefetch, kw))
         for name, kw in (("8b", dict(rows=1, H=4096, zero_centered=False)),
                          ("27b", dict(rows=8, H=5120, zero_centered=True))):
             out.append((f"rms_norm.{name}", "rms_norm", check_rms_norm, kw))

@@ -94,22 +94,27 @@ from triton.compiler import ASTSource
 from specpilot.ops.gemv.triton import _gemv_kernel
 sig = {n: "*bf16" for n in ("x_ptr", "w_ptr", "y_ptr")}
 sig.update({n: "i32" for n in ("N", "K", "stride_xm", "stride_wn", "stride_ym")})
-consts = {"M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "EVEN_K": True, "GATED": True, "PDL": True}
+consts = {"M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "EVEN_K": True, "GATED": True, "PDL": True, "L2_PREFETCH": False}
 sig.update({n: "constexpr" for n in consts})
+ptx = {}
 try:
-    k = triton.compile(ASTSource(fn=_gemv_kernel, signature=sig, constexprs=consts),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    for prefetch in (False, True):
+        k = triton.compile(ASTSource(fn=_gemv_kernel, signature=sig, constexprs={**consts, "L2_PREFETCH": prefetch}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+        ptx[prefetch] = k.asm["ptx"]
 except (RuntimeError, FileNotFoundError) as e:
     print("SKIP", e)
 else:
-    ptx = k.asm["ptx"]
-    print("OK" if "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx else "MISSING")
+    pdl = all("griddepcontrol.wait" in p and "griddepcontrol.launch_dependents" in p for p in ptx.values())
+    bulk = "cp.async.bulk.prefetch.L2.global" in ptx[True] and "cp.async.bulk" not in ptx[False]
+    print("OK" if pdl and bulk else f"MISSING pdl={pdl} bulk={bulk}")
 """
 
 
 def test_pdl_kernels_compile_for_hopper():
-    """The PDL variants (griddepcontrol, first weight tile before the wait) cannot run interpreted: compile
-    them for sm_90 (in a child process without TRITON_INTERPRET) so that a CPU machine checks the codegen."""
+    """The PDL variants (griddepcontrol, first weight tile before the wait, and the optional bulk L2 prefetch of
+    the rows: inline PTX) cannot run interpreted: compile them for sm_90 (in a child process without
+    TRITON_INTERPRET) so that a CPU machine checks the codegen."""
     import os
     import subprocess
     import sys
@@ -120,3 +125,4 @@ def test_pdl_kernels_compile_for_hopper():
     if last.startswith("SKIP"):
         pytest.skip(f"no CUDA code generation here: {last}")
     assert out.returncode == 0 and last == "OK", out.stdout[-2000:] + out.stderr[-2000:]
+
