@@ -34,6 +34,14 @@ def inference(fn):
     return call
 
 
+def block_path(engine: EngineConfig, on_gpu: bool) -> tuple[bool, bool]:
+    """(multi-token blocks through the tree-attention op, verify captured as graphs) for this engine and device:
+    "auto" is the op on a GPU and SDPA on the CPU; only the op's path can be captured (SDPA slices the prefix by
+    a host-side length)."""
+    block_kernel = engine.block_attention == "tree" or (engine.block_attention == "auto" and on_gpu)
+    return block_kernel, engine.verify_graphs and on_gpu and block_kernel
+
+
 def _host_buffer(shape, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """A kept host buffer, made outside inference mode whatever the caller's mode: a buffer first taken inside a
     peek (inference mode) is written again by a step's accept outside it, and an inference tensor refuses that."""
@@ -101,9 +109,8 @@ class ModelRunner:
         self.verify_pdl = engine.verify_pdl and on_gpu
         self.gated_down = engine.decode_gated_down
         self.decode_splits = engine.decode_attention_splits
-        self.block_kernel = engine.block_attention == "tree" or (engine.block_attention == "auto" and on_gpu)
+        self.block_kernel, self.use_verify_graphs = block_path(engine, on_gpu)
         self.weight_format = engine.weight_format
-        self.use_verify_graphs = engine.verify_graphs and on_gpu and self.block_kernel
         self.verify_layers_per_graph = engine.verify_layers_per_graph
         self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
         self.gdn_prefill = engine.triton_gdn_prefill and on_gpu

@@ -225,6 +225,20 @@ def test_verify_graph_is_cut_between_layers(per_graph, graphs, checkpoint_factor
     assert target.after_layer is None
 
 
+def test_block_attention_auto_is_the_captured_tree_op_on_a_gpu_only():
+    """The defaults give a GPU the captured tree-attention verify and the CPU the SDPA path; "sdpa" keeps the
+    verify eager even on a GPU (a captured graph cannot follow its host-side prefix length)."""
+    from specpilot.engine.runner import block_path
+
+    assert block_path(EngineConfig(), on_gpu=True) == (True, True)
+    assert block_path(EngineConfig(), on_gpu=False) == (False, False)
+    assert block_path(EngineConfig(block_attention="sdpa"), on_gpu=True) == (False, False)
+    assert block_path(EngineConfig(block_attention="tree", verify_graphs=False), on_gpu=True) == (True, False)
+    assert block_path(EngineConfig(block_attention="tree"), on_gpu=False) == (True, False)
+    with pytest.raises(ValueError, match="block_attention"):
+        EngineConfig(block_attention="flash")
+
+
 def test_engine_config_rejects_negative_layers_per_graph():
     with pytest.raises(ValueError, match="verify_layers_per_graph"):
         EngineConfig(verify_layers_per_graph=-1)
