@@ -42,6 +42,22 @@ def test_bench_end_to_end(acceptance, checkpoint_factory, data_dir, tmp_path, ca
         assert "SYNTHETIC" in capsys.readouterr().out
 
 
+def test_half_precision_runs_calibrate_the_forcing_tolerance(checkpoint_factory, data_dir, tmp_path):
+    """Two correct bf16 kernels (AR decode, the verify block) round near-ties apart: a bf16 run's forcing uses a
+    tolerance measured on the target, an fp32 run the stated one."""
+    path, _ = checkpoint_factory("qwen3")
+    sources = {}
+    for dtype in ("bfloat16", "float32"):
+        out = tmp_path / f"{dtype}.json"
+        main(["bench", "--target", str(path), "--drafter", "ngram", "--workloads", "gsm8k", "--data-dir",
+              str(data_dir), "--batch-sizes", "1", "--max-new-tokens", "6", "--stock-tree", "chain:3", "--dtype",
+              dtype, "--device", "cpu", "--out", str(out), "--no-chat"])
+        rows = json.loads(out.read_text())["results"]
+        sources[dtype] = {r["forcing"]["tolerance_source"] for r in rows if "forcing" in r}
+    assert all(s.startswith("calibrated") for s in sources["bfloat16"]) and sources["bfloat16"]
+    assert sources["float32"] == {"stated"}
+
+
 def test_profiles_match_their_published_tau():
     for name, tau in (("dflash2-gsm8k", 5.46), ("dflash2-mixed", 3.58)):
         assert AcceptanceProfile.load(name).expected_chain_tau(7) == pytest.approx(tau, abs=0.01)
