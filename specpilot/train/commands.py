@@ -27,6 +27,9 @@ def add_parsers(sub) -> None:
     td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
     td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
     td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
+    td.add_argument("--greedy-path-labels", action="store_true",
+                    help="dflash: count a deeper draft position's label only while the corpus text follows the "
+                         "target's greedy tokens (the only labels inference asks for)")
     td.add_argument("--rollouts", type=int, default=0,
                     help="dflash/eagle3: train on N greedy rollouts of the target (self-distillation) instead of "
                          "the corpus text")
@@ -109,7 +112,8 @@ def cmd_train_drafter(args) -> int:
         from specpilot.train.dflash import train_dflash
 
         report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,
-                              rollouts=args.rollouts, resume=args.resume, console=err)
+                              rollouts=args.rollouts, resume=args.resume, console=err,
+                              greedy_path_labels=args.greedy_path_labels)
     else:
         report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))

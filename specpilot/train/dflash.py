@@ -81,9 +81,9 @@ def position_weights(block: int, gamma: float, device) -> torch.Tensor:
 
 def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
                  num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, rollouts: int = 0, resume: bool = False,
-                 console=None) -> dict:
+                 console=None, greedy_path_labels: bool = False) -> dict:
     """rollouts > 0: train on that many greedy rollouts of the target (self-distillation data) instead of the
-    corpus text itself."""
+    corpus text itself. greedy_path_labels: see label_mask."""
     out = Path(out)
     device = train_device(cfg)
     tokenizer = load_tokenizer(str(target_dir))
@@ -102,7 +102,7 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     if rollouts:
         train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg)
     weights = position_weights(block, gamma, device)
-    step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device)
+    step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device, greedy_path_labels)
     ckpt = out / "checkpoint"
     start = checkpoint_io.load(model, opt, ckpt) if resume and checkpoint_io.exists(ckpt) else 0
     loss = optimize(model.parameters(), opt, lambda step: step_fn(train_ids, step, cfg.seed)[0], cfg, console,
@@ -112,13 +112,23 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
-              "corpus_files_hash": corpus.files_hash, "rollouts": rollouts,
+              "corpus_files_hash": corpus.files_hash, "rollouts": rollouts, "greedy_path_labels": greedy_path_labels,
               "parameters": sum(p.numel() for p in model.parameters())}
     save_dflash(model, target.config, layers, block, mask_id, out, report, cfg.save_dtype)
     return report
 
 
-def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainConfig, device):
+def label_mask(tokens: torch.Tensor, greedy: torch.Tensor, seq: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """[R, block-1] 1.0 where a draft position's label is the one inference asks for. Slot k's label is the target's
+    greedy token after the corpus prefix through a+k; a step verifies the target's own greedy continuation of the
+    anchor, so the label is right only while the corpus tokens a+1 .. a+k are the target's greedy tokens. at:
+    [R, block-1] the label positions a+k."""
+    follows = (tokens[seq[:, None], at[:, :-1] + 1] == greedy[seq[:, None], at[:, :-1]]).float()
+    return torch.cat([torch.ones_like(follows[:, :1]), follows.cumprod(-1)], dim=-1)
+
+
+def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainConfig, device,
+          greedy_path_labels: bool = False):
     def run(tokens_all, step: int, seed: int):
         tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
         with torch.no_grad():
@@ -128,10 +138,16 @@ def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainCon
         logits = dflash_forward(model, target, features, tokens, a, block, mask_id)  # [R, block-1, V]
         seq = torch.arange(tokens.shape[0], device=device).repeat_interleave(anchors)
         # position a+k's label: the target's greedy token after the true prefix up to a+k-1
-        labels = greedy[seq[:, None], a.reshape(-1)[:, None] + torch.arange(0, block - 1, device=device)]
+        at = a.reshape(-1)[:, None] + torch.arange(0, block - 1, device=device)
+        labels = greedy[seq[:, None], at]
         ce = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # [R, block-1]
         first_acc = float((logits[:, 0].argmax(-1) == labels[:, 0]).float().mean())
-        return (ce * weights).sum(-1).mean(), first_acc
+        if not greedy_path_labels:
+            return (ce * weights).sum(-1).mean(), first_acc
+        # each position's mean over its kept labels, so that the position weights keep their shares
+        keep = label_mask(tokens, greedy, seq, at)
+        per_position = (ce * keep).sum(0) / keep.sum(0).clamp(min=1.0)
+        return (per_position * weights).sum(), first_acc
 
     return run
 

@@ -152,9 +152,13 @@ def test_dflash_training_learns_and_loads(arch, corpus_dir, tokenizer_dir, tmp_p
     short = TrainConfig(**{**CFG.__dict__, "steps": 1})
     long = TrainConfig(**{**CFG.__dict__, "steps": 40})
     rollouts = 8 if arch == "hybrid" else 0  # self-distillation data on one of the two
-    first = train_dflash(corpus, tmp_path / "t", tmp_path / "d0", short, block=4, num_layers=1, rollouts=rollouts)
-    report = train_dflash(corpus, tmp_path / "t", tmp_path / "d", long, block=4, num_layers=1, rollouts=rollouts)
+    gpl = arch == "dense"  # and labels kept along the target's greedy path on the other
+    first = train_dflash(corpus, tmp_path / "t", tmp_path / "d0", short, block=4, num_layers=1, rollouts=rollouts,
+                         greedy_path_labels=gpl)
+    report = train_dflash(corpus, tmp_path / "t", tmp_path / "d", long, block=4, num_layers=1, rollouts=rollouts,
+                          greedy_path_labels=gpl)
     assert report["held_out_loss"] < first["held_out_loss"] - 0.5 and report["rollouts"] == rollouts
+    assert report["greedy_path_labels"] == gpl
     target = load_model(str(tmp_path / "t"), "cpu", "float32")
     drafter = load_dflash(tmp_path / "d", target)
     from safetensors.torch import load_file
@@ -167,6 +171,18 @@ def test_dflash_training_learns_and_loads(arch, corpus_dir, tokenizer_dir, tmp_p
     ref = [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts, params)]
     out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse("chain:3")).generate(prompts, params)
     assert [r.token_ids for r, _ in out] == ref
+
+
+def test_label_mask_keeps_labels_only_along_the_greedy_path():
+    """Slot k's label (the target's answer after the corpus through a+k) counts only while the corpus tokens
+    a+1 .. a+k are the target's own greedy tokens; slot 0 always counts."""
+    from specpilot.train.dflash import label_mask
+
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    greedy = torch.tensor([[6, 7, 0, 9, 10, 11, 12, 13]])  # the corpus leaves the greedy path at position 3
+    at = torch.tensor([[0, 1, 2, 3], [3, 4, 5, 6]])  # anchors 0 and 3, block 5
+    mask = label_mask(tokens, greedy, torch.tensor([0, 0]), at)
+    assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
 
 
 def test_eagle3_training_learns_and_loads(corpus_dir, tokenizer_dir, tmp_path):
