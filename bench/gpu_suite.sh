@@ -187,7 +187,8 @@ fi
 # the zoo pairs with their real acceptance (issue 7): trained targets, their DFlash drafters, HumanEval held out
 for pair in dense hybrid; do
     step "bench_zoo_$pair" 60 python3 -m specpilot bench --target "zoo/$pair" --drafter "zoo/$pair-dflash" \
-        --workloads humaneval --data-dir "$DATA" "${ZOO_SIZE[@]}" "${BASE_ENGINE[@]}" --configs "tree16=tree:dynamic:4,7,15" \
+        --workloads humaneval --data-dir "$DATA" "${ZOO_SIZE[@]}" "${BASE_ENGINE[@]}" \
+        --configs "tree16=tree:dynamic:4,7,15" \
         --out "$OUT/bench_zoo_${pair}_h200.json" --plot "/tmp/bench_zoo_${pair}_h200.png" "${DEV[@]}"
 done
 
@@ -218,7 +219,8 @@ step ar_decode 300 python3 bench/ar_decode.py --out "$OUT/ar_decode_h200.json" -
 # without it (EngineConfig.decode_l2_prefetch), batch 1, context 512, both shapes
 if [[ " ${SUITE_ONLY:-} " == *" ar_l2_prefetch "* ]]; then
     step ar_l2_prefetch 150 python3 bench/ar_decode.py --out "$OUT/ar_decode_l2pf_h200.json" --commit "$COMMIT" \
-        --shapes "${T8#random:}" "${T27#random:}" --configs "${AR_ONE[@]}" --skip-hf --variant l2pf:decode_l2_prefetch=true \
+        --shapes "${T8#random:}" "${T27#random:}" --configs "${AR_ONE[@]}" --skip-hf \
+        --variant l2pf:decode_l2_prefetch=true \
         "${AR_BASE[@]}" "${DEV[@]}"
 fi
 
