@@ -42,6 +42,7 @@ def cmd_bench(args) -> int:
     from pathlib import Path
 
     import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specpilot.bench.harness import BenchConfig, bench
     from specpilot.bench.report import plot, table, write_json
@@ -67,22 +68,29 @@ def cmd_bench(args) -> int:
              "engine": dict(base.engine),
              "profile": profile.__dict__ if profile else None}
     done = []
+    per_group = 2 + len(configs)  # AR, stock and each configuration per workload x batch size
+    bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=err)
+    task = bar.add_task("", total=len(args.workloads) * len(args.batch_sizes) * per_group)
 
     def progress(r):
         # the report is rewritten after every row: a run cut short (timeout, crash) keeps what it measured
         done.append(r)
+        label = f"{r['workload']} b{r['batch']} {r['config']}"
         if "error" in r:
-            err.print(f"[red]{r['workload']} b{r['batch']} {r['config']}: FAILED {r['error'][:500]}[/]")
+            err.print(f"[red]{label}: FAILED {r['error'][:500]}[/]")
         else:
-            err.print(f"[dim]{r['workload']} b{r['batch']} {r['config']}: {r['tok_per_s']:.1f} tok/s, "
-                      f"{r['speedup_vs_ar']:.2f}x AR[/]")
+            err.print(f"[dim]{label}: {r['tok_per_s']:.1f} tok/s, {r['speedup_vs_ar']:.2f}x AR[/]")
+        # a failed AR row ends its whole group: no truth for the other configurations
+        bar.update(task, advance=per_group if r["config"] == "ar" and "error" in r else 1, description=label)
         write_json(done, args.out, {**extra, "partial": True})
 
     half = next(model.parameters()).dtype != torch.float32  # two correct half-precision kernels round apart
-    rows = bench(model, tokenizer, make_drafter, args.workloads,
-                 args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit, profile,
-                 chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress, base_engine=base.engine,
-                 calibrate_tolerance=args.target.startswith("random:") or half)
+    with bar:
+        rows = bench(model, tokenizer, make_drafter, args.workloads,
+                     args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit,
+                     profile, chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress,
+                     base_engine=base.engine, calibrate_tolerance=args.target.startswith("random:") or half)
     write_json(rows, args.out, extra)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     try:

@@ -35,11 +35,13 @@ def test_bench_end_to_end(acceptance, checkpoint_factory, data_dir, tmp_path, ca
     assert all(r["forcing"]["passed"] for r in rows if r["config"] != "ar")
     assert all(r["synthetic"] == (acceptance != "real") for r in rows)
     assert (tmp_path / "bench.png").stat().st_size > 1000
+    captured = capsys.readouterr()
+    assert "12/12 rows" in captured.err  # the progress bar ends full: 2 workloads x 2 batch sizes x 3 rows
     if acceptance != "real":
         # the oracle follows the profile: tau well above 1 on a chain of 3 (expected about 3.4)
         # (a few steps per row, each group with its own draws: seeded, so deterministic)
         assert all(r["tau"] > 2.0 for r in rows if r["config"] == "stock")
-        assert "SYNTHETIC" in capsys.readouterr().out
+        assert "SYNTHETIC" in captured.out
 
 
 def test_half_precision_runs_calibrate_the_forcing_tolerance(checkpoint_factory, data_dir, tmp_path):
