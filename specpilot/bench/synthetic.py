@@ -77,11 +77,7 @@ class AcceptanceProfile:
         return 1.0 + sum(reach[1:])
 
     def expected_chain_tau(self, depth: int) -> float:
-        tau, run = 1.0, 1.0
-        for d in range(1, depth + 1):
-            run *= self.p(d, 0)
-            tau += run
-        return tau
+        return self.expected_tau(DraftTree.chain([0] * (depth + 1)))
 
 
 class SyntheticDrafter:
