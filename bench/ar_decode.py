@@ -13,7 +13,8 @@ measurement; each measurement runs inside its own try/except (an error is record
 With --w12n, the W12N step's logits are first compared with the bf16 step's (same weights, bit-exact decode).
 --variant NAME:FIELD=VALUE,... times the step with EngineConfig fields changed, beside the main one, after a
 greedy check against it. --gemv-sweep NxK ... replaces the runs by the batch-1 step timed with every M = 1 GEMV
-config of those projection shapes (ops/gemv/configs.py holds the winners):
+config of STEP_GRID (tile, warps, tiles loaded before the PDL wait) for those projection shapes
+(ops/gemv/configs.py holds the winners):
 
     PYTHONPATH=. python3 bench/ar_decode.py --out /tmp/gs.json --shapes Qwen3-8B --configs 1x512 --steps 30 \
         --gemv-sweep 4096x4096 6144x4096 4096x12288
@@ -299,11 +300,17 @@ def _check_prompt(ctx: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-def gemv_sweep(model, shapes: list[tuple[int, int]], ctx: int, steps: int, vocab: int) -> dict:
-    """The batch-1 decode step with each M = 1 GEMV launch config (bench/gemv.py's grid) for one projection
-    shape at a time, the other shapes at their table entry: configs tuned on a lone GEMV need not be best
-    inside the step (PDL overlaps each GEMV with the kernel before it)."""
-    from bench.gemv import CONFIGS
+# the in-step sweep's M = 1 configs (block_n, block_k, num_warps, pre_tiles): tiles of at most 32K weights
+STEP_GRID = [(bn, bk, nw, pre) for bn in (4, 8, 16, 32) for bk in (512, 1024) for nw in (4, 8) for pre in (1, 2)
+             if bn * bk * pre <= 32768]
+
+
+def gemv_sweep(model, shapes: list[tuple[int, int]], ctx: int, steps: int, vocab: int, deadline: float,
+               save=lambda: None) -> dict:
+    """The batch-1 decode step with each M = 1 GEMV launch config of STEP_GRID for one projection shape at a
+    time, the other shapes at their table entry: configs tuned on a lone GEMV need not be best inside the step
+    (PDL overlaps each GEMV with the kernel before it). The table's own config is timed first and last, as the
+    run's drift. Stops at `deadline` (time.monotonic()) with what it has."""
     from specpilot.ops.gemv import configs
 
     out = {}
@@ -311,22 +318,30 @@ def gemv_sweep(model, shapes: list[tuple[int, int]], ctx: int, steps: int, vocab
     for n, k in shapes:
         table = configs.H200.get((n, k))
         rows = []
+        out[f"{n}x{k}"] = entry = {"table": table, "rows": rows}
+        grid = [table or configs.DEFAULT] + [c for c in STEP_GRID if c != table] + [table or configs.DEFAULT]
         try:
-            for cfg in CONFIGS:
-                configs.H200[(n, k)] = (cfg["block_n"], cfg["block_k"], cfg["num_warps"])
+            for i, cfg in enumerate(grid):
+                if time.monotonic() > deadline:
+                    entry["cut_by_deadline"] = True
+                    break
+                configs.H200[(n, k)] = cfg
                 r = attempt(f"gemv sweep {n}x{k} {cfg}", time_variant, model, {}, 1, ctx, steps, vocab)
                 ok = isinstance(r, dict)
-                rows.append({**cfg, "step_ms": r.get("step_ms_median") if ok else None,
+                rows.append({"block_n": cfg[0], "block_k": cfg[1], "num_warps": cfg[2], "pre_tiles": cfg[3],
+                             "is_table": cfg == table, "repeat": i == len(grid) - 1,
+                             "step_ms": r.get("step_ms_median") if ok else None,
                              "check_vs_main": r.get("check_vs_main") if ok else None})
                 print(f"gemv sweep {n}x{k} {cfg}: {rows[-1]['step_ms']}", flush=True)
+                save()
         finally:
             if table is None:
                 configs.H200.pop((n, k), None)
             else:
                 configs.H200[(n, k)] = table
         timed = [r for r in rows if r["step_ms"]]
-        best = min(timed, key=lambda r: r["step_ms"]) if timed else None
-        out[f"{n}x{k}"] = {"table": table, "rows": rows, "best": best}
+        entry["best"] = min(timed, key=lambda r: r["step_ms"]) if timed else None
+        save()
     return out
 
 
@@ -481,6 +496,7 @@ def main() -> None:
     p.add_argument("--gemv-sweep", nargs="*", default=None, metavar="NxK",
                    help="instead of the runs: the batch-1 step (first --configs context) with every M = 1 GEMV "
                         "config of each projection shape NxK")
+    p.add_argument("--sweep-budget-s", type=float, default=1e9, help="--gemv-sweep stops after this many seconds")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args()
@@ -504,8 +520,10 @@ def main() -> None:
             config_cls, kw = SHAPES[name]
             model = random_model(config_cls(**kw))
             shapes = [tuple(map(int, s.split("x"))) for s in args.gemv_sweep]
-            report["shapes"].append({"shape": name, "ctx": ctx, "gemv_sweep": gemv_sweep(
-                model, shapes, ctx, args.steps, model.config.vocab_size)})
+            entry = {"shape": name, "ctx": ctx}
+            report["shapes"].append(entry)
+            entry["gemv_sweep"] = gemv_sweep(model, shapes, ctx, args.steps, model.config.vocab_size,
+                                             time.monotonic() + args.sweep_budget_s, report.save)
             report.save()
             _MAIN_GREEDY.clear()
             del model

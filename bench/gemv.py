@@ -102,10 +102,10 @@ def skinny_sweep(args) -> None:
         nbytes = N * K * 2
         copies = max(2, (512 << 20) // nbytes + 1)
         weights = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        bn, bk, nw = gemv_config(N, K)
+        bn, bk, nw, pre = gemv_config(N, K)
         x1 = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        row = {"N": N, "K": K, "bytes": nbytes,
-               "gemv_m1_s": time_fn(lambda a, w: gemv(a, w, block_n=bn, block_k=bk, num_warps=nw), weights, x1)}
+        row = {"N": N, "K": K, "bytes": nbytes, "gemv_m1_s": time_fn(
+            lambda a, w: gemv(a, w, block_n=bn, block_k=bk, num_warps=nw, pre_tiles=pre), weights, x1)}
         for m in args.rows:
             x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
             ref = gemv_ref(x, weights[0]).float()

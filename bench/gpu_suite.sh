@@ -7,7 +7,7 @@
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
-#     SUITE_ONLY="ar_l2_prefetch" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 150 s: issue 2's experiment
+#     SUITE_ONLY="gemv_step_sweep" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, cap 300 s: 8B M = 1 GEMV configs in the step
 #
 # (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
@@ -215,13 +215,12 @@ step w12n_gemv 120 python3 bench/w12n_gemv.py --out "$OUT/w12n_gemv_h200.json" -
 step ar_decode 300 python3 bench/ar_decode.py --out "$OUT/ar_decode_h200.json" --commit "$COMMIT" --w12n --profile \
     "${AR[@]}" "${AR_BASE[@]}" "${DEV[@]}"
 
-# issue 2's open experiment, opt-in: the decode step with the M = 1 GEMV's L2 prefetch under PDL beside the step
-# without it (EngineConfig.decode_l2_prefetch), batch 1, context 512, both shapes
-if [[ " ${SUITE_ONLY:-} " == *" ar_l2_prefetch "* ]]; then
-    step ar_l2_prefetch 150 python3 bench/ar_decode.py --out "$OUT/ar_decode_l2pf_h200.json" --commit "$COMMIT" \
-        --shapes "${T8#random:}" "${T27#random:}" --configs "${AR_ONE[@]}" --skip-hf \
-        --variant l2pf:decode_l2_prefetch=true \
-        "${AR_BASE[@]}" "${DEV[@]}"
+# issue 2's open experiment, opt-in: the 8B batch-1 step with each M = 1 GEMV config (ar_decode.STEP_GRID) of the
+# o_proj, qkv, down and gate_up shapes in turn (the table's config first and last, as the drift)
+if [[ " ${SUITE_ONLY:-} " == *" gemv_step_sweep "* ]]; then
+    step gemv_step_sweep 300 python3 bench/ar_decode.py --out "$OUT/gemv_step_sweep_h200.json" --commit "$COMMIT" \
+        --shapes "${T8#random:}" --configs 1x512 --steps 30 --sweep-budget-s 270 \
+        --gemv-sweep 4096x4096 6144x4096 4096x12288 24576x4096 "${DEV[@]}"
 fi
 
 rm -f "$OUT"/*.tmp  # a write cut by a timeout

@@ -327,17 +327,17 @@ def check_gemv_paths(dev, M, N, K, gated):
     w = (torch.randn(N, K, generator=g) * 0.02).to(dev, torch.bfloat16)
     x = torch.randn(M, 2 * K if gated else K, generator=g).to(dev, torch.bfloat16)
     if gated:
-        bn, bk, nw = configs.gemv_config(N, K)
+        bn, bk, nw, pre = configs.gemv_config(N, K)
         return _err(gated_gemv_ref(x, w).float(), triton.gemv(x, w, block_n=bn, block_k=bk, num_warps=nw,
-                                                              gated=True).float(), 1e-2)
+                                                              pre_tiles=pre, gated=True).float(), 1e-2)
     bn, bk, nw, st = configs.skinny_config(N, K)
     return _err(gemv_ref(x, w).float(), triton.skinny(x, w, block_n=bn, block_k=bk, num_warps=nw,
                                                       num_stages=st).float(), 1e-2)
 
 
-def check_gemv_l2_prefetch(dev, N, K):
-    """The M = 1 GEMV under PDL with the L2 prefetch (EngineConfig.decode_l2_prefetch) vs without it: a hint only,
-    so the outputs must be equal bitwise; and vs the fp32 reference."""
+def check_gemv_pre_tiles(dev, N, K):
+    """The M = 1 GEMV under PDL with 0, 1 and 2 weight tiles loaded before the wait: the same sums in the same
+    order, so the outputs must be equal bitwise; and vs the fp32 reference."""
     import torch
 
     from specpilot.ops import pdl
@@ -347,14 +347,12 @@ def check_gemv_l2_prefetch(dev, N, K):
     g = torch.Generator(device="cpu").manual_seed(0)
     w = (torch.randn(N, K, generator=g) * 0.02).to(dev, torch.bfloat16)
     x = torch.randn(1, K, generator=g).to(dev, torch.bfloat16)
-    bn, bk, nw = configs.gemv_config(N, K)
-    outs = {}
-    for prefetch in (False, True):
-        with pdl.enabled(True, l2_prefetch=prefetch):
-            outs[prefetch] = triton.gemv(x, w, block_n=bn, block_k=bk, num_warps=nw)
-    res = _err(gemv_ref(x, w).float(), outs[True].float(), 1e-2)
-    res["equal_without_prefetch"] = bool(torch.equal(outs[True], outs[False]))
-    res["batch_invariant"] = res["equal_without_prefetch"]  # the child's status rule: False marks a mismatch
+    bn, bk, nw, _ = configs.gemv_config(N, K)
+    with pdl.enabled(True):
+        outs = [triton.gemv(x, w, block_n=bn, block_k=bk, num_warps=nw, pre_tiles=p) for p in (0, 1, 2)]
+    res = _err(gemv_ref(x, w).float(), outs[2].float(), 1e-2)
+    res["equal_across_pre_tiles"] = all(bool(torch.equal(o, outs[0])) for o in outs)
+    res["batch_invariant"] = res["equal_across_pre_tiles"]  # the child's status rule: False marks a mismatch
     return res
 
 
@@ -426,7 +424,7 @@ def checks(device: str):
         for name, kw in gm:
             out.append((f"gemv.{name}", "gemv", check_gemv_paths, kw))
         for name, kw in (("8b.o_proj", dict(N=4096, K=4096)), ("odd", dict(N=2053, K=5000))):
-            out.append((f"gemv_l2_prefetch.{name}", "gemv_l2_prefetch", check_gemv_l2_prefetch, kw))
+            out.append((f"gemv_pre_tiles.{name}", "gemv_pre_tiles", check_gemv_pre_tiles, kw))
         for name, kw in (("8b", dict(rows=1, H=4096, zero_centered=False)),
                          ("27b", dict(rows=8, H=5120, zero_centered=True))):
             out.append((f"rms_norm.{name}", "rms_norm", check_rms_norm, kw))

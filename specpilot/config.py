@@ -212,9 +212,6 @@ class EngineConfig:
     # decode steps: our kernels (GEMVs, norms, attention) launch with programmatic dependent launch, so that each
     # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
     decode_pdl: bool = True
-    # experimental, untimed: under PDL the M = 1 GEMV also bulk-prefetches the rest of its rows into the L2 while
-    # its predecessor finishes (for the small projections: o_proj streams at 73% of the copy bandwidth, qkv at 86%)
-    decode_l2_prefetch: bool = False
     # the same for verify blocks (skinny GEMMs, norms, fused q/k norm + RoPE + store). Off: a 27B chain:7 step took
     # 18.07 ms with it against 17.53 ms without (bench/results/spec_step_27b_{pdl,nopdl}_h200.json, two processes)
     verify_pdl: bool = False

@@ -105,7 +105,6 @@ class ModelRunner:
         self.gemv = engine.decode_gemv and on_gpu
         self.fused_rope = engine.fused_qk_rope_store and on_gpu
         self.pdl = engine.decode_pdl and on_gpu
-        self.l2_prefetch = engine.decode_l2_prefetch and on_gpu
         self.verify_pdl = engine.verify_pdl and on_gpu
         self.gated_down = engine.decode_gated_down
         self.decode_splits = engine.decode_attention_splits
@@ -227,7 +226,7 @@ class ModelRunner:
         with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv, self.gated_down),
               linear.weight_format(self.weight_format),
               attention.fused_qk_rope_store(self.fused_rope), attention.decode_splits(self.decode_splits),
-              pdl.enabled(self.pdl, self.l2_prefetch)):
+              pdl.enabled(self.pdl)):
             return self._decode(input_ids, positions)
 
     def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,6 @@ launch overlaps the predecessor's tail while every read still sees the predecess
 `PDL` constexpr; wrappers pass `launch_kwargs()` when `active()`. Off on the CPU (the interpreter cannot run
 the griddepcontrol instructions). The runner opens `enabled()` for decode steps (EngineConfig.decode_pdl).
 
-`l2_prefetch` (EngineConfig.decode_l2_prefetch, experimental, off): in that early window the M = 1 GEMV also asks
-the L2 for the rest of its rows (a bulk prefetch per row), so that a short, latency-bound predecessor overlaps
-with the weights' stream. The GEMV's math does not change.
 """
 
 from __future__ import annotations
@@ -21,25 +18,20 @@ import triton
 import triton.language as tl
 
 _enabled = False
-_l2_prefetch = False
 
 
 @contextlib.contextmanager
-def enabled(on: bool = True, l2_prefetch: bool = False):
-    global _enabled, _l2_prefetch
-    previous, (_enabled, _l2_prefetch) = (_enabled, _l2_prefetch), (on, on and l2_prefetch)
+def enabled(on: bool = True):
+    global _enabled
+    previous, _enabled = _enabled, on
     try:
         yield
     finally:
-        _enabled, _l2_prefetch = previous
+        _enabled = previous
 
 
 def active(x: torch.Tensor) -> bool:
     return _enabled and x.is_cuda and not triton.knobs.runtime.interpret
-
-
-def l2_prefetch_active() -> bool:
-    return _l2_prefetch
 
 
 def launch_kwargs(on: bool) -> dict:

@@ -18,8 +18,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         from specpilot.ops.gemv import configs, triton
 
         if x.shape[0] == 1:
-            block_n, block_k, num_warps = configs.gemv_config(*weight.shape)
-            return triton.gemv(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps)
+            block_n, block_k, num_warps, pre_tiles = configs.gemv_config(*weight.shape)
+            return triton.gemv(x, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, pre_tiles=pre_tiles)
         config = configs.skinny_config(*weight.shape, x.shape[0])
         if config is None:
             return torch.nn.functional.linear(x, weight)
@@ -34,6 +34,7 @@ def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         from specpilot.ops.gemv import configs, triton
 
-        block_n, block_k, num_warps = configs.gemv_config(*weight.shape)
-        return triton.gemv(gate_up, weight, block_n=block_n, block_k=block_k, num_warps=num_warps, gated=True)
+        block_n, block_k, num_warps, pre_tiles = configs.gemv_config(*weight.shape)
+        return triton.gemv(gate_up, weight, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                           pre_tiles=pre_tiles, gated=True)
     return gated_gemv_ref(gate_up, weight)

@@ -1,4 +1,5 @@
-"""Launch configs of the decode GEMV per weight shape (N, K): (block_n, block_k, num_warps) for M = 1, and
+"""Launch configs of the decode GEMV per weight shape (N, K): (block_n, block_k, num_warps, pre_tiles) for M = 1
+(pre_tiles: weight tiles loaded before the PDL wait), and
 (block_n, block_k, num_warps, num_stages) for the skinny kernel (M = 2..32; tuned at 4..16, 32-row tiles take
 fewer stages where shared memory runs out).
 
@@ -6,24 +7,24 @@ Measured on an H200 by bench/gemv.py (bench/results/gemv_h200.json: each best co
 cuBLAS at M = 1). Shapes not listed use DEFAULT. The tuner will own this table per GPU later.
 """
 
-DEFAULT = (8, 512, 4)
+DEFAULT = (8, 512, 4, 1)
 
 H200 = {
-    (6144, 4096): (16, 512, 8),  # Qwen3-8B qkv: 1.06x cuBLAS
-    (4096, 4096): (16, 1024, 8),  # Qwen3-8B o_proj: 1.20x
-    (24576, 4096): (16, 512, 4),  # Qwen3-8B gate_up: 1.01x
-    (4096, 12288): (16, 1024, 8),  # Qwen3-8B down: 1.19x
-    (151936, 4096): (16, 512, 4),  # Qwen3-8B lm_head: 1.04x
-    (14336, 5120): (8, 512, 4),  # Qwen3.5-27B attention qkv: 1.08x
-    (5120, 6144): (4, 512, 4),  # Qwen3.5-27B o_proj and GDN out_proj: 1.06x
-    (16480, 5120): (16, 512, 4),  # Qwen3.5-27B GDN in_proj: 1.04x
-    (34816, 5120): (8, 512, 4),  # Qwen3.5-27B gate_up: 1.06x
-    (5120, 17408): (8, 512, 8),  # Qwen3.5-27B down: 1.14x
-    (248320, 5120): (16, 1024, 8),  # Qwen3.5-27B lm_head: 1.08x
+    (6144, 4096): (16, 512, 8, 1),  # Qwen3-8B qkv: 1.06x cuBLAS
+    (4096, 4096): (16, 1024, 8, 1),  # Qwen3-8B o_proj: 1.20x
+    (24576, 4096): (16, 512, 4, 1),  # Qwen3-8B gate_up: 1.01x
+    (4096, 12288): (16, 1024, 8, 1),  # Qwen3-8B down: 1.19x
+    (151936, 4096): (16, 512, 4, 1),  # Qwen3-8B lm_head: 1.04x
+    (14336, 5120): (8, 512, 4, 1),  # Qwen3.5-27B attention qkv: 1.08x
+    (5120, 6144): (4, 512, 4, 1),  # Qwen3.5-27B o_proj and GDN out_proj: 1.06x
+    (16480, 5120): (16, 512, 4, 1),  # Qwen3.5-27B GDN in_proj: 1.04x
+    (34816, 5120): (8, 512, 4, 1),  # Qwen3.5-27B gate_up: 1.06x
+    (5120, 17408): (8, 512, 8, 1),  # Qwen3.5-27B down: 1.14x
+    (248320, 5120): (16, 1024, 8, 1),  # Qwen3.5-27B lm_head: 1.08x
 }
 
 
-def gemv_config(n: int, k: int) -> tuple[int, int, int]:
+def gemv_config(n: int, k: int) -> tuple[int, int, int, int]:
     return H200.get((n, k), DEFAULT)
 
 

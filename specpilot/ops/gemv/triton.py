@@ -40,47 +40,44 @@ def _x_tile(x_row, cols, col_ok, K, GATED: tl.constexpr, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs, nbytes):
-    """One bulk L2 prefetch of `nbytes` from each pointer (sm_90: 16-byte aligned, a multiple of 16 bytes). A hint:
-    nothing is written, so the result (a dummy) is dropped; is_pure=False keeps it from being removed."""
-    return tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                     [ptrs, tl.full(ptrs.shape, nbytes, tl.int32)], dtype=tl.int32, is_pure=False,
-                                     pack=1)
+def _w_tile(w_rows, cols, row_ok, K, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
+    return tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
                  M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 GATED: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH: tl.constexpr = False):
+                 GATED: tl.constexpr = False, PDL: tl.constexpr = False, PRE_TILES: tl.constexpr = 1):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     cols0 = tl.arange(0, BLOCK_K)
     if PDL:
-        # the weights never depend on the previous kernel: the first tile streams in while it finishes
         tl.extra.cuda.gdc_launch_dependents()
-        w0 = tl.load(w_rows + cols0[None, :], mask=row_ok[:, None] & (cols0 < K)[None, :], other=0.0)
-        if L2_PREFETCH:
-            # and the rest of the program's rows head for the L2 (the wrapper checks alignment and K > BLOCK_K):
-            # a short predecessor (attention, a norm) leaves the memory bus idle
-            last = tl.where(row_ok, rows, N - 1).to(tl.int64)
-            row_bytes = (K - BLOCK_K) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-            _prefetch_l2(w_ptr + last * stride_wn + BLOCK_K, row_bytes)
+    # the weights never depend on the previous kernel: under PDL the first PRE_TILES tiles stream in while it
+    # finishes (the wrapper keeps PRE_TILES <= the number of tiles)
+    if PRE_TILES >= 1:
+        w0 = _w_tile(w_rows, cols0, row_ok, K, EVEN_K)
+    if PRE_TILES >= 2:
+        w1 = _w_tile(w_rows, BLOCK_K + cols0, row_ok, K, EVEN_K)
+    if PDL:
         tl.extra.cuda.gdc_wait()
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         x_row = x_ptr + m * stride_xm
-        if PDL:  # M == 1 (the wrapper's rule): tile 0 is w0, the loop starts at tile 1; same sums, same order
+        # the same sums in the same order whatever PRE_TILES is: tile by tile into one accumulator
+        if PRE_TILES >= 1:
             acc += w0.to(tl.float32) * _x_tile(x_row, cols0, cols0 < K, K, GATED, EVEN_K)[None, :]
-        for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
+        if PRE_TILES >= 2:
+            cols1 = BLOCK_K + cols0
+            acc += w1.to(tl.float32) * _x_tile(x_row, cols1, cols1 < K, K, GATED, EVEN_K)[None, :]
+        for k0 in range(PRE_TILES * BLOCK_K, K, BLOCK_K):
             cols = k0 + cols0
-            col_ok = cols < K
-            if EVEN_K:
-                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
-            else:
-                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * _x_tile(x_row, cols, col_ok, K, GATED, EVEN_K)[None, :]
+            w = _w_tile(w_rows, cols, row_ok, K, EVEN_K)
+            acc += w.to(tl.float32) * _x_tile(x_row, cols, cols < K, K, GATED, EVEN_K)[None, :]
         y = tl.sum(acc, axis=1)
         tl.store(y_ptr + m * stride_ym + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
 
@@ -125,24 +122,24 @@ _SKINNY_SMEM = 160 * 1024
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
-         num_stages: int = 3, gated: bool = False) -> torch.Tensor:
+         num_stages: int = 3, pre_tiles: int = 1, gated: bool = False) -> torch.Tensor:
     """Same contract as gemv_ref: x [M, K] (M <= 4; meant for M = 1, each extra row re-streams the weights),
     weight [N, K] row-major -> y [M, N] in x.dtype. gated: x is [M, 2K] = [gate | up] and the product is
-    gemv_ref(silu(gate) * up, weight) (the MLP's down projection without a separate silu_mul kernel)."""
+    gemv_ref(silu(gate) * up, weight) (the MLP's down projection without a separate silu_mul kernel).
+    pre_tiles (0..2): weight tiles loaded before the PDL wait; the result is the same bitwise."""
     M, K = x.shape[0], weight.shape[1]
     N = weight.shape[0]
     assert weight.stride(1) == 1, "weight must be [N, K] with dense rows"
     assert x.shape[1] == (2 * K if gated else K), f"x {list(x.shape)} does not fit weight {list(weight.shape)}"
     assert x.stride(1) == 1 and 1 <= M <= 4, "x must be [M <= 4, K] with a dense last dim"
+    assert 0 <= pre_tiles <= 2, f"pre_tiles must be 0, 1 or 2, not {pre_tiles}"
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     on = pdl.active(x) and M == 1
-    nbytes = weight.element_size()
-    prefetch = (on and pdl.l2_prefetch_active() and K > block_k and (block_k * nbytes) % 16 == 0
-                and (weight.stride(0) * nbytes) % 16 == 0 and weight.data_ptr() % 16 == 0)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, GATED=gated, PDL=on, L2_PREFETCH=prefetch,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_kwargs(on))
+        M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, GATED=gated, PDL=on,
+        PRE_TILES=min(pre_tiles, triton.cdiv(K, block_k)), num_warps=num_warps, num_stages=num_stages,
+        **pdl.launch_kwargs(on))
     return y
 
 
