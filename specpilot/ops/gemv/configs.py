@@ -4,15 +4,18 @@
 fewer stages where shared memory runs out).
 
 Measured on an H200 by bench/gemv.py (bench/results/gemv_h200.json: each best config with its speed-up over
-cuBLAS at M = 1). Shapes not listed use DEFAULT. The tuner will own this table per GPU later.
+cuBLAS at M = 1), or inside the decode step where marked. Shapes not listed use DEFAULT. The tuner will own
+this table per GPU later.
 """
 
 DEFAULT = (8, 512, 4, 1)
 
 H200 = {
-    (6144, 4096): (16, 512, 8, 1),  # Qwen3-8B qkv: 1.06x cuBLAS
-    (4096, 4096): (16, 1024, 8, 1),  # Qwen3-8B o_proj: 1.20x
-    (24576, 4096): (16, 512, 4, 1),  # Qwen3-8B gate_up: 1.01x
+    # the 8B's qkv, o_proj and gate_up: the best of ar_decode.STEP_GRID inside the batch-1 step
+    # (bench/results/gemv_step_sweep_h200.json: step ms against 4.334 with the lone-GEMV winners)
+    (6144, 4096): (4, 1024, 8, 2),  # Qwen3-8B qkv: 4.291 ms
+    (4096, 4096): (8, 1024, 8, 1),  # Qwen3-8B o_proj: 4.157 ms
+    (24576, 4096): (4, 1024, 4, 2),  # Qwen3-8B gate_up: 4.227 ms
     (4096, 12288): (16, 1024, 8, 1),  # Qwen3-8B down: 1.19x
     (151936, 4096): (16, 512, 4, 1),  # Qwen3-8B lm_head: 1.04x
     (14336, 5120): (8, 512, 4, 1),  # Qwen3.5-27B attention qkv: 1.08x
