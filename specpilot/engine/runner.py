@@ -191,6 +191,23 @@ class ModelRunner:
         return self.extend(slot, token_ids, 0)
 
     @inference
+    def prefill_many(self, token_ids: list[list[int]]) -> torch.Tensor:
+        """prefill of slots 0 .. B-1 together, for prompts of one length (one forward per chunk instead of B:
+        drafter training prefills thousands of rollout prompts); returns last-token logits [B, vocab]."""
+        B, P = len(token_ids), len(token_ids[0])
+        assert all(len(t) == P for t in token_ids), "prefill_many takes prompts of one length"
+        assert P <= self.cache.max_seq_len and B <= self.cache.num_slots
+        slots = torch.arange(B, device=self.device)
+        self.cache.reset(slots)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        with gated_deltanet.triton_prefill(self.gdn_prefill):
+            for offset in range(0, P, self.prefill_chunk):
+                chunk = ids[:, offset:offset + self.prefill_chunk]
+                prefix = torch.full((B,), offset, dtype=torch.long, device=self.device)
+                hidden = self.forward(BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=offset))
+        return self.logits(hidden[:, -1]).float()
+
+    @inference
     def prefill_features(self, slot: int, token_ids: list[int], layers: tuple[int, ...]):
         """prefill that also returns the outputs of the given decoder layers for every prompt position:
         (logits [vocab], features [P, len(layers) * hidden])."""

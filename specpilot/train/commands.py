@@ -33,6 +33,12 @@ def add_parsers(sub) -> None:
     td.add_argument("--rollouts", type=int, default=0,
                     help="dflash/eagle3: train on N greedy rollouts of the target (self-distillation) instead of "
                          "the corpus text")
+    td.add_argument("--rollout-prompt-len", type=int, default=None,
+                    help="dflash: corpus tokens before each rollout's continuation (default: seq_len / 4, at most 32); "
+                         "anchors are drawn in the continuation")
+    td.add_argument("--anchors", type=int, default=16, help="dflash: draft blocks drawn per training sequence")
+    td.add_argument("--target-layers", default=None,
+                    help="dflash: comma-separated target layers whose outputs feed the drafter (default: spread)")
     td.add_argument("--draft-vocab-size", type=int, default=None,
                     help="eagle3: the head's vocabulary (the corpus's most frequent tokens); default: all")
     _add_lm_flags(td, tokenizer=False)
@@ -112,12 +118,23 @@ def cmd_train_drafter(args) -> int:
         from specpilot.train.dflash import train_dflash
 
         report = train_dflash(corpus, args.target, args.out, _train_config(args), args.block_size, args.draft_layers,
-                              rollouts=args.rollouts, resume=args.resume, console=err,
-                              greedy_path_labels=args.greedy_path_labels)
+                              anchors=args.anchors, rollouts=args.rollouts, resume=args.resume, console=err,
+                              greedy_path_labels=args.greedy_path_labels,
+                              target_layers=_int_list(args.target_layers, "--target-layers"),
+                              rollout_prompt_len=args.rollout_prompt_len)
     else:
         report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))
     return 0
+
+
+def _int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise SystemExit(f"error: {flag} takes comma-separated integers, got {text!r}") from None
 
 
 def cmd_train_zoo(args) -> int:

@@ -81,9 +81,13 @@ def position_weights(block: int, gamma: float, device) -> torch.Tensor:
 
 def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
                  num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, rollouts: int = 0, resume: bool = False,
-                 console=None, greedy_path_labels: bool = False) -> dict:
+                 console=None, greedy_path_labels: bool = False, target_layers: tuple[int, ...] | None = None,
+                 rollout_prompt_len: int | None = None) -> dict:
     """rollouts > 0: train on that many greedy rollouts of the target (self-distillation data) instead of the
-    corpus text itself. greedy_path_labels: see label_mask."""
+    corpus text itself, each a corpus prompt of rollout_prompt_len tokens (default: a quarter of seq_len, at most
+    32) and the target's continuation; anchors are drawn in the continuation only, where every label is the
+    target's own greedy path. anchors: blocks drawn per training sequence. target_layers: the target layers
+    whose outputs feed the drafter (default: default_target_layers). greedy_path_labels: see label_mask."""
     out = Path(out)
     device = train_device(cfg)
     tokenizer = load_tokenizer(str(target_dir))
@@ -93,16 +97,24 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
                          "tokenizer`, which adds one)")
     target = load_model(str(target_dir), device, "float32").requires_grad_(False)
     depth = target.config.num_hidden_layers
-    layers = default_target_layers(depth, num_layers) if depth >= 5 else tuple(range(depth))
+    layers = tuple(target_layers) if target_layers else (
+        default_target_layers(depth, num_layers) if depth >= 5 else tuple(range(depth)))
+    if any(not 0 <= i < depth for i in layers):
+        raise ValueError(f"target layers {list(layers)} out of range: the target has {depth} layers (0 .. {depth - 1})")
+    prompt_len = _rollout_prompt_len(cfg, rollout_prompt_len) if rollouts else 0
+    if prompt_len > cfg.seq_len - block:
+        raise ValueError(f"--rollout-prompt-len {prompt_len} leaves no anchor: it must be at most seq_len - block "
+                         f"= {cfg.seq_len - block}")
     torch.manual_seed(cfg.seed)
     model = DFlashModel(draft_config(target.config, num_layers), len(layers)).to(device)
     _init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     train_ids, held_ids = corpus_tokens(corpus, tokenizer)
     if rollouts:
-        train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg)
+        train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg, prompt_len)
     weights = position_weights(block, gamma, device)
-    step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device, greedy_path_labels)
+    step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device, greedy_path_labels,
+                    max(1, prompt_len))  # rollouts: anchors in the continuation of whole rows
     ckpt = out / "checkpoint"
     start = checkpoint_io.load(model, opt, ckpt) if resume and checkpoint_io.exists(ckpt) else 0
     loss = optimize(model.parameters(), opt, lambda step: step_fn(train_ids, step, cfg.seed)[0], cfg, console,
@@ -112,7 +124,8 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
-              "corpus_files_hash": corpus.files_hash, "rollouts": rollouts, "greedy_path_labels": greedy_path_labels,
+              "corpus_files_hash": corpus.files_hash, "rollouts": rollouts, "rollout_prompt_len": prompt_len,
+              "anchors": anchors, "greedy_path_labels": greedy_path_labels,
               "parameters": sum(p.numel() for p in model.parameters())}
     save_dflash(model, target.config, layers, block, mask_id, out, report, cfg.save_dtype)
     return report
@@ -128,14 +141,17 @@ def label_mask(tokens: torch.Tensor, greedy: torch.Tensor, seq: torch.Tensor, at
 
 
 def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainConfig, device,
-          greedy_path_labels: bool = False):
+          greedy_path_labels: bool = False, first_anchor: int = 1):
     def run(tokens_all, step: int, seed: int):
-        tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
+        tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len, rows=first_anchor > 1).to(device)
         with torch.no_grad():
             features, greedy = _features(target, tokens, layers)
         gen = torch.Generator().manual_seed(seed * 7919 + step)
-        a = torch.randint(1, cfg.seq_len - block + 1, (tokens.shape[0], anchors), generator=gen).to(device)
-        logits = dflash_forward(model, target, features, tokens, a, block, mask_id)  # [R, block-1, V]
+        a = torch.randint(first_anchor, cfg.seq_len - block + 1, (tokens.shape[0], anchors), generator=gen).to(device)
+        # bf16 mixed precision for the drafter on a GPU; the target's features and labels stay fp32 (they are the
+        # same numbers the fp32 rollouts were generated with)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = dflash_forward(model, target, features, tokens, a, block, mask_id)  # [R, block-1, V]
         seq = torch.arange(tokens.shape[0], device=device).repeat_interleave(anchors)
         # position a+k's label: the target's greedy token after the true prefix up to a+k-1
         at = a.reshape(-1)[:, None] + torch.arange(0, block - 1, device=device)
@@ -165,11 +181,15 @@ def _features(target, tokens, layers) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(captured, dim=-1), target.logits(hidden).argmax(-1)
 
 
-def _rollouts(target, target_dir, train_ids, held_ids, count: int, cfg: TrainConfig):
+def _rollout_prompt_len(cfg: TrainConfig, prompt_len: int | None) -> int:
+    return prompt_len if prompt_len is not None else max(1, min(32, cfg.seq_len // 4))
+
+
+def _rollouts(target, target_dir, train_ids, held_ids, count: int, cfg: TrainConfig, prompt_len: int | None = None):
     """(train, held-out) streams of the target's own greedy rollouts, prompted from the corpus's two splits."""
     from specpilot.train.rollouts import rollout_stream
 
-    prompt = max(1, min(32, cfg.seq_len // 4))
+    prompt = _rollout_prompt_len(cfg, prompt_len)
     held = max(4, min(64, count // 16))
     return (rollout_stream(target, target_dir, train_ids, count, cfg.seq_len, prompt, seed=cfg.seed),
             rollout_stream(target, target_dir, held_ids, held, cfg.seq_len, prompt, seed=cfg.seed + 1))

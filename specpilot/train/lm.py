@@ -69,10 +69,15 @@ def hf_config(preset: str | dict, vocab_size: int, eos_id: int, max_len: int):
                tie_word_embeddings=True, architectures=[arch], rope_theta=10000.0, **spec)
 
 
-def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, seq_len: int) -> torch.Tensor:
-    """The [batch, seq_len] windows of step `step`: a pure function of (seed, step)."""
+def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, seq_len: int,
+             rows: bool = False) -> torch.Tensor:
+    """The [batch, seq_len] windows of step `step`: a pure function of (seed, step). rows: the stream is rows of
+    seq_len tokens (rollouts) and windows are whole rows."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    starts = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=gen)
+    if rows:
+        starts = torch.randint(0, len(tokens) // seq_len, (batch_size,), generator=gen) * seq_len
+    else:
+        starts = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=gen)
     return torch.stack([tokens[s:s + seq_len] for s in starts.tolist()])
 
 

@@ -1,6 +1,7 @@
 """Self-distillation rollouts: each row is the prompt cut from the corpus stream plus the target's own greedy
 continuation, the stream is cached by the target's weights, and drafters train on it."""
 
+import pytest
 import torch
 
 from specpilot.engine.generator import Generator
@@ -10,8 +11,11 @@ from specpilot.models.loader import load_model
 from specpilot.train.rollouts import rollout_stream
 
 
-def test_rows_are_greedy_continuations_and_cached(checkpoint_factory, monkeypatch):
-    path, _ = checkpoint_factory("qwen3")
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_rows_are_greedy_continuations_and_cached(name, checkpoint_factory, monkeypatch):
+    """Rows are made by one batched prefill and batched decode steps; each equals the plain generator's
+    continuation of its prompt alone (dense, and hybrid with its recurrent state)."""
+    path, _ = checkpoint_factory(name)
     target = load_model(str(path), "cpu", "float32")
     tokens = torch.randint(0, target.config.vocab_size, (400,))
     stream = rollout_stream(target, path, tokens, count=5, seq_len=20, prompt_len=6, batch=2, seed=3)

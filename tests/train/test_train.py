@@ -151,14 +151,21 @@ def test_dflash_training_learns_and_loads(arch, corpus_dir, tokenizer_dir, tmp_p
     train_lm(corpus, tokenizer_dir, tmp_path / "t", TINY[arch], TrainConfig(**{**CFG.__dict__, "steps": 30}))
     short = TrainConfig(**{**CFG.__dict__, "steps": 1})
     long = TrainConfig(**{**CFG.__dict__, "steps": 40})
-    rollouts = 8 if arch == "hybrid" else 0  # self-distillation data on one of the two
-    gpl = arch == "dense"  # and labels kept along the target's greedy path on the other
-    first = train_dflash(corpus, tmp_path / "t", tmp_path / "d0", short, block=4, num_layers=1, rollouts=rollouts,
-                         greedy_path_labels=gpl)
-    report = train_dflash(corpus, tmp_path / "t", tmp_path / "d", long, block=4, num_layers=1, rollouts=rollouts,
-                          greedy_path_labels=gpl)
+    # self-distillation data (long prompts, anchors in the continuation, chosen target layers) on one of the
+    # two, and labels kept along the target's greedy path on the other
+    rollouts = 8 if arch == "hybrid" else 0
+    gpl = arch == "dense"
+    kw = dict(block=4, num_layers=1, rollouts=rollouts, greedy_path_labels=gpl, anchors=6)
+    if rollouts:
+        kw.update(rollout_prompt_len=20, target_layers=(1,))
+    first = train_dflash(corpus, tmp_path / "t", tmp_path / "d0", short, **kw)
+    report = train_dflash(corpus, tmp_path / "t", tmp_path / "d", long, **kw)
     assert report["held_out_loss"] < first["held_out_loss"] - 0.5 and report["rollouts"] == rollouts
-    assert report["greedy_path_labels"] == gpl
+    assert report["greedy_path_labels"] == gpl and report["anchors"] == 6
+    assert report["target_layer_ids"] == ([1] if rollouts else [0, 1]) and report["rollout_prompt_len"] == (
+        20 if rollouts else 0)
+    with pytest.raises(ValueError, match="out of range"):
+        train_dflash(corpus, tmp_path / "t", tmp_path / "bad", short, block=4, num_layers=1, target_layers=(2,))
     target = load_model(str(tmp_path / "t"), "cpu", "float32")
     drafter = load_dflash(tmp_path / "d", target)
     from safetensors.torch import load_file
