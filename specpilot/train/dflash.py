@@ -61,7 +61,8 @@ def dflash_forward(model: DFlashModel, target, features, tokens, anchors, block:
     kvs = []
     for layer in model.layers:
         k, v = layer.context_kv(ctx, cos, sin)
-        kvs.append((k[seq].transpose(1, 2), v[seq].transpose(1, 2)))  # [R, KVH, L, D]
+        # [R, KVH, L, D], dense: the block's K/V are stored into it as into a cache (a Triton store under no_grad)
+        kvs.append((k.transpose(1, 2).contiguous()[seq], v.transpose(1, 2).contiguous()[seq]))
     a = anchors.reshape(-1)
     ids = torch.full((B * n, block), mask_id, device=dev)
     ids[:, 0] = tokens[seq, a]

@@ -132,3 +132,23 @@ def test_the_comparison_sees_a_wrong_convention(perturb, checkpoint_factory, tmp
     kw = {"train_layers": (0, 1)} if perturb.startswith("layer") else {"train_mask": MASK - 1}
     ours, theirs = _both_sides(target, (0, 2), tmp_path, **kw)
     assert (ours - theirs).abs().max() > 1e-2
+
+
+def test_the_training_forward_stores_through_the_kernel_under_no_grad(checkpoint_factory, monkeypatch):
+    """Held-out evaluation runs the training forward under no_grad, where a CUDA run stores the block's K/V with the
+    Triton kernel (it asks for dense caches): interpreted here, it gives the logits of the autograd path."""
+    import specpilot.ops.store_kv as store_kv
+
+    path, _ = checkpoint_factory("qwen3")
+    target = load_model(str(path), "cpu", "float32")
+    model = _random_dflash(target, (0, 2))
+    tokens = torch.randint(2, 300, (2, 40), generator=torch.Generator().manual_seed(3))
+    features, _ = _features(target, tokens, (0, 2))
+    anchors = torch.tensor([[3, 17, 30], [1, 9, 33]])
+    want = dflash_forward(model, target, features, tokens, anchors, BLOCK, MASK)  # parameters with grad: reference
+    calls = []
+    monkeypatch.setattr(store_kv, "use_triton", lambda x: calls.append(1) or True)
+    with torch.no_grad():
+        got = dflash_forward(model, target, features, tokens, anchors, BLOCK, MASK)
+    assert calls
+    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
