@@ -112,6 +112,7 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(doc, indent=1))
             if args.profiles and row["tree"].startswith("chain"):
                 prof = chain_profile(row)
+                Path(args.profiles).mkdir(parents=True, exist_ok=True)
                 Path(args.profiles, f"{prof['name']}.json").write_text(json.dumps(prof, indent=1) + "\n")
             print(f"{target:7s} {drafter:14s} {tree:16s} tau {row['tau']:.2f} per depth {row['acceptance_per_depth']}"
                   f" forcing {'pass' if row['forcing']['passed'] else 'FAIL'} ({row['seconds']:.0f} s)", flush=True)

@@ -35,13 +35,16 @@ ZOO_RECIPE: tuple[tuple[Job, ...], ...] = (
                     "--seq-len", "512", "--lr", "2e-3", "--warmup", "200"), 2500),
      Job("draft-lm", ("drafter", "--kind", "draft-lm", "--target", "{work}/tokenizer", "--batch-size", "32",
                       "--seq-len", "512", "--lr", "3e-3", "--warmup", "200"), 2000)),
-    # drafters learn the target's greedy tokens on corpus text; training them on the target's own rollouts
-    # instead (--rollouts 2560, 2000 / 1500 steps) measured lower HumanEval acceptance (docs/zoo.md)
+    # EAGLE-3 heads learn the target's greedy tokens on corpus text (short-prompt rollouts measured lower HumanEval
+    # acceptance); DFlash drafters learn from rollouts that look like served requests: 384 corpus tokens, then 128
+    # of the target's own, anchors in the generated part, 64 per sequence, target layers 1, 4, 7 (docs/zoo.md)
     tuple(Job(f"{t}-{kind}", ("drafter", "--kind", kind, "--target", f"{{work}}/{t}", "--batch-size", "16",
-                               "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", *extra), 2000)
+                               "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", *extra), steps)
           for t in ("dense", "hybrid")
-          for kind, extra in (("dflash", ("--block-size", "8", "--draft-layers", "2")),
-                              ("eagle3", ("--draft-vocab-size", "2048")))),
+          for kind, extra, steps in (
+              ("dflash", ("--block-size", "8", "--draft-layers", "2", "--anchors", "64", "--rollouts", "12288",
+                          "--rollout-prompt-len", "384", "--target-layers", "1,4,7"), 2600),
+              ("eagle3", ("--draft-vocab-size", "2048"), 2000))),
 )
 VOCAB_SIZE = 4096
 ZOO_MAX_FILES = 12000  # ~150 MB of code: about one epoch for the targets' 49M training tokens

@@ -11,7 +11,8 @@ from specpilot.train import zoo
 
 def _tiny(job: zoo.Job) -> zoo.Job:
     args = list(job.args)
-    for flag, value in (("--batch-size", "2"), ("--seq-len", "32"), ("--warmup", "1"), ("--rollouts", "4")):
+    for flag, value in (("--batch-size", "2"), ("--seq-len", "32"), ("--warmup", "1"), ("--rollouts", "4"),
+                        ("--rollout-prompt-len", "16"), ("--anchors", "4")):
         if flag in args:
             args[args.index(flag) + 1] = value
     return zoo.Job(job.name, tuple(args) + ("--eval-batches", "1", "--save-every", "1000"), 2)
