@@ -89,4 +89,4 @@ def test_generate_with_drafter_reports_tau(checkpoint_factory, capsys):
                "--drafter", "ngram", "--tree", "chain:3", "--json", "--ignore-eos"])
     obj = json.loads(capsys.readouterr().out)
     assert rc == 0 and obj["stats"]["tokens"] == 10 and obj["stats"]["tau"] >= 1.0
-    assert set(obj["stats"]["seconds"]) == {"draft", "verify", "accept", "commit", "other"}
+    assert set(obj["stats"]["seconds"]) == {"start", "draft", "verify", "accept", "commit", "other"}

@@ -24,7 +24,8 @@ from specpilot.spec.drafters.base import Drafter
 from specpilot.spec.tree import DraftTree, TreeSpec
 from specpilot.spec.verify import Acceptance, accept_greedy, host_tree_metadata
 
-COMPONENTS = ("draft", "verify", "accept", "commit", "other")
+# "start": the request's prefill and drafter start (wall time, ended by the sync of its first token)
+COMPONENTS = ("start", "draft", "verify", "accept", "commit", "other")
 
 
 @dataclass(slots=True)
@@ -113,6 +114,7 @@ class SpecEngine:
         self.drafter.allocate(len(prompts), size)
         reqs = []
         for i, prompt in enumerate(prompts):
+            t0 = time.perf_counter()
             r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats())
             layers = tuple(self.drafter.target_layers)
             if layers:
@@ -122,6 +124,7 @@ class SpecEngine:
             self.drafter.start(r.slot, r.prompt, features)
             r.committed = len(prompt)
             self._emit_tokens(r, [int(logits.argmax())], params, on_token, time.perf_counter() - start)
+            r.stats.seconds["start"] += time.perf_counter() - t0
             reqs.append(r)
         return reqs
 

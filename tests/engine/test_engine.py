@@ -206,7 +206,7 @@ def test_stats_count_drafts_and_acceptance(checkpoint_factory):
     assert stats.drafted_per_depth == [stats.steps] * 3
     assert stats.accepted_per_depth[0] <= stats.steps
     assert stats.emitted == 12  # the first token comes from the prefill
-    assert set(stats.seconds) == {"draft", "verify", "accept", "commit", "other"}
+    assert set(stats.seconds) == {"start", "draft", "verify", "accept", "commit", "other"}
 
 
 def test_eos_and_max_tokens_cut_the_emitted_block(checkpoint_factory):

@@ -23,7 +23,7 @@ def test_step_times_are_charged_to_every_component(checkpoint_factory):
     out = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("static:2,1")).generate(
         _prompts()[:2], PARAMS)
     for _, stats in out:
-        assert set(stats.seconds) == {"draft", "verify", "accept", "commit", "other"}
+        assert set(stats.seconds) == {"start", "draft", "verify", "accept", "commit", "other"}
         assert all(s > 0 for s in stats.seconds.values()), stats.seconds
 
 
