@@ -7,7 +7,7 @@
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
-#     SUITE_ONLY="gemv_step_sweep" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, cap 300 s: 8B M = 1 GEMV configs in the step
+#     SUITE_ONLY="gemv_step_sweep" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, cap 300 s: 8B GEMV configs
 #
 # (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128

@@ -129,8 +129,8 @@ else:
 
 
 def test_pdl_kernels_compile_for_hopper():
-    """The PDL variants (griddepcontrol, one or two weight tiles loaded before the wait) cannot run interpreted: compile them for sm_90 (in a child process without
-    TRITON_INTERPRET) so that a CPU machine checks the codegen."""
+    """The PDL variants (griddepcontrol, one or two weight tiles loaded before the wait) cannot run interpreted:
+    compile them for sm_90 (in a child process without TRITON_INTERPRET) so that a CPU machine checks the codegen."""
     import os
     import subprocess
     import sys
