@@ -238,6 +238,11 @@ class EngineConfig:
     # 143 ms against 329 ms for the torch chunk form, interleaved, same argmax
     # (bench/results/spec_step_27b_gdnprefill_h200.json)
     triton_gdn_prefill: bool = True
+    # speculative batches: every request's prompt in one prefill (padded at the end on attention-only targets;
+    # hybrid targets only when the prompts have one length) instead of one prefill per request. Untimed, off: at
+    # batch 8 on the 8B shape the eight sequential starts took 0.285 s of a 0.548 s stock run
+    # (bench/results/bench_8b_b8_start_h200.json)
+    batched_prefill: bool = False
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):

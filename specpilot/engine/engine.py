@@ -113,20 +113,39 @@ class SpecEngine:
         self.runner.allocate(len(prompts), size)
         self.drafter.allocate(len(prompts), size)
         reqs = []
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, (first, features, seconds)) in enumerate(zip(prompts, self._prefill(prompts))):
             t0 = time.perf_counter()
             r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats())
-            layers = tuple(self.drafter.target_layers)
-            if layers:
-                logits, features = self.runner.prefill_features(r.slot, r.prompt, layers)
-            else:
-                logits, features = self.runner.prefill(r.slot, r.prompt), None
             self.drafter.start(r.slot, r.prompt, features)
             r.committed = len(prompt)
-            self._emit_tokens(r, [int(logits.argmax())], params, on_token, time.perf_counter() - start)
-            r.stats.seconds["start"] += time.perf_counter() - t0
+            self._emit_tokens(r, [first()], params, on_token, time.perf_counter() - start)
+            r.stats.seconds["start"] += seconds + time.perf_counter() - t0
             reqs.append(r)
         return reqs
+
+    def _prefill(self, prompts):
+        """Yields per request (its first token as a callable, the drafter's features or None, seconds spent): one
+        prefill per request, or all of them in one (EngineConfig.batched_prefill: for attention-only targets, or
+        prompts of one length), its time shared evenly."""
+        layers = tuple(self.drafter.target_layers)
+        runner = self.runner
+        if runner.batched_prefill and len(prompts) > 1 and (
+                not runner.config.is_hybrid or len(set(map(len, prompts))) == 1):
+            t0 = time.perf_counter()
+            out = runner.prefill_many(prompts, layers)
+            logits, features = out if layers else (out, [None] * len(prompts))
+            first = logits.argmax(-1).tolist()  # the sync that ends the batched prefill
+            seconds = (time.perf_counter() - t0) / len(prompts)
+            for tok, feats in zip(first, features):
+                yield (lambda t=tok: t), feats, seconds
+            return
+        for i, prompt in enumerate(prompts):
+            t0 = time.perf_counter()
+            if layers:
+                logits, features = runner.prefill_features(i, prompt, layers)
+            else:
+                logits, features = runner.prefill(i, prompt), None
+            yield (lambda lg=logits: int(lg.argmax())), features, time.perf_counter() - t0
 
     def schedule(self, reqs: list[_Request]) -> list[_Request]:
         return [r for r in reqs if not r.done]

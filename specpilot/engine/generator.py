@@ -40,7 +40,10 @@ class Generator:
         B = len(prompts)
         runner.allocate(B, max(map(len, prompts)) + params.max_new_tokens + 1)
         gen = make_generator(params, dev)
-        logits = torch.stack([runner.prefill(i, p) for i, p in enumerate(prompts)])
+        if runner.batched_prefill and B > 1 and (not runner.config.is_hybrid or len(set(map(len, prompts))) == 1):
+            logits = runner.prefill_many(prompts)  # EngineConfig.batched_prefill, as SpecEngine does
+        else:
+            logits = torch.stack([runner.prefill(i, p) for i, p in enumerate(prompts)])
         tokens = sample(logits, params, gen)
         positions = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         results = [GenerationResult(prompt_len=len(p)) for p in prompts]

@@ -113,6 +113,7 @@ class ModelRunner:
         self.verify_layers_per_graph = engine.verify_layers_per_graph
         self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
         self.gdn_prefill = engine.triton_gdn_prefill and on_gpu
+        self.batched_prefill = engine.batched_prefill
         self.verify_graphs: dict[tuple, VerifyGraph] = {}
         if engine.weight_format == "w12n":
             if self.dtype != torch.bfloat16:
@@ -191,21 +192,41 @@ class ModelRunner:
         return self.extend(slot, token_ids, 0)
 
     @inference
-    def prefill_many(self, token_ids: list[list[int]]) -> torch.Tensor:
-        """prefill of slots 0 .. B-1 together, for prompts of one length (one forward per chunk instead of B:
-        drafter training prefills thousands of rollout prompts); returns last-token logits [B, vocab]."""
-        B, P = len(token_ids), len(token_ids[0])
-        assert all(len(t) == P for t in token_ids), "prefill_many takes prompts of one length"
+    def prefill_many(self, token_ids: list[list[int]], layers: tuple[int, ...] = ()):
+        """prefill of slots 0 .. B-1 together: one forward per chunk instead of B (drafter training prefills
+        thousands of rollout prompts; a speculative batch starts its requests at once). Prompts of different
+        lengths are padded at the end, which only an attention-only model allows: a position never sees the
+        ones after it, and cache rows past a request's prompt are never read before they are written again.
+        Returns last-token logits [B, vocab] (and, if `layers` is given, each prompt's features [P_i, F])."""
+        B, lengths = len(token_ids), [len(t) for t in token_ids]
+        P = max(lengths)
+        if min(lengths) != P and self.config.is_hybrid:
+            raise ValueError("prefill_many takes prompts of one length on a hybrid model (padding would enter its "
+                             "recurrent state)")
         assert P <= self.cache.max_seq_len and B <= self.cache.num_slots
         slots = torch.arange(B, device=self.device)
         self.cache.reset(slots)
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        ids = torch.tensor([t + [0] * (P - len(t)) for t in token_ids], dtype=torch.long, device=self.device)
+        last = torch.tensor(lengths, device=self.device) - 1
+        hidden_last, features = torch.empty(0), []
         with gated_deltanet.triton_prefill(self.gdn_prefill):
             for offset in range(0, P, self.prefill_chunk):
                 chunk = ids[:, offset:offset + self.prefill_chunk]
                 prefix = torch.full((B,), offset, dtype=torch.long, device=self.device)
-                hidden = self.forward(BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=offset))
-        return self.logits(hidden[:, -1]).float()
+                hidden = self.forward(BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=offset), layers)
+                if layers:
+                    hidden, captured = hidden
+                    features.append(torch.cat(captured, dim=-1))
+                # each request's last prompt position, where it falls in this chunk
+                here = (last >= offset) & (last < offset + chunk.shape[1])
+                at = (last - offset).clamp(0, chunk.shape[1] - 1)
+                picked = hidden[torch.arange(B, device=self.device), at]
+                hidden_last = picked if offset == 0 else torch.where(here[:, None], picked, hidden_last)
+        logits = self.logits(hidden_last).float()
+        if not layers:
+            return logits
+        full = torch.cat(features, dim=1)
+        return logits, [full[i, :n] for i, n in enumerate(lengths)]
 
     @inference
     def prefill_features(self, slot: int, token_ids: list[int], layers: tuple[int, ...]):

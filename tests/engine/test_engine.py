@@ -290,3 +290,41 @@ def test_peek_commits_nothing(name, commit, tree, checkpoint_factory):
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     assert drafter.probes > 0 and any(s.tau > 2 for _, s in out)
+
+
+class _RecordingDrafter:
+    """A draft LM that also asks for target features at start and keeps them, to compare two prefill paths."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.target_layers, self.features = inner, "recording", (0, 1), {}
+
+    def allocate(self, num_slots, max_seq_len):
+        self.inner.allocate(num_slots, max_seq_len)
+
+    def start(self, slot, prompt_ids, features):
+        self.features[slot] = features.clone()
+        self.inner.start(slot, prompt_ids, None)
+
+    def __getattr__(self, name):  # propose, commit, ...
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_batched_prefill_keeps_output_and_features(name, checkpoint_factory):
+    """EngineConfig.batched_prefill: every prompt in one prefill (ragged prompts padded on the dense target; one
+    length on the hybrid one) gives the same output as AR, and the drafter the same start features as one prefill
+    per request."""
+    target, draft = _models(checkpoint_factory, name)
+    prompts = _prompts() if name == "qwen3" else [p[:9] for p in _prompts()]
+    assert name != "qwen3" or len(set(map(len, prompts))) > 1
+    runs = {}
+    for batched in (False, True):
+        runner = ModelRunner(target, EngineConfig(batched_prefill=batched))
+        drafter = _RecordingDrafter(DraftLMDrafter(draft))
+        out = SpecEngine(runner, drafter, TreeSpec.parse("chain:3")).generate(prompts, PARAMS)
+        assert [r.token_ids for r, _ in out] == _reference(target, prompts)
+        assert all(s.seconds["start"] > 0 for _, s in out)
+        runs[batched] = drafter.features
+    for slot in range(len(prompts)):
+        assert runs[True][slot].shape == (len(prompts[slot]), 2 * target.config.hidden_size)
+        torch.testing.assert_close(runs[True][slot], runs[False][slot], rtol=1e-4, atol=1e-4)

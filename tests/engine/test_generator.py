@@ -20,9 +20,14 @@ def _gen(checkpoint_factory, name, **runner_kw):
     return Generator(ModelRunner(model, **runner_kw)), hf
 
 
+@pytest.mark.parametrize("batched_prefill", [False, True])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_ragged_batch_equals_single_runs(name, checkpoint_factory):
-    gen, hf = _gen(checkpoint_factory, name)
+def test_ragged_batch_equals_single_runs(name, batched_prefill, checkpoint_factory):
+    """A ragged batch gives each prompt's single-run output, with one prefill per request or all in one
+    (EngineConfig.batched_prefill: padded on the dense model; the hybrid one keeps per-request prefills)."""
+    from specpilot.config import EngineConfig
+
+    gen, hf = _gen(checkpoint_factory, name, engine=EngineConfig(batched_prefill=batched_prefill))
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (3, 29, 11)]
     params = SamplingParams(max_new_tokens=24)
     batched = [r.token_ids for r in gen.generate(prompts, params)]
