@@ -4,9 +4,9 @@ A drafter is judged on the text the target generates, which (for a small model a
 than the corpus. So drafters train on rollouts: `count` prompts of `prompt_len` tokens drawn from the corpus
 stream (seeded), each continued greedily by the target to `seq_len` tokens, joined into one stream. With a long
 prompt (real text) and a short continuation, a window looks like a served request: a prompt, then what the
-target itself generates after it. The
-labels still come from the target's forward over each training window, so they are exact wherever the window
-falls. Rollouts are cached beside the token streams, keyed by the target's weights and the recipe.
+target itself generates after it. The labels still come from the target's forward over each training window,
+so they are exact wherever the window falls. Rollouts are cached beside the token streams, keyed by the target's
+weights and the recipe.
 """
 
 from __future__ import annotations
@@ -44,23 +44,19 @@ def rollout_stream(target, target_dir: str | Path, tokens: torch.Tensor, count: 
 
 
 def _greedy(target, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """The greedy continuation of prompts of one length: one batched prefill, then batched decode steps."""
     from specpilot.config import EngineConfig
+    from specpilot.engine.generator import Generator
     from specpilot.engine.runner import ModelRunner
+    from specpilot.engine.sampling import SamplingParams
 
-    # plain eager kernels under CUDA graphs: data generation should not depend on the newest fast paths
+    # plain eager kernels under CUDA graphs: data generation should not depend on the newest fast paths; the
+    # prompts (all of one length) prefill together
     engine = EngineConfig(max_batch_size=len(prompts), compile_pointwise=False, decode_gemv=False,
-                          fused_qk_rope_store=False)
+                          fused_qk_rope_store=False, batched_prefill=True)
     runner = ModelRunner(target, engine)
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     with torch.inference_mode():
-        runner.allocate(len(prompts), len(prompts[0]) + new_tokens + 1)
-        token = runner.prefill_many(prompts).argmax(-1)
-        positions = torch.full((len(prompts),), len(prompts[0]), dtype=torch.long, device=runner.device)
-        out = [token]
-        for _ in range(new_tokens - 1):
-            token = runner.decode(token, positions).argmax(-1)
-            out.append(token)
-        return torch.stack(out, 1).tolist()
+        return [r.token_ids for r in Generator(runner, ()).generate(prompts, params)]
 
 
 def _key(target_dir, tokens: torch.Tensor, count: int, seq_len: int, prompt_len: int, seed: int) -> str:
