@@ -8,6 +8,7 @@
 #     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
 #     SUITE_ONLY="gemv_step_sweep" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, cap 300 s: 8B GEMV configs
+#     SUITE_ONLY="batched_prefill" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, caps 2 x 90 s: one prefill
 #
 # (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
@@ -221,6 +222,17 @@ if [[ " ${SUITE_ONLY:-} " == *" gemv_step_sweep "* ]]; then
     step gemv_step_sweep 300 python3 bench/ar_decode.py --out "$OUT/gemv_step_sweep_h200.json" --commit "$COMMIT" \
         --shapes "${T8#random:}" --configs 1x512 --steps 30 --sweep-budget-s 270 \
         --gemv-sweep 4096x4096 6144x4096 4096x12288 24576x4096 "${DEV[@]}"
+fi
+
+# opt-in: the 8B bench at batch 8 (stock chain:7 and AR) with one prefill per request, then with the whole batch
+# in one (EngineConfig.batched_prefill, for AR and speculation alike); the engine's `start` split shows the change
+if [[ " ${SUITE_ONLY:-} " == *" batched_prefill "* ]]; then
+    for bp in false true; do
+        step batched_prefill 90 python3 -m specpilot bench --target "$T8" --drafter random-dflash \
+            --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${BENCH_SIZE[@]}" \
+            --stock-tree chain:7 --engine "$ENGINE;batched_prefill:$bp" --out "$OUT/bench_8b_prefill_${bp}_h200.json" \
+            --plot /tmp/bench_8b_prefill_$bp.png "${DEV[@]}"
+    done
 fi
 
 rm -f "$OUT"/*.tmp  # a write cut by a timeout
