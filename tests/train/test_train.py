@@ -132,6 +132,9 @@ def test_cli_train_tokenizer_and_draft_lm(corpus_dir, tmp_path, capsys):
     rc = main(["train", "drafter", "--kind", "eagle3", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "d"),
                "--corpus", str(corpus_dir)])
     assert rc == 2 and "no such directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="comma-separated integers"):
+        main(["train", "drafter", "--kind", "dflash", "--target", str(tmp_path / "t"), "--out", str(tmp_path / "d"),
+              "--corpus", str(corpus_dir), "--target-layers", "1,a"])
 
 
 @pytest.mark.parametrize("arch", ["dense", "hybrid"])
