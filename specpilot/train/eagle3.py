@@ -106,10 +106,13 @@ def _loss(drafter: Eagle3Drafter, target, tokens_all, step: int, seed: int, cfg:
     tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len).to(device)
     with torch.no_grad():
         features, greedy = _features(target, tokens, drafter.target_layers)
-    with torch.set_grad_enabled(train):
+    # bf16 mixed precision for the head's training steps on a GPU (the target's features and labels stay fp32;
+    # held-out evaluation runs in fp32)
+    with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=torch.bfloat16,
+                                                       enabled=train and device.type == "cuda"):
         logits = eagle3_forward(drafter, features, tokens)
     labels = to_draft[greedy[:, 1:-1]]  # the target's greedy token at p+2 (self-distillation)
-    loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
+    loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100)
     hit = (logits.argmax(-1) == labels).float()[labels >= 0].mean()
     return loss, float(hit)
 
