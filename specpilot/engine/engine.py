@@ -113,31 +113,27 @@ class SpecEngine:
         self.runner.allocate(len(prompts), size)
         self.drafter.allocate(len(prompts), size)
         reqs = []
-        for i, (prompt, (first, features, seconds)) in enumerate(zip(prompts, self._prefill(prompts))):
+        for i, (prompt, (logits, features, seconds)) in enumerate(zip(prompts, self._prefill(prompts))):
             t0 = time.perf_counter()
             r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats())
             self.drafter.start(r.slot, r.prompt, features)
             r.committed = len(prompt)
-            self._emit_tokens(r, [first()], params, on_token, time.perf_counter() - start)
+            self._emit_tokens(r, [int(logits.argmax())], params, on_token, time.perf_counter() - start)
             r.stats.seconds["start"] += seconds + time.perf_counter() - t0
             reqs.append(r)
         return reqs
 
     def _prefill(self, prompts):
-        """Yields per request (its first token as a callable, the drafter's features or None, seconds spent): one
-        prefill per request, or all of them in one (EngineConfig.batched_prefill: for attention-only targets, or
-        prompts of one length), its time shared evenly."""
+        """Yields per request (its last-token logits [vocab], the drafter's features or None, seconds spent): one
+        prefill per request, or all of them in one (ModelRunner.prefills_together), its time shared evenly."""
         layers = tuple(self.drafter.target_layers)
         runner = self.runner
-        if runner.batched_prefill and len(prompts) > 1 and (
-                not runner.config.is_hybrid or len(set(map(len, prompts))) == 1):
+        if runner.prefills_together(prompts):
             t0 = time.perf_counter()
             out = runner.prefill_many(prompts, layers)
             logits, features = out if layers else (out, [None] * len(prompts))
-            first = logits.argmax(-1).tolist()  # the sync that ends the batched prefill
             seconds = (time.perf_counter() - t0) / len(prompts)
-            for tok, feats in zip(first, features):
-                yield (lambda t=tok: t), feats, seconds
+            yield from ((row, f, seconds) for row, f in zip(logits, features))
             return
         for i, prompt in enumerate(prompts):
             t0 = time.perf_counter()
@@ -145,7 +141,7 @@ class SpecEngine:
                 logits, features = runner.prefill_features(i, prompt, layers)
             else:
                 logits, features = runner.prefill(i, prompt), None
-            yield (lambda lg=logits: int(lg.argmax())), features, time.perf_counter() - t0
+            yield logits, features, time.perf_counter() - t0
 
     def schedule(self, reqs: list[_Request]) -> list[_Request]:
         return [r for r in reqs if not r.done]

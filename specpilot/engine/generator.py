@@ -40,8 +40,8 @@ class Generator:
         B = len(prompts)
         runner.allocate(B, max(map(len, prompts)) + params.max_new_tokens + 1)
         gen = make_generator(params, dev)
-        if runner.batched_prefill and B > 1 and (not runner.config.is_hybrid or len(set(map(len, prompts))) == 1):
-            logits = runner.prefill_many(prompts)  # EngineConfig.batched_prefill, as SpecEngine does
+        if runner.prefills_together(prompts):
+            logits = runner.prefill_many(prompts)
         else:
             logits = torch.stack([runner.prefill(i, p) for i, p in enumerate(prompts)])
         tokens = sample(logits, params, gen)

@@ -191,6 +191,12 @@ class ModelRunner:
         self.cache.reset(torch.tensor([slot], device=self.device))
         return self.extend(slot, token_ids, 0)
 
+    def prefills_together(self, token_ids: list[list[int]]) -> bool:
+        """Whether a batch's prompts go through one prefill_many (EngineConfig.batched_prefill): more than one
+        prompt, and one length unless the model is attention-only."""
+        return self.batched_prefill and len(token_ids) > 1 and (
+            not self.config.is_hybrid or len(set(map(len, token_ids))) == 1)
+
     @inference
     def prefill_many(self, token_ids: list[list[int]], layers: tuple[int, ...] = ()):
         """prefill of slots 0 .. B-1 together: one forward per chunk instead of B (drafter training prefills

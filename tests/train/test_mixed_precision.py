@@ -25,7 +25,8 @@ def test_drafter_training_forwards_run_under_bf16_autocast(kind):
         model = drafter.model.float().requires_grad_(True)
         features, _ = _features(target, tokens, drafter.target_layers)
         anchors = torch.tensor([[3, 20, 33], [1, 17, 40]])
-        forward = lambda: dflash_forward(model, target, features, tokens, anchors, 8, drafter.mask_token_id)  # noqa: E731
+        mask = drafter.mask_token_id
+        forward = lambda: dflash_forward(model, target, features, tokens, anchors, 8, mask)  # noqa: E731
     else:
         head, layers = load_eagle3_head(ZOO / "dense-eagle3", target, torch.float32)
         model = head
