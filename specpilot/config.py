@@ -240,7 +240,7 @@ class EngineConfig:
     triton_gdn_prefill: bool = True
     # speculative batches: every request's prompt in one prefill (padded at the end on attention-only targets;
     # hybrid targets only when the prompts have one length) instead of one prefill per request. Untimed, off: at
-    # batch 8 on the 8B shape the eight sequential starts took 0.285 s of a 0.548 s stock run
+    # batch 8 on the 8B shape the eight sequential starts took 0.285 s of a 0.548 s stock run (synthetic acceptance)
     # (bench/results/bench_8b_b8_start_h200.json)
     batched_prefill: bool = False
 
