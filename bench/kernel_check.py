@@ -270,13 +270,22 @@ def check_w12n_gemv(dev, M, N, K):
     onehot = torch.zeros(len(cols), K, device=dev)
     onehot[torch.arange(len(cols)), cols] = 1
     res["exact_decode"] = bool(torch.equal(w12n_gemv(onehot, t), decode(t).to(dev).float()[:, cols].T))
-    # the tensor-core variant (not the default): close to the reference, row 0 of M rows = the M = 1 call
-    bk = min(256, t.segment)
-    mma = w12n_gemv(x, t, block_n=64, block_k=bk, mma=True)
-    res["mma_rel_rms_err"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())["rel_rms_err"]
-    res["mma_batch_invariant"] = bool(torch.equal(w12n_gemv(x[:1], t, block_n=64, block_k=bk, mma=True), mma[:1]))
-    if not (res["asm_equals_tl"] and res["exact_decode"] and res["mma_batch_invariant"] and res["mma_rel_rms_err"] < 1e-2):
-        res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
+    if dev == "cuda":  # the tensor-core kernel (Gluon): exact decode through one-hot rows, batch invariance
+        from specpilot.ops.w12n_gemv.mma import supports, w12n_mma_gemv
+
+        assert supports(x, t), "the check's problem must be one the tensor-core kernel takes"
+        mma = w12n_mma_gemv(x, t)
+        res["mma_rel_rms_err"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())["rel_rms_err"]
+        res["mma_batch_invariant"] = all(torch.equal(w12n_mma_gemv(x[m:m + 1], t), mma[m:m + 1])
+                                         for m in range(x.shape[0]))
+        res["mma_exact_decode"] = bool(torch.equal(w12n_mma_gemv(onehot.bfloat16(), t),
+                                                   decode(t).to(dev)[:, cols].T.contiguous()))
+        res["mma_warps_agree"] = {ks: rel_err(w12n_mma_gemv(x, t, warps=ks).float(), mma.float())["rel_rms_err"]
+                                  for ks in (1, 2, 4) if (t.padded_k // 64) % ks == 0}
+        if not (res["mma_batch_invariant"] and res["mma_exact_decode"] and res["mma_rel_rms_err"] < 1e-2):
+            res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
+    if not (res["asm_equals_tl"] and res["exact_decode"]):
+        res["batch_invariant"] = False
     return res
 
 
@@ -400,6 +409,7 @@ def checks(device: str):
         rope = [("qwen3-8b.b8", dict(B=8, H=32, KVH=8, D=128, R=128, zero_centered=False, gate=False)),
                 ("qwen3.5-27b.b1-gated", dict(B=1, H=24, KVH=4, D=256, R=64, zero_centered=True, gate=True))]
         gemv = [(f"M{m}", dict(M=m, N=2053, K=5120)) for m in (1, 8, 16)]
+        gemv.append(("M11-8b.o_proj", dict(M=11, N=4096, K=4096)))
     else:
         bf = torch.float32
         attn = [("tiny.tree", dict(B=2, H=4, KVH=2, D=16, prefixes=[19, 0], lens=[7, 3], kind="tree")),
@@ -463,7 +473,7 @@ def child(args) -> int:
         with open(args.jsonl, "a") as f:
             f.write(json.dumps(obj, default=str) + "\n")
 
-    todo = checks(args.device)
+    todo = [c for c in checks(args.device) if not args.families or c[1] in args.families]
     if args.start == 0:
         emit({"record": run_record(args.device, args.commit), "total": len(todo)})
     for i, (name, family, fn, kw) in enumerate(todo):
@@ -509,6 +519,7 @@ def parent(args) -> int:
         while True:
             cmd = [sys.executable, __file__, "--child", "--jsonl", str(jsonl), "--start", str(start),
                    "--device", args.device] + (["--commit", args.commit] if args.commit else [])
+            cmd += ["--families", *args.families] if args.families else []
             proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
             sys.stderr.write(proc.stderr[-20000:])
             started, done = None, set()
@@ -559,6 +570,7 @@ def main() -> int:
     p.add_argument("--out", help="JSON report path")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--commit", default=None)
+    p.add_argument("--families", nargs="*", default=None, help="only these kernel families (default: all)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--jsonl", help=argparse.SUPPRESS)
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)

@@ -28,6 +28,7 @@ from bench.gemv import SHAPES, time_fn
 from bench.sass_count import loop_instructions
 from specpilot.ops import gemv as bf16_gemv
 from specpilot.ops.w12n_gemv import triton as kernels
+from specpilot.ops.w12n_gemv import mma as mma_kernel
 from specpilot.ops.w12n_gemv.reference import fp8_gemv_ref, w12n_gemv_ref
 from specpilot.weights import w12n
 
@@ -53,7 +54,7 @@ def sass_counts(block_n: int, block_k: int, num_warps: int) -> dict:
     except ImportError:
         return {"error": "triton.tools.disasm unavailable"}
     for name, fn in (("w12n", kernels._w12n_gemv_kernel), ("fp8", kernels._fp8_gemv_kernel),
-                     ("w12n_mma", kernels._w12n_mma_kernel)):
+                     ("w12n_mma", mma_kernel._w12n_mma_gemv_kernel)):
         try:
             compiled = [k for cache in fn.device_caches.values() for k in cache[0].values()]
             rows = []
@@ -101,14 +102,14 @@ def check(x, t) -> dict:
         out["batch_invariant"] = bool(torch.equal(kernels.w12n_gemv(x[:1], t), kernels.w12n_gemv(x, t)[:1]))
     base = kernels.w12n_gemv(x, t)
     out["block_n_bitwise"] = {bn: bool(torch.equal(kernels.w12n_gemv(x, t, block_n=bn), base)) for bn in (16, 32)}
-    mma = kernels.w12n_gemv(x, t, block_n=64, block_k=min(256, t.segment), mma=True)
-    out["mma"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())
-    if x.shape[0] > 1:
-        out["mma_batch_invariant"] = bool(torch.equal(
-            kernels.w12n_gemv(x[:1], t, block_n=64, block_k=min(256, t.segment), mma=True), mma[:1]))
+    if x.is_cuda:  # the tensor-core kernel (Gluon) runs on a GPU only
+        mma = mma_kernel.w12n_mma_gemv(x, t)
+        out["mma"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())
+        out["mma_batch_invariant"] = all(torch.equal(mma_kernel.w12n_mma_gemv(x[m:m + 1], t), mma[m:m + 1])
+                                         for m in range(x.shape[0]))
     out["ok"] = (out["w12n"]["rel_rms_err"] < 1e-2 and out["fp8"]["rel_rms_err"] < 1e-2 and not out["w12n"]["nan"]
                  and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values())
-                 and out["mma"]["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True))
+                 and out.get("mma", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True))
     return out
 
 
@@ -136,15 +137,16 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
                     "fp8_view": lambda a, wt: kernels.fp8_gemv(a, wt[1])}
         for bn in args.block_ns:  # wider tiles: fewer instructions per weight, fewer programs
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
-        for bn in (32, 64):  # tensor-core products (wgmma at 64 rows): one dot per tile whatever M
-            variants[f"w12n_mma_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn, block_k=256,
-                                                                                   mma=True)
+        if dev == "cuda":  # the tensor-core kernel: decode into mma fragments; K split over `ks` warps
+            variants["w12n_mma"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1])
+            for ks in args.mma_warps:
+                if (encoded[0].padded_k // 64) % ks == 0:
+                    variants[f"w12n_mma_ks{ks}"] = lambda a, wt, ks=ks: mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks)
+            for seg in args.segments:
+                variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
         for seg in args.segments:
-            for bn in (8, *args.block_ns):
-                variants[f"w12n_seg{seg}_bn{bn}"] = lambda a, wt, seg=seg, bn=bn: kernels.w12n_gemv(
-                    a, wt[2][seg], block_n=bn)
-        if m <= 4:
-            variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
+            variants[f"w12n_seg{seg}"] = lambda a, wt, seg=seg: kernels.w12n_gemv(a, wt[2][seg])
+        variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
         times, errors = {}, {}
         for key, fn in variants.items():
             t = attempt(f"{name} M={m} {key}", time_it, fn, pairs, x)
@@ -157,8 +159,11 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             r["errors"] = errors
         if "cublas_bf16" in times:
             r.update({f"{k}_vs_cublas": times["cublas_bf16"] / v for k, v in times.items()})
-        if "w12n" in times:
-            r["w12n_fraction_of_copy_bw"] = row["w12n_bits_per_weight"] / 8 * N * K / times["w12n"] / bw
+        for key in ("w12n", "w12n_mma"):
+            if key in times:
+                r[f"{key}_fraction_of_copy_bw"] = row["w12n_bits_per_weight"] / 8 * N * K / times[key] / bw
+        if "cublas_bf16" in times:
+            r["cublas_fraction_of_copy_bw"] = 2 * N * K / times["cublas_bf16"] / bw
         print(f"{name:18} M={m:2} " + " ".join(f"{k} {v * 1e6:7.1f}us" for k, v in times.items())
               + (f"  ERRORS {list(errors)}" if errors else "")
               + ("" if r["check"].get("ok") else f"  CHECK FAILED {json.dumps(r['check'])[:300]}"), flush=True)
@@ -173,7 +178,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default=None)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8, 16])
-    p.add_argument("--block-ns", type=int, nargs="*", default=[16, 32],
+    p.add_argument("--mma-warps", type=int, nargs="*", default=[2, 4, 8, 16],
+                   help="also time the tensor-core kernel with K split over these many warps")
+    p.add_argument("--block-ns", type=int, nargs="*", default=[],
                    help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
     p.add_argument("--segments", type=int, nargs="*", default=[512],
                    help="also time encodings at these fixed segments (block_n 8 and --block-ns)")

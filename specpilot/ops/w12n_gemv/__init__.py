@@ -1,6 +1,8 @@
 """GEMV on W12N-compressed weights: exact (fused in-register decode) and the FP8-view scan.
 
-`w12n_gemv` / `fp8_gemv` run the Triton kernels on CUDA (M <= 16) and the torch references elsewhere.
+`w12n_gemv` / `fp8_gemv` run the GPU kernels on CUDA (M <= 16) and the torch references elsewhere. The exact
+GEMV of bf16 activations runs the tensor-core kernel (`mma.py`: decode into mma fragments); fp32 activations
+and shapes it does not take run the FMA kernel (`triton.py`).
 `w12n_linear` is what a layer calls: the fused kernel for decode-sized batches on CUDA, otherwise decode to
 bf16 and `F.linear` (cuBLAS on a GPU; the reference path on CPU).
 """
@@ -21,10 +23,20 @@ MAX_FUSED_M = 16  # above this many rows the fused FMA kernel loses to decode + 
 def w12n_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     """x [M, K], t = W12N of W [N, K] -> y = x @ W.T [M, N] in x.dtype (fp32 accumulate)."""
     if use_triton(x) and x.shape[0] <= MAX_FUSED_M:
-        from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
-
-        return w12n_gemv_triton(x.contiguous(), t)
+        return _fused(x.contiguous(), t)
     return w12n_gemv_ref(x, t)
+
+
+def _fused(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+    """The GPU kernel for x [M <= 16, K]: tensor cores where the shapes allow, else the FMA kernel."""
+    if x.is_cuda:
+        from specpilot.ops.w12n_gemv import mma
+
+        if mma.supports(x, t):
+            return mma.w12n_mma_gemv(x, t)
+    from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
+
+    return w12n_gemv_triton(x, t)
 
 
 def fp8_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
@@ -47,9 +59,7 @@ def w12n_linear(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     if 1 <= x2.shape[0] <= MAX_FUSED_M:
         if use_triton(x):
-            from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
-
-            y = w12n_gemv_triton(x2.contiguous(), t)
+            y = _fused(x2.contiguous(), t)
         else:
             y = w12n_gemv_ref(x2, t)
     else:

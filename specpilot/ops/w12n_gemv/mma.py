@@ -1,0 +1,293 @@
+"""Tensor-core W12N GEMV for M = 1..16 (Gluon): the planes decode in registers straight into mma fragments.
+
+Each program owns 16 output rows (one m16n8k16 tile of W) and KS warps; warp w takes the 64-column chunks
+w, w + KS, w + 2 KS, ... of K. Lane (g, t) = (lane // 4, lane % 4) reads rows g and g + 8 at columns
+64 c + 16 t .. + 16 of chunk c: one 16-byte A load and one 8-byte B load per row, and the 16 x values of
+activation row n = g (8 + g for the second n tile when M > 8) as 4 words of 4 bf16. Word j (4 weights) decodes
+to two bf16 pairs, (w0, w2) and (w1, w3), with the fp32 path's PTX byte ops minus its last widening step; those
+pairs ARE the A fragment of one mma (a0/a1: rows g/g + 8 at fragment columns 2t, 2t + 1; a2/a3 at 2t + 8, 2t + 9)
+once the x word is permuted the same way ((x0, x2), (x1, x3) by two prmt). The dot product's columns are thus a
+fixed permutation of K, the same for W and x, so nothing moves between lanes: no shared memory, no layout
+conversion, one mma per 256 weights of a warp. Weights never go back to memory as bf16.
+
+Lanes hold the fragment in a plain blocked layout [KS, 32, 4] (warp, lane, word j); one inline-asm instance per
+thread (pack = 4 over j) runs the four warp-collective mmas of a chunk. After the K loop the KS partial tiles
+are summed by one fixed-order reduction across warps.
+
+Determinism and batch invariance: no atomics; the split of K is fixed by (K, KS), never by M. Activation rows
+are mma columns, each computed on its own by the tensor cores, so row m of an M-row call equals the M = 1 call
+bitwise (bench/kernel_check.py checks it on the GPU). The sums round differently from the FMA kernel's
+(triton.py), which stays the reference formulation that runs under the interpreter.
+
+Verbatim segments (XE == 255): a tensor that has any gets two derived tables (computed once per tensor on its
+device, `verbatim_index`): the pool row of every (row, segment), -1 where the segment is inline, and a flag per
+(16-row block, segment). One scalar test of that flag per iteration skips the fix-up everywhere else; where it
+is set, the rows whose segment is verbatim take their pairs from the pool instead of the decode.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from specpilot.weights.w12n import VERBATIM, W12NTensor
+
+CHUNK = gl.constexpr(64)  # columns of K per warp and chunk: 4 lanes x 16
+assert VERBATIM == 255  # the kernel compares XE against the literal 255
+
+def _decode_chunk_asm() -> str:
+    """pack = 4 over the lane's 4 words of one row: $8-$11 A words, $12-$13 the two B words (word j's nibbles in
+    half j % 2 of B word j // 2), $14 = XE<<7 | XE<<23, $18 = base<<7 | base<<23 (16-bit-lane exponent offsets)
+    -> $j = bf16 pair (w0, w2) of word j, $(4 + j) = (w1, w3) (low half first). triton.py's fp32 decode without
+    its widening step:
+      u  = prmt: lane = A byte << 8 | a B byte holding the lane's nibble in its high half (s c m at 15..8)
+      z  = (a & 0x78787878) + 0x78787878: bit 7 of byte r is set iff code_r != 0 (no carry between bytes)
+      k  = prmt sign-replicate of z's bytes: 0xFFFF lanes where code != 0; e = k ? base : XE (lop3 select)
+      q  = ((u >> 4) & 0x07FF07FF) + e: code+base (or XE) at 14..7, m6..m0 at 6..0 (lanes never carry)
+      out = q with u's sign bits 15 / 31 (lop3)"""
+    lines = ["{", ".reg .b32 b4lo, b4hi, u02, u13, z, k02, k13, e02, e13, q02, q13;",
+             "shl.b32 b4lo, $12, 4;", "shl.b32 b4hi, $13, 4;"]
+    for j in range(4):
+        a, b, b4 = f"${8 + j}", ("$12", "$13")[j // 2], ("b4lo", "b4hi")[j // 2]
+        sel02, sel13 = ("0x2504", "0x3514") if j % 2 == 0 else ("0x2706", "0x3716")  # B bytes 0/1 or 2/3
+        lines += [
+            f"prmt.b32 u02, {a}, {b4}, {sel02};",
+            f"prmt.b32 u13, {a}, {b}, {sel13};",
+            f"and.b32 z, {a}, 0x78787878;",
+            "add.u32 z, z, 0x78787878;",
+            "prmt.b32 k02, z, 0, 0xAA88;",
+            "prmt.b32 k13, z, 0, 0xBB99;",
+            "lop3.b32 e02, k02, $18, $14, 0xCA;",
+            "lop3.b32 e13, k13, $18, $14, 0xCA;",
+            "shr.u32 q02, u02, 4;",
+            "shr.u32 q13, u13, 4;",
+            "and.b32 q02, q02, 0x07FF07FF;",
+            "and.b32 q13, q13, 0x07FF07FF;",
+            "add.u32 q02, q02, e02;",
+            "add.u32 q13, q13, e13;",
+            f"lop3.b32 ${j}, q02, u02, 0x80008000, 0xD8;",
+            f"lop3.b32 ${4 + j}, q13, u13, 0x80008000, 0xD8;",
+        ]
+    return "\n".join(lines + ["}"])
+
+
+_DECODE_CHUNK = gl.constexpr(_decode_chunk_asm())
+_DECODE_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 14))
+
+
+def _mma_chunk_asm() -> str:
+    """pack = 4 over j: $4-$7 (w0, w2) of row g, $8-$11 (w1, w3) of row g, $12-$15 / $16-$19 the same for row
+    g + 8, $20-$23 x words (4 bf16 of activation row n), $24-$27 the accumulator c0..c3 -> $0-$3. Word j is the
+    mma's k-step j; fragment column pairs (2t, 2t+1) and (2t+8, 2t+9) are weights (0, 2) and (1, 3) of it."""
+    lines = ["{", ".reg .b32 xl, xh, b0, b1;", ".reg .f32 d0, d1, d2, d3;"]
+    for j in range(4):
+        src = "$24, $25, $26, $27" if j == 0 else "d0, d1, d2, d3"
+        dst = "$0, $1, $2, $3" if j == 3 else "d0, d1, d2, d3"
+        lines += [
+            f"mov.b64 {{xl, xh}}, ${20 + j};",
+            "prmt.b32 b0, xl, xh, 0x5410;",
+            "prmt.b32 b1, xl, xh, 0x7632;",
+            f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dst}}}, "
+            f"{{${4 + j}, ${12 + j}, ${8 + j}, ${16 + j}}}, {{b0, b1}}, {{{src}}};",
+        ]
+    return "\n".join(lines + ["}"])
+
+
+_MMA_CHUNK = gl.constexpr(_mma_chunk_asm())
+_MMA_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 16 + ["l"] * 4 + ["f"] * 4))
+
+
+@gluon.jit
+def _mma(p02_g, p13_g, p02_h, p13_h, x, acc):
+    return gl.inline_asm_elementwise(_MMA_CHUNK, _MMA_CONSTRAINTS, [p02_g, p13_g, p02_h, p13_h, x, acc],
+                                     dtype=gl.float32, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _pairs(a, b, xe, base_lanes):
+    """A words [KS, 32, 4] uint32, B half-words (uint16, same shape), segment XE -> the bf16 pairs (w0, w2),
+    (w1, w3) of each word as uint32."""
+    xe_lanes = (xe << 7) | (xe << 23)
+    return gl.inline_asm_elementwise(_DECODE_CHUNK, _DECODE_CONSTRAINTS,
+                                     [a, b, xe_lanes, base_lanes], dtype=(gl.uint32, gl.uint32), is_pure=True,
+                                     pack=4)
+
+
+@gluon.jit
+def _verbatim_pairs(p02, p13, v_ptr, vrow_row, row_ok, s, word, SEGMENT: gl.constexpr):
+    """p02 / p13 with the words of rows whose segment s is verbatim replaced by the pool's pairs; vrow_row:
+    pointers to the rows' pool-row entries (-1: not verbatim)."""
+    vr = gl.load(vrow_row + s, mask=row_ok, other=-1)
+    is_v = vr >= 0
+    v = gl.load(v_ptr + vr.to(gl.int64) * (SEGMENT // 4) + (word - s * (SEGMENT // 4)), mask=is_v, other=0)
+    v = v.to(gl.uint64, bitcast=True)
+    lo = v.to(gl.uint32)
+    hi = (v >> 32).to(gl.uint32)
+    return gl.where(is_v, (lo & 0xFFFF) | (hi << 16), p02), gl.where(is_v, (lo >> 16) | (hi & 0xFFFF0000), p13)
+
+
+@gluon.jit
+def _bf16_bits(y):
+    """fp32 -> int16 bits of its bf16 rounding to nearest even (torch's fp32 -> bf16, NaN -> 0x7FC0)."""
+    u = y.to(gl.uint32, bitcast=True)
+    rne = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    bits = gl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rne)
+    return bits.to(gl.uint16).to(gl.int16, bitcast=True)
+
+
+@gluon.jit
+def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr, OUT_BF16: gl.constexpr):
+    """Sum the KS warps' accumulators (fixed order) and store lane (g, t)'s c0..c3 at y[n, row]: rows g / g + 8,
+    n = n0 + 2t / 2t + 1."""
+    tot = gl.sum(acc, axis=0)
+    lo: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0]))
+    lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(1, lo)), 1)
+    j = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, lo)), 0)
+    rows = row0 + lane // 4 + 8 * (j // 2)
+    n = n0 + 2 * (lane % 4) + j % 2
+    ok = (n < M) & (rows < N)
+    ptrs = y_ptr + n * stride_ym + rows
+    if OUT_BF16:
+        gl.store(ptrs, _bf16_bits(tot), mask=ok)
+    else:
+        gl.store(ptrs, tot, mask=ok)
+
+
+@gluon.jit
+def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_ptr, y_ptr, M, N, K, S, BASE,
+                          stride_xm, stride_an, stride_bn, stride_xen, stride_ym,
+                          KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_N: gl.constexpr, EVEN_K: gl.constexpr,
+                          TWO_N: gl.constexpr, HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr,
+                          OUT_BF16: gl.constexpr):
+    # x_ptr: bf16 x as int64 words; a_ptr: A as int32 words; b_ptr: B as int16 words; v_ptr: pool as int64 words
+    L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
+    pid = gl.program_id(0)
+    w = gl.expand_dims(gl.expand_dims(gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
+    lane = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, L))), 0), 2)
+    j = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1)
+    g = lane // 4
+    row_g = pid * 16 + g
+    row_h = row_g + 8
+    # EVEN_N (16 divides N: every real projection): unmasked loads, no register zeroed before each
+    ok_g = (row_g < N) | EVEN_N
+    ok_h = (row_h < N) | EVEN_N
+    # word of this lane in chunk 0 of warp w; chunk c adds 16 c (A int32, B int16 and x int64 words alike)
+    word0 = 16 * w + 4 * (lane % 4) + j
+    a_g = a_ptr + row_g.to(gl.int64) * stride_an + word0
+    a_h = a_ptr + row_h.to(gl.int64) * stride_an + word0
+    b_g = b_ptr + row_g.to(gl.int64) * stride_bn + word0
+    b_h = b_ptr + row_h.to(gl.int64) * stride_bn + word0
+    # activation row n = g (8 + g) feeds mma column n; lanes past M read row M - 1 instead of a masked load:
+    # a column only ever meets its own x, and columns >= M are never stored
+    x_lo = x_ptr + gl.minimum(g, M - 1) * stride_xm + word0
+    x_hi = x_ptr + gl.minimum(g + 8, M - 1) * stride_xm + word0
+    xe_g = xe_ptr + row_g.to(gl.int64) * stride_xen
+    xe_h = xe_ptr + row_h.to(gl.int64) * stride_xen
+    vrow_g = vrow_ptr + row_g.to(gl.int64) * S
+    vrow_h = vrow_ptr + row_h.to(gl.int64) * S
+    base_lanes = gl.zeros([KS, 32, 4], gl.uint32, L) + ((BASE << 7) | (BASE << 23)).to(gl.uint32)
+    acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
+    acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
+    for i in range(0, (S * (SEGMENT // CHUNK)) // KS):
+        step = i * (16 * KS)
+        s = (i * KS + w) // (SEGMENT // CHUNK)  # segment of this warp's chunk
+        p02_g, p13_g = _pairs(_load(a_g + step, ok_g, EVEN_N).to(gl.uint32, bitcast=True),
+                              _load(b_g + step, ok_g, EVEN_N).to(gl.uint16, bitcast=True),
+                              _load(xe_g + s, ok_g, EVEN_N).to(gl.uint32), base_lanes)
+        p02_h, p13_h = _pairs(_load(a_h + step, ok_h, EVEN_N).to(gl.uint32, bitcast=True),
+                              _load(b_h + step, ok_h, EVEN_N).to(gl.uint16, bitcast=True),
+                              _load(xe_h + s, ok_h, EVEN_N).to(gl.uint32), base_lanes)
+        if HAS_VERBATIM:  # a uniform test per iteration: does any of the 16 rows have a verbatim segment here
+            s0 = (i * KS * CHUNK) // SEGMENT
+            flag = gl.load(vblock_ptr + pid * S + s0)
+            for q in gl.static_range(1, ITER_SEGS):
+                flag = flag | gl.load(vblock_ptr + pid * S + s0 + q)
+            if flag != 0:
+                p02_g, p13_g = _verbatim_pairs(p02_g, p13_g, v_ptr, vrow_g, ok_g, s, word0 + step, SEGMENT)
+                p02_h, p13_h = _verbatim_pairs(p02_h, p13_h, v_ptr, vrow_h, ok_h, s, word0 + step, SEGMENT)
+        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, _x_load(x_lo + step, word0 + step, K, EVEN_K), acc_lo)
+        if TWO_N:
+            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, _x_load(x_hi + step, word0 + step, K, EVEN_K), acc_hi)
+    _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS, OUT_BF16)
+    if TWO_N:
+        _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS, OUT_BF16)
+
+
+@gluon.jit
+def _load(ptrs, ok, EVEN_N: gl.constexpr):
+    if EVEN_N:
+        return gl.load(ptrs)
+    else:
+        return gl.load(ptrs, mask=ok, other=0)
+
+
+@gluon.jit
+def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
+    """x words; columns past K (the padding, whose weights decode to finite values) read 0."""
+    if EVEN_K:
+        return gl.load(ptrs)
+    else:
+        return gl.load(ptrs, mask=word < K // 4, other=0)
+
+
+def default_warps(t: W12NTensor) -> int:
+    """K-slices (warps) per 16-row program: the most of 8, 4, 2, 1 that divide the chunk count."""
+    chunks = t.padded_k // CHUNK.value
+    return next(ks for ks in (8, 4, 2, 1) if chunks % ks == 0)
+
+
+def supports(x: torch.Tensor, t: W12NTensor) -> bool:
+    """bf16 x read as 8-byte words (K % 4 == 0, aligned rows) and segments that are whole chunks."""
+    return (x.dtype == torch.bfloat16 and x.dim() == 2 and 1 <= x.shape[0] <= 16 and x.shape[1] % 4 == 0
+            and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0 and t.segment % CHUNK.value == 0)
+
+
+_INDEX: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def verbatim_index(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(vrow int32 [N, S]: pool row of (row, segment), -1 where the segment is inline; vblock uint8
+    [ceil(N / 16), S]: 1 where any row of the 16-row block has that segment verbatim), cached per tensor."""
+    if t not in _INDEX:
+        is_v = t.xe == VERBATIM
+        pool_row = t.rvb[:, None] + torch.cumsum(is_v.to(torch.int32), dim=1, dtype=torch.int32) - 1
+        vrow = torch.where(is_v, pool_row, torch.full_like(pool_row, -1)).contiguous()
+        blocks = -(-t.n // 16)
+        padded = torch.zeros(blocks * 16, is_v.shape[1], dtype=torch.bool, device=is_v.device)
+        padded[:t.n] = is_v
+        vblock = padded.view(blocks, 16, -1).any(dim=1).to(torch.uint8).contiguous()
+        _INDEX[t] = (vrow, vblock)
+    return _INDEX[t]
+
+
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None) -> torch.Tensor:
+    """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
+    divide padded_k / 64)."""
+    if not supports(x, t):
+        raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
+                         f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
+                         f"segment {t.segment}")
+    warps = default_warps(t) if warps is None else warps
+    if warps < 1 or (t.padded_k // CHUNK.value) % warps:
+        raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {warps}")
+    if t.a.device != x.device:
+        raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
+    M = x.shape[0]
+    y = torch.empty(M, t.n, dtype=torch.bfloat16, device=x.device)
+    has_verbatim = t.verbatim.shape[0] > 0
+    if has_verbatim:
+        vrow, vblock = verbatim_index(t)
+        pool = t.verbatim.view(torch.int64)
+    else:  # never read
+        vrow, vblock, pool = t.rvb, t.xe, t.xe.view(-1)[:8].view(torch.int64)
+    xw, a, b = x.view(torch.int64), t.a.view(torch.int32), t.b.view(torch.int16)
+    _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
+        xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
+        xw.stride(0), a.stride(0), b.stride(0), t.xe.stride(0), y.stride(0),
+        KS=warps, SEGMENT=t.segment, EVEN_N=t.n % 16 == 0, EVEN_K=t.k == t.padded_k, TWO_N=M > 8,
+        HAS_VERBATIM=has_verbatim, ITER_SEGS=max(1, warps * CHUNK.value // t.segment), OUT_BF16=True,
+        num_warps=warps)
+    return y
