@@ -147,6 +147,8 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
         for seg in args.segments:
             variants[f"w12n_seg{seg}"] = lambda a, wt, seg=seg: kernels.w12n_gemv(a, wt[2][seg])
         variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
+        if dev == "cuda":  # the default config again, last: drift between the first and last timing
+            variants["w12n_mma_last"] = variants["w12n_mma"]
         times, errors = {}, {}
         for key, fn in variants.items():
             t = attempt(f"{name} M={m} {key}", time_it, fn, pairs, x)
@@ -178,11 +180,11 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default=None)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8, 16])
-    p.add_argument("--mma-warps", type=int, nargs="*", default=[2, 4, 8, 16],
+    p.add_argument("--mma-warps", type=int, nargs="*", default=[4, 8, 16],
                    help="also time the tensor-core kernel with K split over these many warps")
     p.add_argument("--block-ns", type=int, nargs="*", default=[],
                    help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
-    p.add_argument("--segments", type=int, nargs="*", default=[512],
+    p.add_argument("--segments", type=int, nargs="*", default=[],
                    help="also time encodings at these fixed segments (block_n 8 and --block-ns)")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],

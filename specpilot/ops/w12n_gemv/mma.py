@@ -191,15 +191,22 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     base_lanes = gl.zeros([KS, 32, 4], gl.uint32, L) + ((BASE << 7) | (BASE << 23)).to(gl.uint32)
     acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
-    for i in range(0, (S * (SEGMENT // CHUNK)) // KS):
+    n_iter = (S * (SEGMENT // CHUNK)) // KS
+    # register double buffer: iteration i issues the loads of i + 1 (the last one wraps to chunk 0, a valid
+    # address, unused) before it decodes its own, so two chunks per thread are in flight
+    ag, ah, bg, bh, eg, eh = _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, 0, w, KS, SEGMENT, EVEN_N)
+    xl = _x_load(x_lo, word0, K, EVEN_K)
+    xh = _x_load(x_hi, word0, K, EVEN_K) if TWO_N else xl
+    for i in range(0, n_iter):
         step = i * (16 * KS)
         s = (i * KS + w) // (SEGMENT // CHUNK)  # segment of this warp's chunk
-        p02_g, p13_g = _pairs(_load(a_g + step, ok_g, EVEN_N).to(gl.uint32, bitcast=True),
-                              _load(b_g + step, ok_g, EVEN_N).to(gl.uint16, bitcast=True),
-                              _load(xe_g + s, ok_g, EVEN_N).to(gl.uint32), base_lanes)
-        p02_h, p13_h = _pairs(_load(a_h + step, ok_h, EVEN_N).to(gl.uint32, bitcast=True),
-                              _load(b_h + step, ok_h, EVEN_N).to(gl.uint16, bitcast=True),
-                              _load(xe_h + s, ok_h, EVEN_N).to(gl.uint32), base_lanes)
+        nxt = (i + 1) % n_iter
+        nag, nah, nbg, nbh, neg, neh = _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, nxt, w, KS,
+                                                    SEGMENT, EVEN_N)
+        nxl = _x_load(x_lo + nxt * (16 * KS), word0 + nxt * (16 * KS), K, EVEN_K)
+        nxh = _x_load(x_hi + nxt * (16 * KS), word0 + nxt * (16 * KS), K, EVEN_K) if TWO_N else nxl
+        p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
+        p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
         if HAS_VERBATIM:  # a uniform test per iteration: does any of the 16 rows have a verbatim segment here
             s0 = (i * KS * CHUNK) // SEGMENT
             flag = gl.load(vblock_ptr + pid * S + s0)
@@ -208,12 +215,24 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
             if flag != 0:
                 p02_g, p13_g = _verbatim_pairs(p02_g, p13_g, v_ptr, vrow_g, ok_g, s, word0 + step, SEGMENT)
                 p02_h, p13_h = _verbatim_pairs(p02_h, p13_h, v_ptr, vrow_h, ok_h, s, word0 + step, SEGMENT)
-        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, _x_load(x_lo + step, word0 + step, K, EVEN_K), acc_lo)
+        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
         if TWO_N:
-            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, _x_load(x_hi + step, word0 + step, K, EVEN_K), acc_hi)
+            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+        ag, ah, bg, bh, eg, eh, xl, xh = nag, nah, nbg, nbh, neg, neh, nxl, nxh
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS, OUT_BF16)
     if TWO_N:
         _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS, OUT_BF16)
+
+
+@gluon.jit
+def _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, i, w, KS: gl.constexpr, SEGMENT: gl.constexpr,
+                 EVEN_N: gl.constexpr):
+    """Iteration i's raw words of rows g and g + 8: A (int32), B (int16) and the chunk segment's XE (uint32)."""
+    step = i * (16 * KS)
+    s = (i * KS + w) // (SEGMENT // CHUNK)
+    return (_load(a_g + step, ok_g, EVEN_N), _load(a_h + step, ok_h, EVEN_N),
+            _load(b_g + step, ok_g, EVEN_N), _load(b_h + step, ok_h, EVEN_N),
+            _load(xe_g + s, ok_g, EVEN_N).to(gl.uint32), _load(xe_h + s, ok_h, EVEN_N).to(gl.uint32))
 
 
 @gluon.jit
@@ -233,10 +252,14 @@ def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
         return gl.load(ptrs, mask=word < K // 4, other=0)
 
 
-def default_warps(t: W12NTensor) -> int:
-    """K-slices (warps) per 16-row program: the most of 8, 4, 2, 1 that divide the chunk count."""
-    chunks = t.padded_k // CHUNK.value
-    return next(ks for ks in (8, 4, 2, 1) if chunks % ks == 0)
+def default_warps(t: W12NTensor, sms: int = 132) -> int:
+    """K-slices (warps) per 16-row program: the fewest of 4, 8, 16 that put 16 warps per SM in flight (the loads
+    of a chunk are all a warp has in flight, so a small N needs K split further), among those dividing the chunk
+    count. bench/w12n_gemv.py sweeps it; on the H200 this picked the best of 2/4/8/16 on 9 of 12 shapes at
+    M = 1."""
+    chunks, blocks = t.padded_k // CHUNK.value, -(-t.n // 16)
+    fits = [ks for ks in (4, 8, 16) if chunks % ks == 0] or [ks for ks in (2, 1) if chunks % ks == 0]
+    return next((ks for ks in fits if blocks * ks >= 16 * sms), fits[-1])
 
 
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
@@ -246,6 +269,13 @@ def supports(x: torch.Tensor, t: W12NTensor) -> bool:
 
 
 _INDEX: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SMS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 def verbatim_index(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,7 +300,7 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None) -
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
                          f"segment {t.segment}")
-    warps = default_warps(t) if warps is None else warps
+    warps = default_warps(t, _sm_count(x.device)) if warps is None else warps
     if warps < 1 or (t.padded_k // CHUNK.value) % warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {warps}")
     if t.a.device != x.device:
