@@ -139,6 +139,8 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
         if dev == "cuda":  # the tensor-core kernel: decode into mma fragments; K split over `ks` warps
             variants["w12n_mma"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1])
+            # the planes in their stored row-major order instead of the kernel's tile-major copy
+            variants["w12n_mma_rowmajor"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1], tiled=False)
             for ks in args.mma_warps:
                 if (encoded[0].padded_k // 64) % ks == 0:
                     variants[f"w12n_mma_ks{ks}"] = lambda a, wt, ks=ks: mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks)

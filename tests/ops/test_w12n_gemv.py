@@ -292,3 +292,23 @@ def test_asm_decode_compiles_for_sm90(tmp_path):
         assert "per_weight" in res[name], res[name]
         assert res[name]["per_weight"] <= budget.get(name, 64), (name, res[name])
         assert "PRMT" in res[name]["ops_fast"] or "F2FP" in res[name]["ops_fast"], res[name]["ops_fast"]
+
+
+def test_tiled_planes_put_each_lane_fragment_together():
+    """The tensor-core kernel's tile-major planes: block rb, chunk c, half h, lane 4g + t holds row 16 rb + g + 8 h,
+    columns 64 c + 16 t .. + 16 of A (8 bytes of B), rows padded to whole blocks with zeros."""
+    from specpilot.ops.w12n_gemv.mma import tiled_planes
+
+    t = make_tensor(37, 300, 128)
+    a, b = tiled_planes(t)
+    blocks, chunks = 3, t.padded_k // 64
+    a = a.view(blocks, chunks, 2, 8, 4, 16)
+    b = b.view(blocks, chunks, 2, 8, 4, 8)
+    for rb, c, h, g, tt in [(0, 0, 0, 0, 0), (1, 2, 1, 3, 2), (2, 5, 0, 4, 3), (2, 1, 1, 7, 1)]:
+        row = 16 * rb + g + 8 * h
+        if row < t.n:
+            assert torch.equal(a[rb, c, h, g, tt], t.a[row, 64 * c + 16 * tt: 64 * c + 16 * tt + 16])
+            assert torch.equal(b[rb, c, h, g, tt], t.b[row, 32 * c + 8 * tt: 32 * c + 8 * tt + 8])
+        else:
+            assert not a[rb, c, h, g, tt].any() and not b[rb, c, h, g, tt].any()
+    assert tiled_planes(t)[0].data_ptr() == tiled_planes(t)[0].data_ptr()  # cached per tensor

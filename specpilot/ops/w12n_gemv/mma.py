@@ -161,7 +161,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
                           stride_xm, stride_an, stride_bn, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_N: gl.constexpr, EVEN_K: gl.constexpr,
                           TWO_N: gl.constexpr, HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr,
-                          OUT_BF16: gl.constexpr):
+                          TILED: gl.constexpr, OUT_BF16: gl.constexpr):
     # x_ptr: bf16 x as int64 words; a_ptr: A as int32 words; b_ptr: B as int16 words; v_ptr: pool as int64 words
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
     pid = gl.program_id(0)
@@ -176,10 +176,16 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     ok_h = (row_h < N) | EVEN_N
     # word of this lane in chunk 0 of warp w; chunk c adds 16 c (A int32, B int16 and x int64 words alike)
     word0 = 16 * w + 4 * (lane % 4) + j
-    a_g = a_ptr + row_g.to(gl.int64) * stride_an + word0
-    a_h = a_ptr + row_h.to(gl.int64) * stride_an + word0
-    b_g = b_ptr + row_g.to(gl.int64) * stride_bn + word0
-    b_h = b_ptr + row_h.to(gl.int64) * stride_bn + word0
+    if TILED:  # tile-major planes: chunk c of row block pid is [2][32 lanes][4 words] of A (and of B), contiguous
+        a_g = a_ptr + ((pid * (S * (SEGMENT // CHUNK)) + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+        b_g = b_ptr + ((pid * (S * (SEGMENT // CHUNK)) + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+        a_h = a_g + 128
+        b_h = b_g + 128
+    else:
+        a_g = a_ptr + row_g.to(gl.int64) * stride_an + word0
+        a_h = a_ptr + row_h.to(gl.int64) * stride_an + word0
+        b_g = b_ptr + row_g.to(gl.int64) * stride_bn + word0
+        b_h = b_ptr + row_h.to(gl.int64) * stride_bn + word0
     # activation row n = g (8 + g) feeds mma column n; lanes past M read row M - 1 instead of a masked load:
     # a column only ever meets its own x, and columns >= M are never stored
     x_lo = x_ptr + gl.minimum(g, M - 1) * stride_xm + word0
@@ -194,7 +200,8 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     n_iter = (S * (SEGMENT // CHUNK)) // KS
     # register double buffer: iteration i issues the loads of i + 1 (the last one wraps to chunk 0, a valid
     # address, unused) before it decodes its own, so two chunks per thread are in flight
-    ag, ah, bg, bh, eg, eh = _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, 0, w, KS, SEGMENT, EVEN_N)
+    ag, ah, bg, bh, eg, eh = _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, 0, w, KS, SEGMENT, EVEN_N,
+                                                  TILED)
     xl = _x_load(x_lo, word0, K, EVEN_K)
     xh = _x_load(x_hi, word0, K, EVEN_K) if TWO_N else xl
     for i in range(0, n_iter):
@@ -202,7 +209,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
         s = (i * KS + w) // (SEGMENT // CHUNK)  # segment of this warp's chunk
         nxt = (i + 1) % n_iter
         nag, nah, nbg, nbh, neg, neh = _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, nxt, w, KS,
-                                                    SEGMENT, EVEN_N)
+                                                    SEGMENT, EVEN_N, TILED)
         nxl = _x_load(x_lo + nxt * (16 * KS), word0 + nxt * (16 * KS), K, EVEN_K)
         nxh = _x_load(x_hi + nxt * (16 * KS), word0 + nxt * (16 * KS), K, EVEN_K) if TWO_N else nxl
         p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
@@ -226,21 +233,23 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
 
 @gluon.jit
 def _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, i, w, KS: gl.constexpr, SEGMENT: gl.constexpr,
-                 EVEN_N: gl.constexpr):
+                 EVEN_N: gl.constexpr, TILED: gl.constexpr):
     """Iteration i's raw words of rows g and g + 8: A (int32), B (int16) and the chunk segment's XE (uint32)."""
-    step = i * (16 * KS)
+    step = i * (256 * KS) if TILED else i * (16 * KS)
+    ok = EVEN_N or TILED  # the tiled planes are padded to whole 16-row blocks
     s = (i * KS + w) // (SEGMENT // CHUNK)
-    return (_load(a_g + step, ok_g, EVEN_N), _load(a_h + step, ok_h, EVEN_N),
-            _load(b_g + step, ok_g, EVEN_N), _load(b_h + step, ok_h, EVEN_N),
+    return (_load(a_g + step, ok_g, ok), _load(a_h + step, ok_h, ok),
+            _load(b_g + step, ok_g, ok), _load(b_h + step, ok_h, ok),
             _load(xe_g + s, ok_g, EVEN_N).to(gl.uint32), _load(xe_h + s, ok_h, EVEN_N).to(gl.uint32))
 
 
 @gluon.jit
 def _load(ptrs, ok, EVEN_N: gl.constexpr):
+    # weights are read once: evict first, so x and the small tables stay in cache
     if EVEN_N:
-        return gl.load(ptrs)
+        return gl.load(ptrs, eviction_policy="evict_first")
     else:
-        return gl.load(ptrs, mask=ok, other=0)
+        return gl.load(ptrs, mask=ok, other=0, eviction_policy="evict_first")
 
 
 @gluon.jit
@@ -293,7 +302,27 @@ def verbatim_index(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _INDEX[t]
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None) -> torch.Tensor:
+_TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tiled_planes(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The A and B planes in the kernel's tile-major order (cached per tensor): for each 16-row block and
+    64-column chunk, [h][lane][16 bytes of A] (and [h][lane][8 bytes of B]) where lane (g, t) = 4 g + t holds
+    row g + 8 h, columns 16 t .. 16 t + 15 of the chunk, so every warp load is one contiguous 512 (256) bytes
+    and a warp's chunks follow each other in memory. Rows are padded to whole blocks with zeros."""
+    if t not in _TILED:
+        blocks, chunks = -(-t.n // 16), t.padded_k // CHUNK.value
+        out = []
+        for plane, width in ((t.a, 16), (t.b, 8)):
+            padded = plane.new_zeros(blocks * 16, plane.shape[1])
+            padded[:t.n] = plane
+            tiled = padded.view(blocks, 2, 8, chunks, 4, width).permute(0, 3, 1, 2, 4, 5).contiguous()
+            out.append(tiled.view(blocks * 16, -1))
+        _TILED[t] = (out[0], out[1])
+    return _TILED[t]
+
+
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, tiled: bool = True) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64)."""
     if not supports(x, t):
@@ -313,11 +342,12 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None) -
         pool = t.verbatim.view(torch.int64)
     else:  # never read
         vrow, vblock, pool = t.rvb, t.xe, t.xe.view(-1)[:8].view(torch.int64)
-    xw, a, b = x.view(torch.int64), t.a.view(torch.int32), t.b.view(torch.int16)
+    a, b = tiled_planes(t) if tiled else (t.a, t.b)
+    xw, a, b = x.view(torch.int64), a.view(torch.int32), b.view(torch.int16)
     _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
         xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), a.stride(0), b.stride(0), t.xe.stride(0), y.stride(0),
         KS=warps, SEGMENT=t.segment, EVEN_N=t.n % 16 == 0, EVEN_K=t.k == t.padded_k, TWO_N=M > 8,
-        HAS_VERBATIM=has_verbatim, ITER_SEGS=max(1, warps * CHUNK.value // t.segment), OUT_BF16=True,
+        HAS_VERBATIM=has_verbatim, ITER_SEGS=max(1, warps * CHUNK.value // t.segment), TILED=tiled, OUT_BF16=True,
         num_warps=warps)
     return y
