@@ -80,6 +80,10 @@ def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",)) -> 
             continue
         encoded = w12n.maybe_encode(module.weight.detach())
         if encoded is not None:
+            if encoded.a.is_cuda:  # the tensor-core GEMV's tile-major planes, before any graph capture
+                from specpilot.ops.w12n_gemv import mma
+
+                mma.prepare(encoded)
             module.w12n = encoded
             report[name] = w12n.stats(encoded)
     return report

@@ -117,10 +117,10 @@ def _pairs(a, b, xe, base_lanes):
 
 
 @gluon.jit
-def _verbatim_pairs(p02, p13, v_ptr, vrow_row, row_ok, s, word, SEGMENT: gl.constexpr):
+def _verbatim_pairs(p02, p13, v_ptr, vrow_row, s, word, SEGMENT: gl.constexpr):
     """p02 / p13 with the words of rows whose segment s is verbatim replaced by the pool's pairs; vrow_row:
     pointers to the rows' pool-row entries (-1: not verbatim)."""
-    vr = gl.load(vrow_row + s, mask=row_ok, other=-1)
+    vr = gl.load(vrow_row + s)
     is_v = vr >= 0
     v = gl.load(v_ptr + vr.to(gl.int64) * (SEGMENT // 4) + (word - s * (SEGMENT // 4)), mask=is_v, other=0)
     v = v.to(gl.uint64, bitcast=True)
@@ -158,60 +158,48 @@ def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr, OUT_BF1
 
 @gluon.jit
 def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_ptr, y_ptr, M, N, K, S, BASE,
-                          stride_xm, stride_an, stride_bn, stride_xen, stride_ym,
-                          KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_N: gl.constexpr, EVEN_K: gl.constexpr,
-                          TWO_N: gl.constexpr, HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr,
-                          TILED: gl.constexpr, OUT_BF16: gl.constexpr):
-    # x_ptr: bf16 x as int64 words; a_ptr: A as int32 words; b_ptr: B as int16 words; v_ptr: pool as int64 words
+                          stride_xm, stride_xen, stride_ym,
+                          KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
+                          HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr, DEPTH: gl.constexpr,
+                          OUT_BF16: gl.constexpr):
+    # x_ptr: bf16 x as int64 words; a_ptr / b_ptr: the tile-major A (int32 words) and B (int16 words) planes;
+    # v_ptr: the pool as int64 words
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
     pid = gl.program_id(0)
     w = gl.expand_dims(gl.expand_dims(gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
     lane = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, L))), 0), 2)
     j = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1)
     g = lane // 4
-    row_g = pid * 16 + g
-    row_h = row_g + 8
-    # EVEN_N (16 divides N: every real projection): unmasked loads, no register zeroed before each
-    ok_g = (row_g < N) | EVEN_N
-    ok_h = (row_h < N) | EVEN_N
-    # word of this lane in chunk 0 of warp w; chunk c adds 16 c (A int32, B int16 and x int64 words alike)
-    word0 = 16 * w + 4 * (lane % 4) + j
-    if TILED:  # tile-major planes: chunk c of row block pid is [2][32 lanes][4 words] of A (and of B), contiguous
-        a_g = a_ptr + ((pid * (S * (SEGMENT // CHUNK)) + w).to(gl.int64) * 2) * 128 + lane * 4 + j
-        b_g = b_ptr + ((pid * (S * (SEGMENT // CHUNK)) + w).to(gl.int64) * 2) * 128 + lane * 4 + j
-        a_h = a_g + 128
-        b_h = b_g + 128
-    else:
-        a_g = a_ptr + row_g.to(gl.int64) * stride_an + word0
-        a_h = a_ptr + row_h.to(gl.int64) * stride_an + word0
-        b_g = b_ptr + row_g.to(gl.int64) * stride_bn + word0
-        b_h = b_ptr + row_h.to(gl.int64) * stride_bn + word0
+    n_chunks = S * (SEGMENT // CHUNK)
+    # chunk c of this row block: [2][32 lanes][4 words] of A and of B, contiguous; warp w starts at chunk w
+    a_g = a_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+    b_g = b_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+    # rows past N (the last block of a ragged N) read row N - 1's tables: their results are never stored
+    row_g = gl.minimum(pid * 16 + g, N - 1).to(gl.int64)
+    row_h = gl.minimum(pid * 16 + g + 8, N - 1).to(gl.int64)
+    xe_g = xe_ptr + row_g * stride_xen
+    xe_h = xe_ptr + row_h * stride_xen
+    vrow_g = vrow_ptr + row_g * S
+    vrow_h = vrow_ptr + row_h * S
     # activation row n = g (8 + g) feeds mma column n; lanes past M read row M - 1 instead of a masked load:
     # a column only ever meets its own x, and columns >= M are never stored
+    word0 = 16 * w + 4 * (lane % 4) + j  # x word of this lane in chunk w; chunk c adds 16 c
     x_lo = x_ptr + gl.minimum(g, M - 1) * stride_xm + word0
     x_hi = x_ptr + gl.minimum(g + 8, M - 1) * stride_xm + word0
-    xe_g = xe_ptr + row_g.to(gl.int64) * stride_xen
-    xe_h = xe_ptr + row_h.to(gl.int64) * stride_xen
-    vrow_g = vrow_ptr + row_g.to(gl.int64) * S
-    vrow_h = vrow_ptr + row_h.to(gl.int64) * S
     base_lanes = gl.zeros([KS, 32, 4], gl.uint32, L) + ((BASE << 7) | (BASE << 23)).to(gl.uint32)
     acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
-    n_iter = (S * (SEGMENT // CHUNK)) // KS
-    # register double buffer: iteration i issues the loads of i + 1 (the last one wraps to chunk 0, a valid
-    # address, unused) before it decodes its own, so two chunks per thread are in flight
-    ag, ah, bg, bh, eg, eh = _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, 0, w, KS, SEGMENT, EVEN_N,
-                                                  TILED)
-    xl = _x_load(x_lo, word0, K, EVEN_K)
-    xh = _x_load(x_hi, word0, K, EVEN_K) if TWO_N else xl
+    n_iter = n_chunks // KS
+    # register pipeline: iteration i issues the loads of i + DEPTH (wrapping to the first chunks, valid addresses
+    # whose words go unused) before it decodes its own, so DEPTH + 1 chunks per thread are in flight
+    cur = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, 0, w, K, KS, SEGMENT, EVEN_K, TWO_N)
+    nxt = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, 1 % n_iter, w, K, KS, SEGMENT, EVEN_K, TWO_N)
     for i in range(0, n_iter):
-        step = i * (16 * KS)
-        s = (i * KS + w) // (SEGMENT // CHUNK)  # segment of this warp's chunk
-        nxt = (i + 1) % n_iter
-        nag, nah, nbg, nbh, neg, neh = _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, nxt, w, KS,
-                                                    SEGMENT, EVEN_N, TILED)
-        nxl = _x_load(x_lo + nxt * (16 * KS), word0 + nxt * (16 * KS), K, EVEN_K)
-        nxh = _x_load(x_hi + nxt * (16 * KS), word0 + nxt * (16 * KS), K, EVEN_K) if TWO_N else nxl
+        if DEPTH == 2:
+            after = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, (i + 2) % n_iter, w, K, KS, SEGMENT, EVEN_K, TWO_N)
+        else:
+            nxt = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, (i + 1) % n_iter, w, K, KS, SEGMENT, EVEN_K, TWO_N)
+        ag, ah, bg, bh, eg, eh, xl, xh = cur
         p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
         p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
         if HAS_VERBATIM:  # a uniform test per iteration: does any of the 16 rows have a verbatim segment here
@@ -220,41 +208,47 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
             for q in gl.static_range(1, ITER_SEGS):
                 flag = flag | gl.load(vblock_ptr + pid * S + s0 + q)
             if flag != 0:
-                p02_g, p13_g = _verbatim_pairs(p02_g, p13_g, v_ptr, vrow_g, ok_g, s, word0 + step, SEGMENT)
-                p02_h, p13_h = _verbatim_pairs(p02_h, p13_h, v_ptr, vrow_h, ok_h, s, word0 + step, SEGMENT)
+                s = (i * KS + w) // (SEGMENT // CHUNK)
+                word = word0 + i * (16 * KS)
+                p02_g, p13_g = _verbatim_pairs(p02_g, p13_g, v_ptr, vrow_g, s, word, SEGMENT)
+                p02_h, p13_h = _verbatim_pairs(p02_h, p13_h, v_ptr, vrow_h, s, word, SEGMENT)
         acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
         if TWO_N:
             acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
-        ag, ah, bg, bh, eg, eh, xl, xh = nag, nah, nbg, nbh, neg, neh, nxl, nxh
+        if DEPTH == 2:
+            cur = nxt
+            nxt = after
+        else:
+            cur = nxt
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS, OUT_BF16)
     if TWO_N:
         _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS, OUT_BF16)
 
 
 @gluon.jit
-def _chunk_loads(a_g, a_h, b_g, b_h, xe_g, xe_h, ok_g, ok_h, i, w, KS: gl.constexpr, SEGMENT: gl.constexpr,
-                 EVEN_N: gl.constexpr, TILED: gl.constexpr):
-    """Iteration i's raw words of rows g and g + 8: A (int32), B (int16) and the chunk segment's XE (uint32)."""
-    step = i * (256 * KS) if TILED else i * (16 * KS)
-    ok = EVEN_N or TILED  # the tiled planes are padded to whole 16-row blocks
+def _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, i, w, K, KS: gl.constexpr, SEGMENT: gl.constexpr,
+           EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
+    """Iteration i's raw words: A (int32) and B (int16) of rows g and g + 8, the chunk segment's XE of both
+    (uint32), and the x words of activation rows g and g + 8 (the same tensor twice when M <= 8)."""
+    step = i * (256 * KS)
     s = (i * KS + w) // (SEGMENT // CHUNK)
-    return (_load(a_g + step, ok_g, ok), _load(a_h + step, ok_h, ok),
-            _load(b_g + step, ok_g, ok), _load(b_h + step, ok_h, ok),
-            _load(xe_g + s, ok_g, EVEN_N).to(gl.uint32), _load(xe_h + s, ok_h, EVEN_N).to(gl.uint32))
+    word = i * (16 * KS)
+    xl = _x_load(x_lo + word, word0 + word, K, EVEN_K)
+    xh = _x_load(x_hi + word, word0 + word, K, EVEN_K) if TWO_N else xl
+    # weights are read once: evict first, so x and the small tables stay in cache
+    return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
+            gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32), xl, xh)
 
 
 @gluon.jit
-def _load(ptrs, ok, EVEN_N: gl.constexpr):
-    # weights are read once: evict first, so x and the small tables stay in cache
-    if EVEN_N:
-        return gl.load(ptrs, eviction_policy="evict_first")
-    else:
-        return gl.load(ptrs, mask=ok, other=0, eviction_policy="evict_first")
+def _stream(ptrs):
+    return gl.load(ptrs, eviction_policy="evict_first")
 
 
 @gluon.jit
 def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
-    """x words; columns past K (the padding, whose weights decode to finite values) read 0."""
+    """x words at ptrs (word: their index in the row); columns past K (the padding, whose weights decode to
+    finite values) read 0."""
     if EVEN_K:
         return gl.load(ptrs)
     else:
@@ -262,13 +256,13 @@ def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
-    """K-slices (warps) per 16-row program: the fewest of 4, 8, 16 that put 16 warps per SM in flight (the loads
-    of a chunk are all a warp has in flight, so a small N needs K split further), among those dividing the chunk
-    count. bench/w12n_gemv.py sweeps it; on the H200 this picked the best of 2/4/8/16 on 9 of 12 shapes at
-    M = 1."""
+    """K-slices (warps) per 16-row program: the fewest of 4, 8, 16 that put 8 warps per SM in flight (the loads
+    of two chunks are all a warp has in flight, so a small N needs K split further), among those dividing the
+    chunk count. bench/w12n_gemv.py sweeps it (H200: 4 was best or within 5% on 10 of 12 projection shapes at
+    M = 1, 8 on the 8B's o_proj and down, where this rule picks 8)."""
     chunks, blocks = t.padded_k // CHUNK.value, -(-t.n // 16)
     fits = [ks for ks in (4, 8, 16) if chunks % ks == 0] or [ks for ks in (2, 1) if chunks % ks == 0]
-    return next((ks for ks in fits if blocks * ks >= 16 * sms), fits[-1])
+    return next((ks for ks in fits if blocks * ks >= 8 * sms), fits[-1])
 
 
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
@@ -322,9 +316,17 @@ def tiled_planes(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _TILED[t]
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, tiled: bool = True) -> torch.Tensor:
+def prepare(t: W12NTensor) -> None:
+    """Builds the tensor's derived tables (tile-major planes, verbatim index) now, outside any CUDA graph
+    capture: a layer calls this when it attaches W12N planes on a GPU."""
+    tiled_planes(t)
+    if t.verbatim.shape[0] > 0:
+        verbatim_index(t)
+
+
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int = 1) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64)."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2)."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -332,8 +334,13 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, t
     warps = default_warps(t, _sm_count(x.device)) if warps is None else warps
     if warps < 1 or (t.padded_k // CHUNK.value) % warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {warps}")
+    if depth not in (1, 2):
+        raise ValueError(f"depth must be 1 or 2, got {depth}")
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
+    if torch.cuda.is_current_stream_capturing() and t not in _TILED:
+        raise RuntimeError("the W12N tensor's tile-major planes are built on first use, which cannot happen inside "
+                           "a CUDA graph capture: call specpilot.ops.w12n_gemv.mma.prepare(t) before capturing")
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=torch.bfloat16, device=x.device)
     has_verbatim = t.verbatim.shape[0] > 0
@@ -342,12 +349,11 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, t
         pool = t.verbatim.view(torch.int64)
     else:  # never read
         vrow, vblock, pool = t.rvb, t.xe, t.xe.view(-1)[:8].view(torch.int64)
-    a, b = tiled_planes(t) if tiled else (t.a, t.b)
+    a, b = tiled_planes(t)
     xw, a, b = x.view(torch.int64), a.view(torch.int32), b.view(torch.int16)
     _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
         xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
-        xw.stride(0), a.stride(0), b.stride(0), t.xe.stride(0), y.stride(0),
-        KS=warps, SEGMENT=t.segment, EVEN_N=t.n % 16 == 0, EVEN_K=t.k == t.padded_k, TWO_N=M > 8,
-        HAS_VERBATIM=has_verbatim, ITER_SEGS=max(1, warps * CHUNK.value // t.segment), TILED=tiled, OUT_BF16=True,
-        num_warps=warps)
+        xw.stride(0), t.xe.stride(0), y.stride(0),
+        KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
+        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, OUT_BF16=True, num_warps=warps)
     return y
