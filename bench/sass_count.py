@@ -25,11 +25,11 @@ import json
 import os
 import re
 
-ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "stride_xm", "stride_an", "stride_bn",
-           "stride_ym")
+ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "vrow_ptr", "vblock_ptr", "stride_xm",
+           "stride_an", "stride_bn", "stride_xen", "stride_ym")
 # x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
 ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i64", "y_ptr": "*i16"}  # every other runtime argument is an i32 scalar (SCALE: fp32)
+             "v_ptr": "*i64", "y_ptr": "*i16", "vrow_ptr": "*i32", "vblock_ptr": "*u8"}  # every other runtime argument is an i32 scalar (SCALE: fp32)
 
 
 # one instruction, as cuobjdump (`/*0040*/  @P0 LDG.E ...;`, Triton 3.6's get_sass) or nvdisasm with control
@@ -102,6 +102,7 @@ def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90, types: di
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonJITFunction
     from triton.tools.disasm import get_sass
 
     sig, attrs = {}, {}
@@ -112,6 +113,8 @@ def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90, types: di
             sig[name] = {**ARG_TYPES, **(types or {})}.get(name, "fp32" if name == "SCALE" else "i32")
         if name in ALIGNED:
             attrs[(i,)] = [["tt.divisibility", 16]]
+    if isinstance(fn, GluonJITFunction):
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                        target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
     return get_sass(k.asm["cubin"]), {"triton": triton.__version__}
@@ -119,7 +122,7 @@ def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90, types: di
 
 def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1, 8, 16)):
     """[(name, kernel fn, constexprs, num_warps, weights per thread per iteration, argument types or None)] at the
-    wrappers' defaults; the tensor-core W12N kernel (M is a runtime argument there) at block_n >= 16 only."""
+    wrappers' defaults; the tensor-core W12N kernel (Gluon; M is a runtime argument there, M.16 = two n tiles)."""
     from specpilot.ops.w12n_gemv import triton as kernels
 
     block_k = kernels.default_block_k(segment)
@@ -132,10 +135,13 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
                     None))
         if m in (1, 8):
             out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, common, num_warps, per_thread, None))
-    if block_n >= 16:
-        mma = dict(BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=segment, EVEN_N=True, OUT_BF16=True, USE_ASM=True,
-                   DOT_F32=False)
-        out.append(("w12n_mma", kernels._w12n_mma_kernel, mma, num_warps, per_thread, {"x_ptr": "*bf16"}))
+    from specpilot.ops.w12n_gemv import mma
+
+    # the tensor-core kernel: one iteration is one 64-column chunk of rows g and g + 8 per lane (32 weights)
+    for m, two_n in ((1, False), (16, True)):
+        consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=False, ITER_SEGS=1, DEPTH=1,
+                      PDL=False, OUT_BF16=True)
+        out.append((f"w12n_mma.M{m}", mma._w12n_mma_gemv_kernel, consts, 4, 32, None))
     return out
 
 

@@ -144,7 +144,8 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
         if dev == "cuda":  # the tensor-core kernel: decode into mma fragments; K split over `ks` warps
             variants["w12n_mma"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1])
-            variants["w12n_mma_depth2"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1], depth=2)
+            for depth in (1, 2):  # chunks loaded ahead (the default picks one per shape)
+                variants[f"w12n_mma_depth{depth}"] = lambda a, wt, d=depth: mma_kernel.w12n_mma_gemv(a, wt[1], depth=d)
             for ks in args.mma_warps:
                 if (encoded[0].padded_k // 64) % ks == 0:
                     variants[f"w12n_mma_ks{ks}"] = lambda a, wt, ks=ks: mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks)

@@ -33,6 +33,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from specpilot.ops import pdl
 from specpilot.weights.w12n import VERBATIM, W12NTensor
 
 CHUNK = gl.constexpr(64)  # columns of K per warp and chunk: 4 lanes x 16
@@ -161,7 +162,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
                           stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr, DEPTH: gl.constexpr,
-                          OUT_BF16: gl.constexpr):
+                          PDL: gl.constexpr, OUT_BF16: gl.constexpr):
     # x_ptr: bf16 x as int64 words; a_ptr / b_ptr: the tile-major A (int32 words) and B (int16 words) planes;
     # v_ptr: the pool as int64 words
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -190,15 +191,23 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
     n_iter = n_chunks // KS
+    ptrs = (a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K)
+    if PDL:
+        _gdc("griddepcontrol.launch_dependents; // $0")
     # register pipeline: iteration i issues the loads of i + DEPTH (wrapping to the first chunks, valid addresses
-    # whose words go unused) before it decodes its own, so DEPTH + 1 chunks per thread are in flight
-    cur = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, 0, w, K, KS, SEGMENT, EVEN_K, TWO_N)
-    nxt = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, 1 % n_iter, w, K, KS, SEGMENT, EVEN_K, TWO_N)
+    # whose words go unused) before it decodes its own, so DEPTH + 1 chunks per thread are in flight. The weights
+    # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
+    cur = _weights(ptrs, 0, KS, SEGMENT)
+    nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
+    if PDL:
+        _gdc("griddepcontrol.wait; // $0")
+    cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
+    nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
     for i in range(0, n_iter):
         if DEPTH == 2:
-            after = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, (i + 2) % n_iter, w, K, KS, SEGMENT, EVEN_K, TWO_N)
+            after = _weights(ptrs, (i + 2) % n_iter, KS, SEGMENT) + _xs(ptrs, (i + 2) % n_iter, KS, EVEN_K, TWO_N)
         else:
-            nxt = _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, (i + 1) % n_iter, w, K, KS, SEGMENT, EVEN_K, TWO_N)
+            nxt = _weights(ptrs, (i + 1) % n_iter, KS, SEGMENT) + _xs(ptrs, (i + 1) % n_iter, KS, EVEN_K, TWO_N)
         ag, ah, bg, bh, eg, eh, xl, xh = cur
         p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
         p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
@@ -226,18 +235,30 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
 
 
 @gluon.jit
-def _chunk(a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, i, w, K, KS: gl.constexpr, SEGMENT: gl.constexpr,
-           EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
-    """Iteration i's raw words: A (int32) and B (int16) of rows g and g + 8, the chunk segment's XE of both
-    (uint32), and the x words of activation rows g and g + 8 (the same tensor twice when M <= 8)."""
+def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr):
+    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 and the chunk segment's XE of both."""
+    a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
     step = i * (256 * KS)
     s = (i * KS + w) // (SEGMENT // CHUNK)
+    # weights are read once: evict first, so x and the small tables stay in cache
+    return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
+            gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
+
+
+@gluon.jit
+def _xs(ptrs, i, KS: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
+    """Iteration i's x words of activation rows g and g + 8 (the same tensor twice when M <= 8)."""
+    a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
     word = i * (16 * KS)
     xl = _x_load(x_lo + word, word0 + word, K, EVEN_K)
     xh = _x_load(x_hi + word, word0 + word, K, EVEN_K) if TWO_N else xl
-    # weights are read once: evict first, so x and the small tables stay in cache
-    return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
-            gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32), xl, xh)
+    return (xl, xh)
+
+
+@gluon.jit
+def _gdc(instruction: gl.constexpr):
+    """A griddepcontrol instruction (programmatic dependent launch, ops/pdl.py)."""
+    gl.inline_asm_elementwise(instruction, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -263,6 +284,14 @@ def default_warps(t: W12NTensor, sms: int = 132) -> int:
     chunks, blocks = t.padded_k // CHUNK.value, -(-t.n // 16)
     fits = [ks for ks in (4, 8, 16) if chunks % ks == 0] or [ks for ks in (2, 1) if chunks % ks == 0]
     return next((ks for ks in fits if blocks * ks >= 8 * sms), fits[-1])
+
+
+def default_depth(t: W12NTensor, warps: int, sms: int = 132) -> int:
+    """Chunks loaded ahead: 2 where fewer than 16 warps per SM run (a small N: each warp's chain of loads is
+    the limit), else 1 (more registers per thread cost the large shapes more warps than the depth gains).
+    H200 sweep (bench/w12n_gemv.py): depth 2 was 4-7% faster on the 27B's o_proj / down and the 8B's qkv / down,
+    11-18% slower on gate_up and the LM heads."""
+    return 2 if -(-t.n // 16) * warps < 16 * sms else 1
 
 
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
@@ -324,9 +353,10 @@ def prepare(t: W12NTensor) -> None:
         verbatim_index(t)
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int = 1) -> torch.Tensor:
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
+                  depth: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2)."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2). Defaults: default_warps / default_depth."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -334,6 +364,7 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     warps = default_warps(t, _sm_count(x.device)) if warps is None else warps
     if warps < 1 or (t.padded_k // CHUNK.value) % warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {warps}")
+    depth = default_depth(t, warps, _sm_count(x.device)) if depth is None else depth
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if t.a.device != x.device:
@@ -343,6 +374,7 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
                            "a CUDA graph capture: call specpilot.ops.w12n_gemv.mma.prepare(t) before capturing")
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=torch.bfloat16, device=x.device)
+    on = pdl.active(x)
     has_verbatim = t.verbatim.shape[0] > 0
     if has_verbatim:
         vrow, vblock = verbatim_index(t)
@@ -355,5 +387,6 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
         xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), t.xe.stride(0), y.stride(0),
         KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, OUT_BF16=True, num_warps=warps)
+        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PDL=on, OUT_BF16=True, num_warps=warps,
+        **pdl.launch_kwargs(on))
     return y

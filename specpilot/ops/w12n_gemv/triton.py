@@ -256,52 +256,6 @@ def _accumulate(accs, w, x_ptr, stride_xm, words, K, M: tl.constexpr, EVEN_K: tl
 
 
 @triton.jit
-def _w12n_mma_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, M, N, K, S, BASE,
-                     stride_xm, stride_an, stride_bn, stride_xen, stride_ym,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SEGMENT: tl.constexpr, EVEN_N: tl.constexpr,
-                     OUT_BF16: tl.constexpr, USE_ASM: tl.constexpr, DOT_F32: tl.constexpr):
-    """The same decode, the products on the tensor cores: a decoded [BLOCK_N, BLOCK_K] tile (exact bf16 values)
-    times the [16, BLOCK_K] tile of x (rows >= M zero). M only pads the dot, so no row depends on another and
-    every M runs the same instructions: row m of an M-row call equals the M = 1 call bitwise."""
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = (rows < N) | EVEN_N
-    rows64 = rows.to(tl.int64)
-    a_rows = a_ptr + rows64[:, None] * stride_an
-    b_rows = b_ptr + rows64[:, None] * stride_bn
-    words = tl.arange(0, BLOCK_K // 4)
-    cols = tl.arange(0, BLOCK_K)
-    m_ids = tl.arange(0, 16)
-    x_rows = x_ptr + m_ids[:, None] * stride_xm
-    acc = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
-    pool_row = tl.load(rvb_ptr + rows, mask=row_ok, other=0)
-    for s in range(0, S):
-        xe = tl.load(xe_ptr + rows64 * stride_xen + s, mask=row_ok, other=0).to(tl.uint32)
-        is_v = xe == 255
-        any_v = tl.max(is_v.to(tl.int32), axis=0)
-        for kk in range(0, SEGMENT, BLOCK_K):
-            k0 = s * SEGMENT + kk
-            w = _decoded_tile(a_rows, b_rows, v_ptr, pool_row, xe, is_v, any_v, k0, kk, words, row_ok, BASE,
-                              SEGMENT, EVEN_N, USE_ASM)
-            # weights 4w+0..3 back in K order: [.., w, i, j] = weight 4w + 2i + j
-            tile = tl.join(tl.join(w[0], w[2]), tl.join(w[1], w[3])).reshape([BLOCK_N, BLOCK_K])
-            # padding columns: x reads 0 (the pad weights decode to finite values)
-            x = tl.load(x_rows + (k0 + cols)[None, :], mask=(m_ids < M)[:, None] & ((k0 + cols) < K)[None, :],
-                        other=0.0)
-            if DOT_F32:  # fp32 activations, and the interpreter (which mis-multiplies bf16 dots): exact products
-                acc = tl.dot(tile, tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(tile.to(tl.bfloat16), tl.trans(x), acc)
-        pool_row += is_v.to(tl.int32)
-    y_ptrs = y_ptr + m_ids[None, :] * stride_ym + rows[:, None]
-    ok = row_ok[:, None] & (m_ids < M)[None, :]
-    if OUT_BF16:
-        tl.store(y_ptrs, _bf16_bits(acc), mask=ok)
-    else:
-        tl.store(y_ptrs, acc, mask=ok)
-
-
-@triton.jit
 def _tree_sum(acc):
     """[BN, W] -> [BN]: adjacent pairs added, halving W until 1: an order fixed by the code, not by the layout."""
     for _ in tl.static_range(16):
@@ -369,31 +323,17 @@ def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int) -> None:
 
 
 def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int | None = None,
-              num_warps: int = 4, asm: bool | None = None, mma: bool = False) -> torch.Tensor:
+              num_warps: int = 4, asm: bool | None = None) -> torch.Tensor:
     """Same contract as w12n_gemv_ref: x [M <= 16, K] fp32/bf16, t = W12N of W [N, K] -> y [M, N] in x.dtype.
 
     block_k (default: the segment, capped at 512) must be a power of two >= 4 dividing t.segment. asm (default:
-    use_asm(x.device)) picks the PTX decode or the pure-tl one; both give the same bits. mma: the products on
-    the tensor cores (block_n and block_k >= 16; one dot per tile for any M, where the FMA kernel spends M fused
-    multiply-adds per weight); its sums round differently from the FMA kernel's (both are batch-invariant).
+    use_asm(x.device)) picks the PTX decode or the pure-tl one; both give the same bits.
     """
     block_k = default_block_k(t.segment) if block_k is None else block_k
     _check(x, t, block_n, block_k)
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
     pool = t.verbatim if t.verbatim.numel() else t.verbatim.new_zeros(1, t.segment)  # never read when V = 0
-    if mma:
-        if block_n < 16 or block_k < 16:
-            raise ValueError(f"the tensor-core W12N GEMV needs block_n, block_k >= 16, got {block_n}, {block_k}")
-        a, b, pool = t.a.view(torch.int32), t.b.view(torch.int16), pool.view(torch.int64)
-        interpret = os.environ.get("TRITON_INTERPRET") == "1"
-        _w12n_mma_kernel[(triton.cdiv(t.n, block_n),)](
-            x, a, b, t.xe, t.rvb, pool, _out(y), M, t.n, t.k, t.padded_k // t.segment, t.base,
-            x.stride(0), a.stride(0), b.stride(0), t.xe.stride(0), y.stride(0),
-            BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=t.segment, EVEN_N=t.n % block_n == 0,
-            OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm,
-            DOT_F32=x.dtype == torch.float32 or interpret, num_warps=num_warps)
-        return y
     a, b, pool, (xw, x_words) = t.a.view(torch.int32), t.b.view(torch.int16), pool.view(torch.int64), _x_view(x)
     _w12n_gemv_kernel[(triton.cdiv(t.n, block_n),)](
         xw, a, b, t.xe, t.rvb, pool, _out(y), t.n, t.k, t.padded_k // t.segment, t.base,
