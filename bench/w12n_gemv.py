@@ -67,7 +67,8 @@ def sass_counts(block_n: int, block_k: int, num_warps: int) -> dict:
                 warps = getattr(k.metadata, "num_warps", num_warps)
                 s = loop_instructions(get_sass(k.asm["cubin"]))
                 if s:
-                    per_thread = bn * bk / (warps * 32)
+                    # the tensor-core kernel: one iteration is one 64-column chunk of 2 rows per lane (32 weights)
+                    per_thread = 32 if name == "w12n_mma" else bn * bk / (warps * 32)
                     rows.append({"loop_instructions": s[0], "instructions_per_weight": round(s[0] / per_thread, 2),
                                  "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
                                  "M": consts.get("M"), "SEGMENT": consts.get("SEGMENT"), "ops": s[1]})

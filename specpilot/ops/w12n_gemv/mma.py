@@ -286,12 +286,13 @@ def default_warps(t: W12NTensor, sms: int = 132) -> int:
     return next((ks for ks in fits if blocks * ks >= 8 * sms), fits[-1])
 
 
-def default_depth(t: W12NTensor, warps: int, sms: int = 132) -> int:
-    """Chunks loaded ahead: 2 where fewer than 16 warps per SM run (a small N: each warp's chain of loads is
-    the limit), else 1 (more registers per thread cost the large shapes more warps than the depth gains).
-    H200 sweep (bench/w12n_gemv.py): depth 2 was 4-7% faster on the 27B's o_proj / down and the 8B's qkv / down,
-    11-18% slower on gate_up and the LM heads."""
-    return 2 if -(-t.n // 16) * warps < 16 * sms else 1
+def default_depth(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int:
+    """Chunks loaded ahead: 2 where fewer than 16 warps per SM run (a small N: each warp's chain of loads is the
+    limit) and M <= 8, else 1 (more registers per thread cost the large shapes, and M > 8 with its second x
+    tile and accumulator, more warps than the depth gains). H200 sweep (bench/w12n_gemv.py, 96f2f27): depth 2
+    was 2-6% faster at M = 1 on the 27B's o_proj / down and the 8B's qkv / down, 11-18% slower on gate_up and
+    the LM heads, and slower on every shape at M = 16 (8B o_proj 0.62x cuBLAS against 0.85x)."""
+    return 2 if m <= 8 and -(-t.n // 16) * warps < 16 * sms else 1
 
 
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
@@ -364,7 +365,7 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
     warps = default_warps(t, _sm_count(x.device)) if warps is None else warps
     if warps < 1 or (t.padded_k // CHUNK.value) % warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {warps}")
-    depth = default_depth(t, warps, _sm_count(x.device)) if depth is None else depth
+    depth = default_depth(t, warps, x.shape[0], _sm_count(x.device)) if depth is None else depth
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if t.a.device != x.device:
