@@ -356,3 +356,19 @@ def test_mma_kernel_asm_emulated(N, K, segment):
     assert torch.equal(_emulated_mma_gemv(onehot, t), decode(t).float()[:, cols].T)
     x = make_x(5, K, torch.bfloat16)
     check("w12n mma (emulated)", w12n_gemv_ref, x, t, _emulated_mma_gemv(x, t).to(torch.bfloat16))
+
+
+def test_mma_launch_rules():
+    """The K split always divides the chunk count (no masked chunks), grows for small N, and load depth 2 is
+    kept to small N at M <= 8 (where the H200 sweep measured it faster)."""
+    from types import SimpleNamespace
+
+    from specpilot.ops.w12n_gemv.mma import default_depth, default_warps
+
+    for n, k in [(6144, 4096), (4096, 4096), (5120, 17408), (248320, 5120), (40, 320), (16, 192)]:
+        t = SimpleNamespace(n=n, padded_k=k)
+        ks = default_warps(t)
+        assert (k // 64) % ks == 0
+    assert default_warps(SimpleNamespace(n=4096, padded_k=4096)) > default_warps(SimpleNamespace(n=151936, padded_k=4096))
+    small, large = SimpleNamespace(n=5120, padded_k=6144), SimpleNamespace(n=34816, padded_k=5120)
+    assert default_depth(small, 4, 1) == 2 and default_depth(small, 4, 16) == 1 and default_depth(large, 4, 1) == 1

@@ -290,7 +290,7 @@ def default_depth(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int:
     """Chunks loaded ahead: 2 where fewer than 16 warps per SM run (a small N: each warp's chain of loads is the
     limit) and M <= 8, else 1 (more registers per thread cost the large shapes, and M > 8 with its second x
     tile and accumulator, more warps than the depth gains). H200 sweep (bench/w12n_gemv.py, 96f2f27): depth 2
-    was 2-6% faster at M = 1 on the 27B's o_proj / down and the 8B's qkv / down, 11-18% slower on gate_up and
+    was 3-6% faster at M = 1 on the 27B's o_proj / down and the 8B's qkv / down, 12-16% slower on gate_up and
     the LM heads, and slower on every shape at M = 16 (8B o_proj 0.62x cuBLAS against 0.85x)."""
     return 2 if m <= 8 and -(-t.n // 16) * warps < 16 * sms else 1
 
