@@ -29,7 +29,8 @@ ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "vr
            "stride_an", "stride_bn", "stride_xen", "stride_ym")
 # x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
 ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i64", "y_ptr": "*i16", "vrow_ptr": "*i32", "vblock_ptr": "*u8"}  # every other runtime argument is an i32 scalar (SCALE: fp32)
+             "v_ptr": "*i64", "y_ptr": "*i16", "vrow_ptr": "*i32", "vblock_ptr": "*u8"}
+# every other runtime argument is an i32 scalar (SCALE: fp32)
 
 
 # one instruction, as cuobjdump (`/*0040*/  @P0 LDG.E ...;`, Triton 3.6's get_sass) or nvdisasm with control

@@ -369,6 +369,7 @@ def test_mma_launch_rules():
         t = SimpleNamespace(n=n, padded_k=k)
         ks = default_warps(t)
         assert (k // 64) % ks == 0
-    assert default_warps(SimpleNamespace(n=4096, padded_k=4096)) > default_warps(SimpleNamespace(n=151936, padded_k=4096))
+    o_proj, lm_head = SimpleNamespace(n=4096, padded_k=4096), SimpleNamespace(n=151936, padded_k=4096)
+    assert default_warps(o_proj) > default_warps(lm_head)
     small, large = SimpleNamespace(n=5120, padded_k=6144), SimpleNamespace(n=34816, padded_k=5120)
     assert default_depth(small, 4, 1) == 2 and default_depth(small, 4, 16) == 1 and default_depth(large, 4, 1) == 1

@@ -132,7 +132,9 @@ def _verbatim_pairs(p02, p13, v_ptr, vrow_row, s, word, SEGMENT: gl.constexpr):
 
 @gluon.jit
 def _bf16_bits(y):
-    """fp32 -> int16 bits of its bf16 rounding to nearest even (torch's fp32 -> bf16, NaN -> 0x7FC0)."""
+    """fp32 -> int16 bits of its bf16 rounding to nearest even (torch's fp32 -> bf16, NaN -> 0x7FC0). The same
+    integer rounding as triton.py's `_bf16_bits` (a Gluon kernel cannot call a @triton.jit helper), so both
+    kernels round their outputs alike."""
     u = y.to(gl.uint32, bitcast=True)
     rne = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     bits = gl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rne)
