@@ -164,7 +164,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
                           stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr, DEPTH: gl.constexpr,
-                          PDL: gl.constexpr, OUT_BF16: gl.constexpr):
+                          PEEL: gl.constexpr, PDL: gl.constexpr, OUT_BF16: gl.constexpr):
     # x_ptr: bf16 x as int64 words; a_ptr / b_ptr: the tile-major A (int32 words) and B (int16 words) planes;
     # v_ptr: the pool as int64 words
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -196,44 +196,80 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     ptrs = (a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K)
     if PDL:
         _gdc("griddepcontrol.launch_dependents; // $0")
-    # register pipeline: iteration i issues the loads of i + DEPTH (wrapping to the first chunks, valid addresses
-    # whose words go unused) before it decodes its own, so DEPTH + 1 chunks per thread are in flight. The weights
-    # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
+    # register pipeline: iteration i issues the loads of i + DEPTH before it decodes its own, so DEPTH + 1 chunks
+    # per thread are in flight; without PEEL the loads past the last chunk wrap to the first ones (valid addresses,
+    # words unused, but DEPTH chunks per warp read twice), with PEEL the last DEPTH iterations load nothing. The
+    # weights never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
+    tables = (vblock_ptr, v_ptr, vrow_g, vrow_h, pid, S, w, word0, base_lanes)
     cur = _weights(ptrs, 0, KS, SEGMENT)
-    nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
+    if DEPTH == 2 or not PEEL:
+        nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
     if PDL:
         _gdc("griddepcontrol.wait; // $0")
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
-    nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
-    for i in range(0, n_iter):
+    if DEPTH == 2 or not PEEL:
+        nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
+    if PEEL:
+        for i in range(0, n_iter - DEPTH):
+            if DEPTH == 2:
+                after = _chunk(ptrs, i + 2, KS, SEGMENT, EVEN_K, TWO_N)
+            else:
+                nxt = _chunk(ptrs, i + 1, KS, SEGMENT, EVEN_K, TWO_N)
+            acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
+            if DEPTH == 2:
+                cur = nxt
+                nxt = after
+            else:
+                cur = nxt
+        acc_lo, acc_hi = _step(cur, n_iter - DEPTH, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS,
+                               TWO_N)
         if DEPTH == 2:
-            after = _weights(ptrs, (i + 2) % n_iter, KS, SEGMENT) + _xs(ptrs, (i + 2) % n_iter, KS, EVEN_K, TWO_N)
-        else:
-            nxt = _weights(ptrs, (i + 1) % n_iter, KS, SEGMENT) + _xs(ptrs, (i + 1) % n_iter, KS, EVEN_K, TWO_N)
-        ag, ah, bg, bh, eg, eh, xl, xh = cur
-        p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
-        p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
-        if HAS_VERBATIM:  # a uniform test per iteration: does any of the 16 rows have a verbatim segment here
-            s0 = (i * KS * CHUNK) // SEGMENT
-            flag = gl.load(vblock_ptr + pid * S + s0)
-            for q in gl.static_range(1, ITER_SEGS):
-                flag = flag | gl.load(vblock_ptr + pid * S + s0 + q)
-            if flag != 0:
-                s = (i * KS + w) // (SEGMENT // CHUNK)
-                word = word0 + i * (16 * KS)
-                p02_g, p13_g = _verbatim_pairs(p02_g, p13_g, v_ptr, vrow_g, s, word, SEGMENT)
-                p02_h, p13_h = _verbatim_pairs(p02_h, p13_h, v_ptr, vrow_h, s, word, SEGMENT)
-        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
-        if TWO_N:
-            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
-        if DEPTH == 2:
-            cur = nxt
-            nxt = after
-        else:
-            cur = nxt
+            acc_lo, acc_hi = _step(nxt, n_iter - 1, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS,
+                                   TWO_N)
+    else:
+        for i in range(0, n_iter):
+            if DEPTH == 2:
+                after = _chunk(ptrs, (i + 2) % n_iter, KS, SEGMENT, EVEN_K, TWO_N)
+            else:
+                nxt = _chunk(ptrs, (i + 1) % n_iter, KS, SEGMENT, EVEN_K, TWO_N)
+            acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
+            if DEPTH == 2:
+                cur = nxt
+                nxt = after
+            else:
+                cur = nxt
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS, OUT_BF16)
     if TWO_N:
         _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS, OUT_BF16)
+
+
+@gluon.jit
+def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
+    return _weights(ptrs, i, KS, SEGMENT) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
+
+
+@gluon.jit
+def _step(cur, i, acc_lo, acc_hi, tables, KS: gl.constexpr, SEGMENT: gl.constexpr, HAS_VERBATIM: gl.constexpr,
+          ITER_SEGS: gl.constexpr, TWO_N: gl.constexpr):
+    """Decode iteration i's chunk (its raw words in cur) and run its mmas into the accumulators."""
+    vblock_ptr, v_ptr, vrow_g, vrow_h, pid, S, w, word0, base_lanes = tables
+    ag, ah, bg, bh, eg, eh, xl, xh = cur
+    p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
+    p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
+    if HAS_VERBATIM:  # a uniform test per iteration: does any of the 16 rows have a verbatim segment here
+        s0 = (i * KS * CHUNK) // SEGMENT
+        flag = gl.load(vblock_ptr + pid * S + s0)
+        for q in gl.static_range(1, ITER_SEGS):
+            flag = flag | gl.load(vblock_ptr + pid * S + s0 + q)
+        if flag != 0:
+            s = (i * KS + w) // (SEGMENT // CHUNK)
+            word = word0 + i * (16 * KS)
+            p02_g, p13_g = _verbatim_pairs(p02_g, p13_g, v_ptr, vrow_g, s, word, SEGMENT)
+            p02_h, p13_h = _verbatim_pairs(p02_h, p13_h, v_ptr, vrow_h, s, word, SEGMENT)
+    acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
+    if TWO_N:
+        acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+    return acc_lo, acc_hi
 
 
 @gluon.jit
@@ -356,10 +392,12 @@ def prepare(t: W12NTensor) -> None:
         verbatim_index(t)
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
-                  depth: int | None = None) -> torch.Tensor:
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
+                  peel: bool = False) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2). Defaults: default_warps / default_depth."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2). Defaults: default_warps / default_depth.
+    peel: the last `depth` iterations load nothing instead of re-reading each warp's first chunks (up to a
+    quarter of the bytes again for a short K loop); not yet timed on a GPU, so off by default."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -370,6 +408,8 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
     depth = default_depth(t, warps, x.shape[0], _sm_count(x.device)) if depth is None else depth
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
+    if peel:  # the peeled loop needs at least `depth` iterations
+        depth = min(depth, t.padded_k // CHUNK.value // warps)
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
     if torch.cuda.is_current_stream_capturing() and t not in _TILED:
@@ -390,6 +430,7 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
         xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), t.xe.stride(0), y.stride(0),
         KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PDL=on, OUT_BF16=True, num_warps=warps,
+        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PEEL=peel, PDL=on, OUT_BF16=True,
+        num_warps=warps,
         **pdl.launch_kwargs(on))
     return y
