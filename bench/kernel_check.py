@@ -282,11 +282,12 @@ def check_w12n_gemv(dev, M, N, K):
                                                    decode(t).to(dev)[:, cols].T.contiguous()))
         res["mma_warps_agree"] = {ks: rel_err(w12n_mma_gemv(x, t, warps=ks).float(), mma.float())["rel_rms_err"]
                                   for ks in (1, 2, 4) if (t.padded_k // 64) % ks == 0}
-        # the peeled loop (no loads past the last chunk) and both depths: the same chunks in the same order
-        res["mma_peel_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, depth=d, peel=True), w12n_mma_gemv(x, t, depth=d))
-                                      for d in (1, 2))
+        # the peeled loop, the cp.async ring and both depths: the same chunks in the same order
+        res["mma_pipelines_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, **kw), mma) for kw in (
+            dict(depth=1), dict(depth=2), dict(depth=1, peel=True), dict(depth=2, peel=True), dict(stages=3),
+            dict(stages=4)))
         if not (res["mma_batch_invariant"] and res["mma_exact_decode"] and res["mma_rel_rms_err"] < 1e-2
-                and res["mma_peel_bitwise"]):
+                and res["mma_pipelines_bitwise"]):
             res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
     if not (res["asm_equals_tl"] and res["exact_decode"]):
         res["batch_invariant"] = False
