@@ -11,6 +11,7 @@
 #     SUITE_ONLY="batched_prefill" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, caps 2 x 90 s: one prefill
 #
 # (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
+# about 200 s with the ninth session's tensor-core variants,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
 # tokens per prompt with the probing oracle bench_27b 277 s and bench_8b 116 s. The 27B bench at 2 prompts x 2,048
 # tokens, stock + one tree, batch 1 only, took ~240 s: run it alone, see docs/performance.md)
@@ -210,7 +211,7 @@ step bench_8b 80 python3 -m specpilot bench --target "$T8" --drafter random-dfla
     --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C8[@]}" --out "$OUT/bench_8b_h200.json" --plot /tmp/bench_8b_h200.png "${DEV[@]}"
 
 # 1. W12N GEMV per projection shape
-step w12n_gemv 120 python3 bench/w12n_gemv.py --out "$OUT/w12n_gemv_h200.json" --commit "$COMMIT" "${WG[@]}" "${DEV[@]}"
+step w12n_gemv 260 python3 bench/w12n_gemv.py --out "$OUT/w12n_gemv_h200.json" --commit "$COMMIT" "${WG[@]}" "${DEV[@]}"
 
 # 2. AR decode: ours vs cuBLAS vs W12N vs HF generate (8B first: the 27B part gets what time is left)
 step ar_decode 300 python3 bench/ar_decode.py --out "$OUT/ar_decode_h200.json" --commit "$COMMIT" --w12n --profile \
