@@ -1,7 +1,7 @@
 """A tiny PTX interpreter for the inline-asm blocks of the W12N kernels, so their text is tested on a CPU.
 
-Covers the instructions those blocks use (shl, shr, and, add, prmt incl. sign-replicate, lop3, mov.b64 unpack,
-mma.sync m16n8k16 bf16 -> f32). Registers hold int64 tensors of 32-bit patterns; for mma the last dimension is
+Covers the instructions those blocks use (shl, shr, and, add, prmt incl. sign-replicate, lop3, mov.b64 / b32
+unpack, cvt.u32.u16, cvt.rn.f16x2.e4m3x2, cvt.f32.f16, mma.sync m16n8k16 bf16 -> f32). Registers hold int64 tensors of 32-bit patterns; for mma the last dimension is
 the warp's 32 lanes (the instruction is warp-collective). Products are summed in float64 and rounded to fp32
 once: not the tensor cores' rounding, exact whenever the sum is (one-hot rows).
 """
@@ -33,8 +33,21 @@ def _val(tok: str, regs: dict) -> torch.Tensor | int:
 
 
 def _step(op: str, args: list[str], regs: dict) -> None:
-    v = [_val(a, regs) for a in args[1:]] if not op.startswith(("mma", "mov.b64")) else None
-    if op == "shl.b32":
+    v = [_val(a, regs) for a in args[1:]] if not op.startswith(("mma", "mov.b")) else None
+    if op == "cvt.u32.u16":
+        regs[args[0]] = v[0] & 0xFFFF
+    elif op == "cvt.rn.f16x2.e4m3x2":  # low byte -> low half
+        e4m3 = torch.stack([v[0] & 0xFF, (v[0] >> 8) & 0xFF], -1).to(torch.uint8).view(torch.float8_e4m3fn)
+        halves = e4m3.to(torch.float16).view(torch.int16).long() & 0xFFFF
+        regs[args[0]] = halves[..., 0] | (halves[..., 1] << 16)
+    elif op == "cvt.f32.f16":
+        half = (v[0] & 0xFFFF).to(torch.int16).view(torch.float16)
+        regs[args[0]] = half.float().view(torch.int32).long() & M32
+    elif op == "mov.b32":  # {lo, hi} = 32-bit register, as two 16-bit halves
+        lo, hi = args[0].strip("{}").split(",")
+        src = regs[args[1]]
+        regs[lo.strip()], regs[hi.strip()] = src & 0xFFFF, (src >> 16) & 0xFFFF
+    elif op == "shl.b32":
         regs[args[0]] = (v[0] << v[1]) & M32
     elif op == "shr.u32":
         regs[args[0]] = (v[0] & M32) >> v[1]

@@ -373,3 +373,26 @@ def test_mma_launch_rules():
     assert default_warps(o_proj) > default_warps(lm_head)
     small, large = SimpleNamespace(n=5120, padded_k=6144), SimpleNamespace(n=34816, padded_k=5120)
     assert default_depth(small, 4, 1) == 2 and default_depth(small, 4, 16) == 1 and default_depth(large, 4, 1) == 1
+
+
+def test_fma_kernel_asm_emulated():
+    """The FMA kernel's PTX decode (one A word + one B half-word -> 4 fp32) and FP8-view convert, run by the PTX
+    interpreter on every word of a matrix: the decode widens decode(t)'s bf16 bits exactly (inline escapes,
+    zeros, subnormals; verbatim segments are replaced after it), the view equals fp8_dequant_ref's values."""
+    from specpilot.ops.w12n_gemv import triton as kernels
+    from tests.ops import ptx
+
+    t = make_tensor(9, 300, 128, seed=4)
+    words = t.a.contiguous().view(torch.int32).long() & ptx.M32  # [N, KP / 4]
+    halves = t.b.contiguous().view(torch.int16).long() & 0xFFFF
+    xe = t.xe.long().repeat_interleave(t.segment // 4, dim=1)  # per word
+    ops = {4: words, 5: halves, 6: (xe << 7) | (xe << 23), 7: torch.full_like(xe, (t.base << 7) | (t.base << 23))}
+    out = ptx.run(kernels._W12N_ASM.value, ops)
+    got = torch.stack([out[i] for i in range(4)], -1).flatten(1)[:, :t.k]  # weights 4w + i
+    want = (decode(t).view(torch.int16).long() & 0xFFFF) << 16
+    inline = (t.xe != VERBATIM).repeat_interleave(t.segment, 1)[:, :t.k]
+    assert torch.equal(got[inline], want[inline])
+    out = ptx.run(kernels._FP8_ASM.value, {4: words})
+    view = torch.stack([out[i] for i in range(4)], -1).flatten(1)[:, :t.k].to(torch.int32).view(torch.float32)
+    scale = 2.0 ** (t.base - 120)
+    assert torch.equal(view * scale, fp8_dequant_ref(t).float()[:, :t.k])
