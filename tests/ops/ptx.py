@@ -1,8 +1,9 @@
 """A tiny PTX interpreter for the inline-asm blocks of the W12N kernels, so their text is tested on a CPU.
 
 Covers the instructions those blocks use (shl, shr, and, add, prmt incl. sign-replicate, lop3, mov.b64 / b32
-unpack, cvt.u32.u16, cvt.rn.f16x2.e4m3x2, cvt.f32.f16, mma.sync m16n8k16 bf16 -> f32). Registers hold int64 tensors of 32-bit patterns; for mma the last dimension is
-the warp's 32 lanes (the instruction is warp-collective). Products are summed in float64 and rounded to fp32
+unpack, cvt.u32.u16, cvt.rn.f16x2.e4m3x2, cvt.f32.f16, mma.sync m16n8k16 bf16 -> f32). Registers hold int64
+tensors of 32-bit patterns; for mma the last dimension is the warp's 32 lanes (the instruction is
+warp-collective). Products are summed in float64 and rounded to fp32
 once: not the tensor cores' rounding, exact whenever the sum is (one-hot rows).
 """
 

@@ -217,35 +217,24 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
     if DEPTH == 2 or not PEEL:
         nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
-    if PEEL:
-        for i in range(0, n_iter - DEPTH):
-            if DEPTH == 2:
-                after = _chunk(ptrs, i + 2, KS, SEGMENT, EVEN_K, TWO_N)
-            else:
-                nxt = _chunk(ptrs, i + 1, KS, SEGMENT, EVEN_K, TWO_N)
-            acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
-            if DEPTH == 2:
-                cur = nxt
-                nxt = after
-            else:
-                cur = nxt
+    for i in range(0, n_iter - DEPTH if PEEL else n_iter):
+        ahead = i + DEPTH if PEEL else (i + DEPTH) % n_iter
+        if DEPTH == 2:
+            after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
+        else:
+            nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
+        acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
+        if DEPTH == 2:
+            cur = nxt
+            nxt = after
+        else:
+            cur = nxt
+    if PEEL:  # the last DEPTH chunks, already loaded
         acc_lo, acc_hi = _step(cur, n_iter - DEPTH, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS,
                                TWO_N)
         if DEPTH == 2:
             acc_lo, acc_hi = _step(nxt, n_iter - 1, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS,
                                    TWO_N)
-    else:
-        for i in range(0, n_iter):
-            if DEPTH == 2:
-                after = _chunk(ptrs, (i + 2) % n_iter, KS, SEGMENT, EVEN_K, TWO_N)
-            else:
-                nxt = _chunk(ptrs, (i + 1) % n_iter, KS, SEGMENT, EVEN_K, TWO_N)
-            acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
-            if DEPTH == 2:
-                cur = nxt
-                nxt = after
-            else:
-                cur = nxt
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS, OUT_BF16)
     if TWO_N:
         _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS, OUT_BF16)
