@@ -6,7 +6,6 @@ signals its own dependents at once (gdc_launch_dependents) and waits (gdc_wait) 
 launch overlaps the predecessor's tail while every read still sees the predecessor's writes. Kernels take a
 `PDL` constexpr; wrappers pass `launch_kwargs()` when `active()`. Off on the CPU (the interpreter cannot run
 the griddepcontrol instructions). The runner opens `enabled()` for decode steps (EngineConfig.decode_pdl).
-
 """
 
 from __future__ import annotations

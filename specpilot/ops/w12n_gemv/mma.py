@@ -40,6 +40,7 @@ from specpilot.weights.w12n import VERBATIM, W12NTensor
 CHUNK = gl.constexpr(64)  # columns of K per warp and chunk: 4 lanes x 16
 assert VERBATIM == 255  # the kernel compares XE against the literal 255
 
+
 def _decode_chunk_asm() -> str:
     """pack = 4 over the lane's 4 words of one row: $8-$11 A words, $12-$13 the two B words (word j's nibbles in
     half j % 2 of B word j // 2), $14 = XE<<7 | XE<<23, $18 = base<<7 | base<<23 (16-bit-lane exponent offsets)
@@ -143,9 +144,9 @@ def _bf16_bits(y):
 
 
 @gluon.jit
-def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr, OUT_BF16: gl.constexpr):
-    """Sum the KS warps' accumulators (fixed order) and store lane (g, t)'s c0..c3 at y[n, row]: rows g / g + 8,
-    n = n0 + 2t / 2t + 1."""
+def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr):
+    """Sum the KS warps' accumulators (fixed order) and store lane (g, t)'s c0..c3 as bf16 bits at y[n, row]:
+    rows g / g + 8, n = n0 + 2t / 2t + 1."""
     tot = gl.sum(acc, axis=0)
     lo: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0]))
     lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(1, lo)), 1)
@@ -153,11 +154,7 @@ def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr, OUT_BF1
     rows = row0 + lane // 4 + 8 * (j // 2)
     n = n0 + 2 * (lane % 4) + j % 2
     ok = (n < M) & (rows < N)
-    ptrs = y_ptr + n * stride_ym + rows
-    if OUT_BF16:
-        gl.store(ptrs, _bf16_bits(tot), mask=ok)
-    else:
-        gl.store(ptrs, tot, mask=ok)
+    gl.store(y_ptr + n * stride_ym + rows, _bf16_bits(tot), mask=ok)
 
 
 @gluon.jit
@@ -165,8 +162,8 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
                           stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr, DEPTH: gl.constexpr,
-                          PEEL: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, OUT_BF16: gl.constexpr):
-    # x_ptr: bf16 x as int64 words; a_ptr / b_ptr: the tile-major A (int32 words) and B (int16 words) planes;
+                          PEEL: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
+    # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32 words) and B (int16 words) planes;
     # v_ptr: the pool as int64 words
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
     pid = gl.program_id(0)
@@ -205,9 +202,9 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     if STAGES > 0:
         acc_lo, acc_hi = _ring_loop(ptrs, tables, n_iter, acc_lo, acc_hi, L, KS, SEGMENT, EVEN_K, TWO_N,
                                     HAS_VERBATIM, ITER_SEGS, STAGES, PDL)
-        _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS, OUT_BF16)
+        _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
         if TWO_N:
-            _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS, OUT_BF16)
+            _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
         return
     cur = _weights(ptrs, 0, KS, SEGMENT)
     if DEPTH == 2 or not PEEL:
@@ -235,9 +232,9 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
         if DEPTH == 2:
             acc_lo, acc_hi = _step(nxt, n_iter - 1, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS,
                                    TWO_N)
-    _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS, OUT_BF16)
+    _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
     if TWO_N:
-        _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS, OUT_BF16)
+        _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
 
 
 @gluon.jit
@@ -247,7 +244,7 @@ def _ring_loop(ptrs, tables, n_iter, acc_lo, acc_hi, L: gl.constexpr, KS: gl.con
     """The K loop with the weights streamed through a ring of STAGES chunks in shared memory by cp.async: loads
     in flight without registers holding them. Each lane reads back only what it copied itself, so no barrier;
     a stage is refilled one iteration after it was read (its words were used by then)."""
-    a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
+    a_g, b_g = ptrs[0], ptrs[1]
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])  # the layout of one slot
     # slot 2 * stage + h holds rows g + 8 h of a stage's chunk
     sa = gl.allocate_shared_memory(gl.int32, [2 * STAGES, KS, 32, 4], flat)
@@ -265,10 +262,8 @@ def _ring_loop(ptrs, tables, n_iter, acc_lo, acc_hi, L: gl.constexpr, KS: gl.con
         bh = sb.index(2 * stage + 1).load(L)
         nxt = i + STAGES - 1
         _ring_issue(sa, sb, a_g, b_g, nxt, nxt < n_iter, KS)
-        s = (i * KS + w) // (SEGMENT // CHUNK)
-        cur = (ag, ah, bg, bh, gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
-        acc_lo, acc_hi = _step(cur + _xs(ptrs, i, KS, EVEN_K, TWO_N), i, acc_lo, acc_hi, tables, KS, SEGMENT,
-                               HAS_VERBATIM, ITER_SEGS, TWO_N)
+        cur = (ag, ah, bg, bh) + _xes(ptrs, i, KS, SEGMENT) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
+        acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
     async_copy.wait_group(0)
     return acc_lo, acc_hi
 
@@ -324,6 +319,14 @@ def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr):
     # weights are read once: evict first, so x and the small tables stay in cache
     return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
             gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
+
+
+@gluon.jit
+def _xes(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr):
+    """The XE bytes (uint32) of rows g and g + 8 in the segment of iteration i's chunk."""
+    a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
+    s = (i * KS + w) // (SEGMENT // CHUNK)
+    return gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32)
 
 
 @gluon.jit
@@ -465,19 +468,18 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=torch.bfloat16, device=x.device)
     on = pdl.active(x)
+    a, b = tiled_planes(t)
+    xw, a, b = x.view(torch.int64), a.view(torch.int32), b.view(torch.int16)
     has_verbatim = t.verbatim.shape[0] > 0
     if has_verbatim:
         vrow, vblock = verbatim_index(t)
         pool = t.verbatim.view(torch.int64)
-    else:  # never read
-        vrow, vblock, pool = t.rvb, t.xe, t.xe.view(-1)[:8].view(torch.int64)
-    a, b = tiled_planes(t)
-    xw, a, b = x.view(torch.int64), a.view(torch.int32), b.view(torch.int16)
+    else:  # never read: any tensors of the right types
+        vrow, vblock, pool = t.rvb, t.xe, a.view(torch.int64)
     _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
         xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), t.xe.stride(0), y.stride(0),
         KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PEEL=peel, STAGES=stages, PDL=on,
-        OUT_BF16=True, num_warps=warps,
-        **pdl.launch_kwargs(on))
+        num_warps=warps, **pdl.launch_kwargs(on))
     return y
