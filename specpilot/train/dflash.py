@@ -50,24 +50,38 @@ def draft_config(target_cfg: ModelConfig, num_layers: int) -> ModelConfig:
                                rope=RopeConfig(theta=target_cfg.rope.theta), tie_word_embeddings=False)
 
 
-def dflash_forward(model: DFlashModel, target, features, tokens, anchors, block: int, mask_id: int):
-    """features [B, L, K*H] (no grad), tokens [B, L], anchors [B, n] -> draft logits [B*n, block-1, vocab]."""
+def dflash_forward(model: DFlashModel, target, features, tokens, anchors, block: int, mask_id: int,
+                   context_window: int | None = None):
+    """features [B, L, K*H] (no grad), tokens [B, L], anchors [B, n] -> draft logits [B*n, block-1, vocab].
+    context_window: a block sees only the last that many context positions (a training-time probe of attention
+    dilution; inference reads the whole context)."""
     B, L = tokens.shape
     n = anchors.shape[1]
     dev = tokens.device
     ctx = model.hidden_norm(model.fc(features))
     cos, sin = model.rotary(torch.arange(L, device=dev).expand(B, L))
     seq = torch.arange(B, device=dev).repeat_interleave(n)  # request r reads sequence seq[r]
+    a = anchors.reshape(-1)
+    steps = torch.arange(block, device=dev)
+    if context_window:  # each block's own window [start, a) and block positions, gathered densely from position 0
+        start = (a - context_window).clamp(min=0)
+        rows = (start[:, None] + torch.arange(context_window + block, device=dev)).clamp(max=L - 1)
+        prefix, loc = a - start, (a - start)[:, None] + steps
+    else:
+        rows, prefix, loc = None, a, a[:, None] + steps
     kvs = []
     for layer in model.layers:
-        k, v = layer.context_kv(ctx, cos, sin)
-        # [R, KVH, L, D], dense: the block's K/V are stored into it as into a cache (a Triton store under no_grad)
-        kvs.append((k.transpose(1, 2).contiguous()[seq], v.transpose(1, 2).contiguous()[seq]))
-    a = anchors.reshape(-1)
+        k, v = layer.context_kv(ctx, cos, sin)  # [B, L, KVH, D]
+        # [R, KVH, L', D], dense: the block's K/V are stored into it as into a cache (a Triton store under no_grad)
+        if rows is None:
+            kvs.append((k.transpose(1, 2).contiguous()[seq], v.transpose(1, 2).contiguous()[seq]))
+        else:
+            kvs.append((k[seq[:, None], rows].transpose(1, 2).contiguous(),
+                        v[seq[:, None], rows].transpose(1, 2).contiguous()))
     ids = torch.full((B * n, block), mask_id, device=dev)
     ids[:, 0] = tokens[seq, a]
-    pos = a[:, None] + torch.arange(block, device=dev)
-    meta = BatchMetadata(ids, pos, pos, torch.arange(B * n, device=dev), a, L,
+    pos = a[:, None] + steps
+    meta = BatchMetadata(ids, pos, loc, torch.arange(B * n, device=dev), prefix, context_window or L,
                          torch.ones(B * n, block, block, dtype=torch.bool, device=dev))
     with torch.no_grad():
         embeds = target.model.embed_tokens(ids)
@@ -83,12 +97,13 @@ def position_weights(block: int, gamma: float, device) -> torch.Tensor:
 def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
                  num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, rollouts: int = 0, resume: bool = False,
                  console=None, greedy_path_labels: bool = False, target_layers: tuple[int, ...] | None = None,
-                 rollout_prompt_len: int | None = None) -> dict:
+                 rollout_prompt_len: int | None = None, context_window: int | None = None) -> dict:
     """rollouts > 0: train on that many greedy rollouts of the target (self-distillation data) instead of the
     corpus text itself, each a corpus prompt of rollout_prompt_len tokens (default: a quarter of seq_len, at most
     32) and the target's continuation; anchors are drawn in the continuation only, where every label is the
     target's own greedy path. anchors: blocks drawn per training sequence. target_layers: the target layers
-    whose outputs feed the drafter (default: default_target_layers). greedy_path_labels: see label_mask."""
+    whose outputs feed the drafter (default: default_target_layers). greedy_path_labels: see label_mask.
+    context_window: see dflash_forward (a probe: the saved drafter is read with its whole context)."""
     out = Path(out)
     device = train_device(cfg)
     tokenizer = load_tokenizer(str(target_dir))
@@ -115,7 +130,7 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
         train_ids, held_ids = _rollouts(target, target_dir, train_ids, held_ids, rollouts, cfg, prompt_len)
     weights = position_weights(block, gamma, device)
     step_fn = _step(model, target, layers, block, anchors, mask_id, weights, cfg, device, greedy_path_labels,
-                    max(1, prompt_len))  # rollouts: anchors in the continuation of whole rows
+                    max(1, prompt_len), context_window)  # rollouts: anchors in the continuation of whole rows
     ckpt = out / "checkpoint"
     start = checkpoint_io.load(model, opt, ckpt) if resume and checkpoint_io.exists(ckpt) else 0
     loss = optimize(model.parameters(), opt, lambda step: step_fn(train_ids, step, cfg.seed)[0], cfg, console,
@@ -125,6 +140,12 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
+              # 1 + the mean run of right guesses from slot 1: a chain's tau if the target's greedy path were the
+              # rollout itself (it is, in the continuation of rollouts)
+              "held_out_chain_tau": sum(h[2] for h in held) / len(held),
+              "held_out_position_accuracy": [round(sum(h[3][k] for h in held) / len(held), 4)
+                                             for k in range(block - 1)],
+              "context_window": context_window,
               "corpus_files_hash": corpus.files_hash, "rollouts": rollouts, "rollout_prompt_len": prompt_len,
               "anchors": anchors, "greedy_path_labels": greedy_path_labels,
               "parameters": sum(p.numel() for p in model.parameters())}
@@ -142,7 +163,7 @@ def label_mask(tokens: torch.Tensor, greedy: torch.Tensor, seq: torch.Tensor, at
 
 
 def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainConfig, device,
-          greedy_path_labels: bool = False, first_anchor: int = 1):
+          greedy_path_labels: bool = False, first_anchor: int = 1, context_window: int | None = None):
     def run(tokens_all, step: int, seed: int):
         tokens = batch_at(tokens_all, step, seed, cfg.batch_size, cfg.seq_len, rows=first_anchor > 1).to(device)
         with torch.no_grad():
@@ -152,19 +173,20 @@ def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainCon
         # bf16 mixed precision for the drafter on a GPU; the target's features and labels stay fp32 (they are the
         # same numbers the fp32 rollouts were generated with)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = dflash_forward(model, target, features, tokens, a, block, mask_id)  # [R, block-1, V]
+            logits = dflash_forward(model, target, features, tokens, a, block, mask_id, context_window)
         seq = torch.arange(tokens.shape[0], device=device).repeat_interleave(anchors)
         # position a+k's label: the target's greedy token after the true prefix up to a+k-1
         at = a.reshape(-1)[:, None] + torch.arange(0, block - 1, device=device)
         labels = greedy[seq[:, None], at]
         ce = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # [R, block-1]
-        first_acc = float((logits[:, 0].argmax(-1) == labels[:, 0]).float().mean())
+        right = (logits.argmax(-1) == labels).float()  # [R, block-1]
+        stats = (float(right[:, 0].mean()), 1 + float(right.cumprod(-1).sum(-1).mean()), right.mean(0).tolist())
         if not greedy_path_labels:
-            return (ce * weights).sum(-1).mean(), first_acc
+            return (ce * weights).sum(-1).mean(), *stats
         # each position's mean over its kept labels, so that the position weights keep their shares
         keep = label_mask(tokens, greedy, seq, at)
         per_position = (ce * keep).sum(0) / keep.sum(0).clamp(min=1.0)
-        return (per_position * weights).sum(), first_acc
+        return (per_position * weights).sum(), *stats
 
     return run
 
@@ -192,8 +214,9 @@ def _rollouts(target, target_dir, train_ids, held_ids, count: int, cfg: TrainCon
 
     prompt = _rollout_prompt_len(cfg, prompt_len)
     held = max(4, min(64, count // 16))
-    return (rollout_stream(target, target_dir, train_ids, count, cfg.seq_len, prompt, seed=cfg.seed),
-            rollout_stream(target, target_dir, held_ids, held, cfg.seq_len, prompt, seed=cfg.seed + 1))
+    batch = 1024 if next(target.parameters()).is_cuda else 256  # a GPU decodes 1024 rows about as fast as 256
+    return (rollout_stream(target, target_dir, train_ids, count, cfg.seq_len, prompt, batch, seed=cfg.seed),
+            rollout_stream(target, target_dir, held_ids, held, cfg.seq_len, prompt, batch, seed=cfg.seed + 1))
 
 
 def _init(model: DFlashModel) -> None:

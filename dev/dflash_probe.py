@@ -1,0 +1,30 @@
+"""Issue 6 probe: what raises a zoo DFlash drafter's acceptance. One variant per process (run them side by side on
+one GPU); each trains a dense-target drafter with the zoo's recipe except for the named change, and writes its
+training.json (held-out first-token accuracy, per-position accuracy, chain-tau proxy on held-out rollouts).
+
+    python3 dev/dflash_probe.py VARIANT OUT_DIR [TARGET]      (VARIANT prep: only build the shared rollouts)
+"""
+
+import json
+import sys
+
+from specpilot.train.corpus import load_corpus
+from specpilot.train.dflash import train_dflash
+from specpilot.train.lm import TrainConfig
+
+RECIPE = dict(block=8, num_layers=2, anchors=64, rollouts=12288, rollout_prompt_len=384, target_layers=(1, 4, 7))
+VARIANTS = {
+    "base": ({}, 2600),
+    "win32": ({"context_window": 32}, 2600),
+    "layers3": ({"num_layers": 3}, 2600),
+    "roll4x": ({"rollouts": 49152}, 2600),
+    "steps2x": ({}, 5200),
+}
+
+if __name__ == "__main__":
+    name, out = sys.argv[1], sys.argv[2]
+    target = sys.argv[3] if len(sys.argv) > 3 else "zoo/dense"
+    change, steps = VARIANTS.get(name, ({}, 0))
+    cfg = TrainConfig(steps=steps, batch_size=16, seq_len=512, lr=2e-3, warmup=100, device="cuda", save_every=10**6)
+    report = train_dflash(load_corpus(None, max_files=12000), target, out, cfg, **{**RECIPE, **change})
+    print(json.dumps({"variant": name, **report}))
