@@ -1,6 +1,7 @@
 """Issue 6 probe: what raises a zoo DFlash drafter's acceptance. One variant per process (run them side by side on
-one GPU); each trains a dense-target drafter with the zoo's recipe except for the named change, and writes its
-training.json (held-out first-token accuracy, per-position accuracy, chain-tau proxy on held-out rollouts).
+one GPU); each trains a drafter for the given zoo target with the zoo's recipe except for the named change, and
+writes its training.json (held-out first-token accuracy, per-position accuracy, chain-tau proxy on held-out
+rollouts).
 
     python3 dev/dflash_probe.py VARIANT OUT_DIR [TARGET]      (VARIANT prep: only build the shared rollouts)
 """
@@ -13,12 +14,14 @@ from specpilot.train.dflash import train_dflash
 from specpilot.train.lm import TrainConfig
 
 RECIPE = dict(block=8, num_layers=2, anchors=64, rollouts=12288, rollout_prompt_len=384, target_layers=(1, 4, 7))
-VARIANTS = {
+VARIANTS = {  # name: (change to RECIPE, steps)
     "base": ({}, 2600),
     "win32": ({"context_window": 32}, 2600),
     "layers3": ({"num_layers": 3}, 2600),
     "roll4x": ({"rollouts": 49152}, 2600),
     "steps2x": ({}, 5200),
+    "l3i384": ({"num_layers": 3, "intermediate_size": 384}, 4000),
+    "l4i256": ({"num_layers": 4, "intermediate_size": 256}, 4000),
 }
 
 if __name__ == "__main__":

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Issue 6 probe on a GPU: the dflash_probe.py variants side by side (dense zoo target), after one shared prep
-# (the corpus tokens and the 12,288 rollouts the variants read from the cache). Writes OUT/probe.json (every
-# variant's training.json), OUT/VARIANT.tgz (the drafter) and OUT/logs.tgz.
-#   bash dev/dflash_probe.sh OUT [BUDGET_S]
+# Issue 6 probe on a GPU: dflash_probe.py variants side by side, after one shared prep per target (the corpus
+# tokens and the 12,288 rollouts the variants read from the cache). Writes OUT/probe.json (every job's
+# training.json), OUT/TARGET-VARIANT.tgz (the drafter) and OUT/logs.tgz.
+#   bash dev/dflash_probe.sh OUT BUDGET_S TARGET:VARIANT...      e.g. dense:base hybrid:layers3
 set -u
-OUT=$1; BUDGET=${2:-540}; W=/tmp/dp; START=$SECONDS
+OUT=$1; BUDGET=$2; shift 2; W=/tmp/dp; START=$SECONDS
 mkdir -p "$W"
 python3 -c "from specpilot.train.zoo import _tokenize_once; _tokenize_once('zoo/dense', None, 12000)"
-python3 dev/dflash_probe.py prep "$W/prep" > "$W/prep.log" 2>&1
+for t in $(printf '%s\n' "$@" | cut -d: -f1 | sort -u); do
+  python3 dev/dflash_probe.py prep "$W/prep-$t" "zoo/$t" > "$W/prep-$t.log" 2>&1 &
+done
+wait
 echo "prep done at $((SECONDS - START)) s"
 left=$((BUDGET - (SECONDS - START) - 25))
-for v in base win32 layers3 roll4x steps2x; do
-  timeout "$left" python3 dev/dflash_probe.py "$v" "$W/$v" > "$W/$v.log" 2>&1 &
+for job in "$@"; do
+  t=${job%%:*}; v=${job#*:}
+  timeout "$left" python3 dev/dflash_probe.py "$v" "$W/$t-$v" "zoo/$t" > "$W/$t-$v.log" 2>&1 &
 done
 wait
 echo "variants done at $((SECONDS - START)) s"
@@ -27,7 +31,7 @@ for k, r in rows.items():
 PY
 for d in "$W"/*/; do
   v=$(basename "$d"); rm -rf "$d/checkpoint"
-  [ -f "$d/training.json" ] && [ "$v" != prep ] && tar -czf "$OUT/$v.tgz" -C "$W" "$v"
+  [ -f "$d/training.json" ] && [ "${v#prep}" = "$v" ] && tar -czf "$OUT/$v.tgz" -C "$W" "$v"
 done
 tar -czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log)
 tail -c 300 "$W"/*.log

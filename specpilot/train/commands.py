@@ -27,6 +27,8 @@ def add_parsers(sub) -> None:
     td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
     td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
     td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
+    td.add_argument("--draft-intermediate-size", type=int, default=None,
+                    help="dflash: MLP width of the drafter's layers (default: the target's)")
     td.add_argument("--greedy-path-labels", action="store_true",
                     help="dflash: count a deeper draft position's label only while the corpus text follows the "
                          "target's greedy tokens (the only labels inference asks for)")
@@ -121,7 +123,8 @@ def cmd_train_drafter(args) -> int:
                               anchors=args.anchors, rollouts=args.rollouts, resume=args.resume, console=err,
                               greedy_path_labels=args.greedy_path_labels,
                               target_layers=_int_list(args.target_layers, "--target-layers"),
-                              rollout_prompt_len=args.rollout_prompt_len)
+                              rollout_prompt_len=args.rollout_prompt_len,
+                              intermediate_size=args.draft_intermediate_size)
     else:
         report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))

@@ -39,13 +39,15 @@ class _ContextKV:
         return self.kvs[index]
 
 
-def draft_config(target_cfg: ModelConfig, num_layers: int) -> ModelConfig:
-    """Qwen3-style layers of the target's width (the context features and the borrowed embedding have it)."""
+def draft_config(target_cfg: ModelConfig, num_layers: int, intermediate_size: int | None = None) -> ModelConfig:
+    """Qwen3-style layers of the target's width (the context features and the borrowed embedding have it); the MLP
+    width is the target's unless given."""
     import dataclasses
 
     from specpilot.config import RopeConfig
 
     return dataclasses.replace(target_cfg, num_hidden_layers=num_layers, layer_types=("full_attention",) * num_layers,
+                               intermediate_size=intermediate_size or target_cfg.intermediate_size,
                                family="qwen3", architecture="Qwen3ForCausalLM", ignored_key_prefixes=(),
                                rope=RopeConfig(theta=target_cfg.rope.theta), tie_word_embeddings=False)
 
@@ -97,7 +99,8 @@ def position_weights(block: int, gamma: float, device) -> torch.Tensor:
 def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int = 8,
                  num_layers: int = 2, anchors: int = 16, gamma: float = 4.0, rollouts: int = 0, resume: bool = False,
                  console=None, greedy_path_labels: bool = False, target_layers: tuple[int, ...] | None = None,
-                 rollout_prompt_len: int | None = None, context_window: int | None = None) -> dict:
+                 rollout_prompt_len: int | None = None, context_window: int | None = None,
+                 intermediate_size: int | None = None) -> dict:
     """rollouts > 0: train on that many greedy rollouts of the target (self-distillation data) instead of the
     corpus text itself, each a corpus prompt of rollout_prompt_len tokens (default: a quarter of seq_len, at most
     32) and the target's continuation; anchors are drawn in the continuation only, where every label is the
@@ -122,7 +125,7 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
         raise ValueError(f"--rollout-prompt-len {prompt_len} leaves no anchor: it must be at most seq_len - block "
                          f"= {cfg.seq_len - block}")
     torch.manual_seed(cfg.seed)
-    model = DFlashModel(draft_config(target.config, num_layers), len(layers)).to(device)
+    model = DFlashModel(draft_config(target.config, num_layers, intermediate_size), len(layers)).to(device)
     _init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     train_ids, held_ids = corpus_tokens(corpus, tokenizer)
@@ -138,6 +141,7 @@ def train_dflash(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     with torch.no_grad():
         held = [step_fn(held_ids, i, 12345) for i in range(cfg.eval_batches)]
     report = {"kind": "dflash", "block_size": block, "layers": num_layers, "target_layer_ids": list(layers),
+              "intermediate_size": model.config.intermediate_size,
               "steps": cfg.steps, "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": sum(h[1] for h in held) / len(held),
               # 1 + the mean run of right guesses from slot 1: a chain's tau if the target's greedy path were the
