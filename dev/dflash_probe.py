@@ -20,7 +20,7 @@ VARIANTS = {  # name: (change to RECIPE, steps)
     "layers3": ({"num_layers": 3}, 2600),
     "roll4x": ({"rollouts": 49152}, 2600),
     "steps2x": ({}, 5200),
-    "l3i384": ({"num_layers": 3, "intermediate_size": 384}, 4000),
+    "l3i384": ({"num_layers": 3, "intermediate_size": 384}, 3600),
     "l4i256": ({"num_layers": 4, "intermediate_size": 256}, 4000),
 }
 
