@@ -60,3 +60,6 @@ def write_tokenizer(path: Path, vocab_size: int, texts, special_tokens: tuple[st
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=special_tokens[0],
                                                 additional_special_tokens=list(special_tokens[1:]) or None)
     fast.save_pretrained(path)
+    # compact JSON: 40% of the pretty file, and the zoo commits three copies inside its 32 MB budget
+    tok_file = Path(path) / "tokenizer.json"
+    Tokenizer.from_file(str(tok_file)).save(str(tok_file), pretty=False)
