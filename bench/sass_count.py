@@ -141,7 +141,7 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     # the tensor-core kernel: one iteration is one 64-column chunk of rows g and g + 8 per lane (32 weights)
     for m, two_n in ((1, False), (16, True)):
         consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=False, ITER_SEGS=1, DEPTH=1,
-                      PEEL=False, STAGES=0, PDL=False)
+                      PDL=False)
         out.append((f"w12n_mma.M{m}", mma._w12n_mma_gemv_kernel, consts, 4, 32, None))
     return out
 

@@ -145,10 +145,6 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
         if dev == "cuda":  # the tensor-core kernel: decode into mma fragments; K split over `ks` warps
             variants["w12n_mma"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1])
-            # the last iterations load nothing instead of re-reading each warp's first chunks (off by default)
-            variants["w12n_mma_peel"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1], peel=True)
-            for st in (3, 4):  # a cp.async ring in shared memory instead of the register pipeline (off by default)
-                variants[f"w12n_mma_ring{st}"] = lambda a, wt, st=st: mma_kernel.w12n_mma_gemv(a, wt[1], stages=st)
             for depth in (1, 2):  # chunks loaded ahead (the default picks one per shape)
                 variants[f"w12n_mma_depth{depth}"] = lambda a, wt, d=depth: mma_kernel.w12n_mma_gemv(a, wt[1], depth=d)
             for ks in args.mma_warps:

@@ -4,7 +4,7 @@
 GEMV of bf16 activations runs the tensor-core kernel (`mma.py`: decode into mma fragments); fp32 activations
 and shapes it does not take run the FMA kernel (`triton.py`).
 `w12n_linear` is what a layer calls: the fused kernel for decode-sized batches on CUDA, otherwise decode to
-bf16 and `F.linear` (cuBLAS on a GPU; the reference path on CPU).
+bf16 and `F.linear` (on a GPU the decode kernel, `triton.w12n_decode`, then cuBLAS; on CPU the torch decode).
 """
 
 import torch
@@ -63,5 +63,15 @@ def w12n_linear(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
         else:
             y = w12n_gemv_ref(x2, t)
     else:
-        y = F.linear(x2, decode(t).to(device=x.device, dtype=x.dtype))
+        y = F.linear(x2, _decoded(x, t).to(dtype=x.dtype))
     return y.reshape(*lead, t.n)
+
+
+def _decoded(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+    """W as bf16 on x's device for one product: the decode kernel on CUDA (one launch, no host sync, so a captured
+    graph can hold it), the torch decode elsewhere."""
+    if use_triton(x):
+        from specpilot.ops.w12n_gemv.triton import w12n_decode
+
+        return w12n_decode(t)
+    return decode(t).to(x.device)

@@ -32,7 +32,6 @@ import weakref
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from specpilot.ops import pdl
 from specpilot.weights.w12n import VERBATIM, W12NTensor
@@ -162,9 +161,9 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
                           stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr, DEPTH: gl.constexpr,
-                          PEEL: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
-    # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32 words) and B (int16 words) planes;
-    # v_ptr: the pool as int64 words
+                          PDL: gl.constexpr):
+    # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
+    # words) and B (int16 words) planes; v_ptr: the pool as int64 words
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
     pid = gl.program_id(0)
     w = gl.expand_dims(gl.expand_dims(gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
@@ -195,27 +194,19 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     if PDL:
         _gdc("griddepcontrol.launch_dependents; // $0")
     # register pipeline: iteration i issues the loads of i + DEPTH before it decodes its own, so DEPTH + 1 chunks
-    # per thread are in flight; without PEEL the loads past the last chunk wrap to the first ones (valid addresses,
-    # words unused, but DEPTH chunks per warp read twice), with PEEL the last DEPTH iterations load nothing. The
-    # weights never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
+    # per thread are in flight. Loads past the last chunk wrap to the warp's first chunks on purpose (valid
+    # addresses, words unused, DEPTH chunks per warp read twice): a peeled loop that loads nothing there and a
+    # cp.async ring in shared memory were both measured slower (specpilot/ops/w12n_gemv/README.md). The weights
+    # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
     tables = (vblock_ptr, v_ptr, vrow_g, vrow_h, pid, S, w, word0, base_lanes)
-    if STAGES > 0:
-        acc_lo, acc_hi = _ring_loop(ptrs, tables, n_iter, acc_lo, acc_hi, L, KS, SEGMENT, EVEN_K, TWO_N,
-                                    HAS_VERBATIM, ITER_SEGS, STAGES, PDL)
-        _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
-        if TWO_N:
-            _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
-        return
     cur = _weights(ptrs, 0, KS, SEGMENT)
-    if DEPTH == 2 or not PEEL:
-        nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
+    nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
     if PDL:
         _gdc("griddepcontrol.wait; // $0")
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
-    if DEPTH == 2 or not PEEL:
-        nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
-    for i in range(0, n_iter - DEPTH if PEEL else n_iter):
-        ahead = i + DEPTH if PEEL else (i + DEPTH) % n_iter
+    nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
+    for i in range(0, n_iter):
+        ahead = (i + DEPTH) % n_iter
         if DEPTH == 2:
             after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
         else:
@@ -226,59 +217,9 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
             nxt = after
         else:
             cur = nxt
-    if PEEL:  # the last DEPTH chunks, already loaded
-        acc_lo, acc_hi = _step(cur, n_iter - DEPTH, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS,
-                               TWO_N)
-        if DEPTH == 2:
-            acc_lo, acc_hi = _step(nxt, n_iter - 1, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS,
-                                   TWO_N)
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
     if TWO_N:
         _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
-
-
-@gluon.jit
-def _ring_loop(ptrs, tables, n_iter, acc_lo, acc_hi, L: gl.constexpr, KS: gl.constexpr, SEGMENT: gl.constexpr,
-               EVEN_K: gl.constexpr, TWO_N: gl.constexpr, HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr,
-               STAGES: gl.constexpr, PDL: gl.constexpr):
-    """The K loop with the weights streamed through a ring of STAGES chunks in shared memory by cp.async: loads
-    in flight without registers holding them. Each lane reads back only what it copied itself, so no barrier;
-    a stage is refilled one iteration after it was read (its words were used by then)."""
-    a_g, b_g = ptrs[0], ptrs[1]
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])  # the layout of one slot
-    # slot 2 * stage + h holds rows g + 8 h of a stage's chunk
-    sa = gl.allocate_shared_memory(gl.int32, [2 * STAGES, KS, 32, 4], flat)
-    sb = gl.allocate_shared_memory(gl.int16, [2 * STAGES, KS, 32, 4], flat)
-    for q in gl.static_range(STAGES - 1):
-        _ring_issue(sa, sb, a_g, b_g, q, q < n_iter, KS)
-    if PDL:
-        _gdc("griddepcontrol.wait; // $0")
-    for i in range(0, n_iter):
-        async_copy.wait_group(STAGES - 2)
-        stage = i % STAGES
-        ag = sa.index(2 * stage).load(L)
-        ah = sa.index(2 * stage + 1).load(L)
-        bg = sb.index(2 * stage).load(L)
-        bh = sb.index(2 * stage + 1).load(L)
-        nxt = i + STAGES - 1
-        _ring_issue(sa, sb, a_g, b_g, nxt, nxt < n_iter, KS)
-        cur = (ag, ah, bg, bh) + _xes(ptrs, i, KS, SEGMENT) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
-        acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
-    async_copy.wait_group(0)
-    return acc_lo, acc_hi
-
-
-@gluon.jit
-def _ring_issue(sa, sb, a_g, b_g, i, live, KS: gl.constexpr):
-    """cp.async of iteration i's A and B words into ring stage i % STAGES (nothing read past the last chunk)."""
-    slot = 2 * (i % (sa.shape[0] // 2))
-    step = i * (256 * KS)
-    for h in gl.static_range(2):
-        async_copy.async_copy_global_to_shared(sa.index(slot + h), a_g + step + 128 * h, mask=live,
-                                               eviction_policy="evict_first")
-        async_copy.async_copy_global_to_shared(sb.index(slot + h), b_g + step + 128 * h, mask=live,
-                                               eviction_policy="evict_first")
-    async_copy.commit_group()
 
 
 @gluon.jit
@@ -319,14 +260,6 @@ def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr):
     # weights are read once: evict first, so x and the small tables stay in cache
     return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
             gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
-
-
-@gluon.jit
-def _xes(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr):
-    """The XE bytes (uint32) of rows g and g + 8 in the segment of iteration i's chunk."""
-    a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
-    s = (i * KS + w) // (SEGMENT // CHUNK)
-    return gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32)
 
 
 @gluon.jit
@@ -438,14 +371,10 @@ def prepare(t: W12NTensor) -> None:
         verbatim_index(t)
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  peel: bool = False, stages: int = 0) -> torch.Tensor:
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
+                  depth: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2). Defaults: default_warps / default_depth.
-    peel: the last `depth` iterations load nothing instead of re-reading each warp's first chunks (up to a
-    quarter of the bytes again for a short K loop); not yet timed on a GPU, so off by default. stages >= 2:
-    stream the weights through a ring of that many chunks in shared memory (cp.async) instead of the register
-    pipeline (depth and peel then unused); not yet run on a GPU, so 0 (off) by default."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2). Defaults: default_warps / default_depth."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -456,10 +385,6 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     depth = default_depth(t, warps, x.shape[0], _sm_count(x.device)) if depth is None else depth
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
-    if stages == 1 or stages < 0:
-        raise ValueError(f"stages must be 0 (the register pipeline) or >= 2, got {stages}")
-    if peel:  # the peeled loop needs at least `depth` iterations
-        depth = min(depth, t.padded_k // CHUNK.value // warps)
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
     if torch.cuda.is_current_stream_capturing() and t not in _TILED:
@@ -480,6 +405,6 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
         xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), t.xe.stride(0), y.stride(0),
         KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PEEL=peel, STAGES=stages, PDL=on,
+        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PDL=on,
         num_warps=warps, **pdl.launch_kwargs(on))
     return y

@@ -1,4 +1,5 @@
-"""Fused W12N decode + GEMV for decode steps (M = 1..16), and the FP8-view GEMV (A plane only).
+"""Fused W12N decode + GEMV for decode steps (M = 1..16), the FP8-view GEMV (A plane only), and the decode to
+bf16 that larger batches multiply with cuBLAS (`w12n_decode`: the GEMV's walk, storing each tile).
 
 Each program owns BLOCK_N output rows and walks K segment by segment, BLOCK_K weights at a time (BLOCK_K
 divides the segment, so a tile never straddles two segments and needs one XE byte per row). A tile is read in
@@ -266,6 +267,47 @@ def _tree_sum(acc):
 
 
 @triton.jit
+def _w12n_decode_kernel(a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, w_ptr, N, S, BASE,
+                        stride_an, stride_bn, stride_xen, stride_wn,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SEGMENT: tl.constexpr, EVEN_N: tl.constexpr,
+                        USE_ASM: tl.constexpr):
+    # the GEMV's walk over a row block, storing each decoded tile instead of multiplying it; w_ptr: the bf16
+    # output [N, padded K] as int64 words (4 weights each)
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = (rows < N) | EVEN_N
+    rows64 = rows.to(tl.int64)
+    a_rows = a_ptr + rows64[:, None] * stride_an
+    b_rows = b_ptr + rows64[:, None] * stride_bn
+    w_rows = w_ptr + rows64[:, None] * stride_wn
+    words = tl.arange(0, BLOCK_K // 4)
+    pool_row = tl.load(rvb_ptr + rows, mask=row_ok, other=0)
+    for s in range(0, S):
+        xe = tl.load(xe_ptr + rows64 * stride_xen + s, mask=row_ok, other=0).to(tl.uint32)
+        is_v = xe == 255
+        any_v = tl.max(is_v.to(tl.int32), axis=0)
+        for kk in range(0, SEGMENT, BLOCK_K):
+            k0 = s * SEGMENT + kk
+            w = _decoded_tile(a_rows, b_rows, v_ptr, pool_row, xe, is_v, any_v, k0, kk, words, row_ok, BASE,
+                              SEGMENT, EVEN_N, USE_ASM)
+            ptrs = w_rows + (k0 // 4 + words)[None, :]
+            if EVEN_N:
+                tl.store(ptrs, _bf16x4_word(w))
+            else:
+                tl.store(ptrs, _bf16x4_word(w), mask=row_ok[:, None])
+        pool_row += is_v.to(tl.int32)
+
+
+@triton.jit
+def _bf16x4_word(w):
+    """4 fp32 [BN, W] holding exact bf16 values (low 16 bits zero) -> int64 words of the 4 bf16, element 4w+i in
+    bits 16i..16i+15 (the inverse of _bf16_words)."""
+    lo = (w[0].to(tl.uint32, bitcast=True) >> 16) | (w[1].to(tl.uint32, bitcast=True) & 0xFFFF0000)
+    hi = (w[2].to(tl.uint32, bitcast=True) >> 16) | (w[3].to(tl.uint32, bitcast=True) & 0xFFFF0000)
+    return (lo.to(tl.uint64) | (hi.to(tl.uint64) << 32)).to(tl.int64, bitcast=True)
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, SCALE,
                      stride_xm, stride_an, stride_ym,
                      M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -359,3 +401,24 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int |
         X_WORDS=x_words,
         OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm, num_warps=num_warps)
     return y
+
+
+def w12n_decode(t: W12NTensor, *, block_n: int = 8, block_k: int | None = None, num_warps: int = 4,
+                asm: bool | None = None) -> torch.Tensor:
+    """t = W12N of W [N, K] -> W as bf16 [N, K] on the planes' device, bit-identical to weights.w12n.decode(t):
+    one kernel, no host sync (it can be graph-captured). The result is a column slice of a [N, padded K] buffer
+    when K is not a multiple of the segment (row stride padded K: F.linear takes it as it is)."""
+    block_k = default_block_k(t.segment) if block_k is None else block_k
+    if block_k < 4 or block_k & (block_k - 1) or t.segment % block_k:
+        raise ValueError(f"block_k must be a power of two >= 4 dividing the segment {t.segment}, got {block_k}")
+    if block_n < 1 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two, got {block_n}")
+    out = torch.empty(t.n, t.padded_k, dtype=torch.bfloat16, device=t.a.device)
+    pool = t.verbatim if t.verbatim.numel() else t.verbatim.new_zeros(1, t.segment)  # never read when V = 0
+    a, b, pool, w = t.a.view(torch.int32), t.b.view(torch.int16), pool.view(torch.int64), out.view(torch.int64)
+    _w12n_decode_kernel[(triton.cdiv(t.n, block_n),)](
+        a, b, t.xe, t.rvb, pool, w, t.n, t.padded_k // t.segment, t.base,
+        a.stride(0), b.stride(0), t.xe.stride(0), w.stride(0),
+        BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=t.segment, EVEN_N=t.n % block_n == 0,
+        USE_ASM=use_asm(t.a.device) if asm is None else asm, num_warps=num_warps)
+    return out[:, :t.k]
