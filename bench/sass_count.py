@@ -25,11 +25,11 @@ import json
 import os
 import re
 
-ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "vrow_ptr", "vblock_ptr", "stride_xm",
-           "stride_an", "stride_bn", "stride_xen", "stride_ym")
+ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vrow_ptr", "vblock_ptr",
+           "stride_xm", "stride_an", "stride_bn", "stride_xen", "stride_ym", "stride_wn")
 # x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
 ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i64", "y_ptr": "*i16", "vrow_ptr": "*i32", "vblock_ptr": "*u8"}
+             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vrow_ptr": "*i32", "vblock_ptr": "*u8"}
 # every other runtime argument is an i32 scalar (SCALE: fp32)
 
 
@@ -136,6 +136,10 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
                     None))
         if m in (1, 8):
             out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, common, num_warps, per_thread, None))
+    # the decode to bf16 (products of more than 16 rows): the same walk, each tile stored
+    out.append(("w12n_decode", kernels._w12n_decode_kernel,
+                dict(BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=segment, EVEN_N=True, USE_ASM=True), num_warps,
+                per_thread, None))
     from specpilot.ops.w12n_gemv import mma
 
     # the tensor-core kernel: one iteration is one 64-column chunk of rows g and g + 8 per lane (32 weights)

@@ -163,21 +163,12 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
                       EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr,
                       USE_ASM: tl.constexpr):
     # a_ptr / b_ptr / v_ptr: the A plane as int32 words, B as int16 words, the pool as int64 words (4 weights each)
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    # EVEN_N (BLOCK_N divides N, every real projection): unmasked loads, so no register is zeroed before each
-    row_ok = (rows < N) | EVEN_N
-    rows64 = rows.to(tl.int64)
-    a_rows = a_ptr + rows64[:, None] * stride_an
-    b_rows = b_ptr + rows64[:, None] * stride_bn
+    rows, row_ok, rows64, a_rows, b_rows, pool_row = _row_block(a_ptr, b_ptr, rvb_ptr, N, stride_an, stride_bn,
+                                                                BLOCK_N, EVEN_N)
     words = tl.arange(0, BLOCK_K // 4)
     accs = (tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32),) * M
-    # pool row of this row's next verbatim segment: rvb[row], bumped after each verbatim segment
-    pool_row = tl.load(rvb_ptr + rows, mask=row_ok, other=0)
     for s in range(0, S):
-        xe = tl.load(xe_ptr + rows64 * stride_xen + s, mask=row_ok, other=0).to(tl.uint32)
-        is_v = xe == 255
-        any_v = tl.max(is_v.to(tl.int32), axis=0)
+        xe, is_v, any_v = _segment_xe(xe_ptr, rows64, stride_xen, s, row_ok)
         for kk in range(0, SEGMENT, BLOCK_K):
             k0 = s * SEGMENT + kk
             w = _decoded_tile(a_rows, b_rows, v_ptr, pool_row, xe, is_v, any_v, k0, kk, words, row_ok, BASE,
@@ -185,6 +176,27 @@ def _w12n_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, y_ptr, N, K, 
             accs = _accumulate(accs, w, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS)
         pool_row += is_v.to(tl.int32)
     _store_rows(y_ptr, accs, rows, row_ok, stride_ym, 1.0, M, OUT_BF16)
+
+
+@triton.jit
+def _row_block(a_ptr, b_ptr, rvb_ptr, N, stride_an, stride_bn, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    """This program's BLOCK_N rows: (rows, row_ok, rows as int64, A and B row pointers [BN, 1], pool_row: the pool
+    row of each row's next verbatim segment, rvb[row], which the caller bumps after each verbatim segment)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # EVEN_N (BLOCK_N divides N, every real projection): unmasked loads, so no register is zeroed before each
+    row_ok = (rows < N) | EVEN_N
+    rows64 = rows.to(tl.int64)
+    pool_row = tl.load(rvb_ptr + rows, mask=row_ok, other=0)
+    return (rows, row_ok, rows64, a_ptr + rows64[:, None] * stride_an, b_ptr + rows64[:, None] * stride_bn,
+            pool_row)
+
+
+@triton.jit
+def _segment_xe(xe_ptr, rows64, stride_xen, s, row_ok):
+    """Segment s's XE byte per row (uint32), whether the row's segment is verbatim, and whether any row's is."""
+    xe = tl.load(xe_ptr + rows64 * stride_xen + s, mask=row_ok, other=0).to(tl.uint32)
+    is_v = xe == 255
+    return xe, is_v, tl.max(is_v.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -273,19 +285,12 @@ def _w12n_decode_kernel(a_ptr, b_ptr, xe_ptr, rvb_ptr, v_ptr, w_ptr, N, S, BASE,
                         USE_ASM: tl.constexpr):
     # the GEMV's walk over a row block, storing each decoded tile instead of multiplying it; w_ptr: the bf16
     # output [N, padded K] as int64 words (4 weights each)
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = (rows < N) | EVEN_N
-    rows64 = rows.to(tl.int64)
-    a_rows = a_ptr + rows64[:, None] * stride_an
-    b_rows = b_ptr + rows64[:, None] * stride_bn
+    rows, row_ok, rows64, a_rows, b_rows, pool_row = _row_block(a_ptr, b_ptr, rvb_ptr, N, stride_an, stride_bn,
+                                                                BLOCK_N, EVEN_N)
     w_rows = w_ptr + rows64[:, None] * stride_wn
     words = tl.arange(0, BLOCK_K // 4)
-    pool_row = tl.load(rvb_ptr + rows, mask=row_ok, other=0)
     for s in range(0, S):
-        xe = tl.load(xe_ptr + rows64 * stride_xen + s, mask=row_ok, other=0).to(tl.uint32)
-        is_v = xe == 255
-        any_v = tl.max(is_v.to(tl.int32), axis=0)
+        xe, is_v, any_v = _segment_xe(xe_ptr, rows64, stride_xen, s, row_ok)
         for kk in range(0, SEGMENT, BLOCK_K):
             k0 = s * SEGMENT + kk
             w = _decoded_tile(a_rows, b_rows, v_ptr, pool_row, xe, is_v, any_v, k0, kk, words, row_ok, BASE,
