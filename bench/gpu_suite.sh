@@ -128,7 +128,7 @@ else
     HT=(--reps 5)  # ~95 s in all (2026-11-30, 673dc2a: checks 7 s, sweeps 72 s, commit section 18 s)
     GK=(--nodes 1 16 32 64 --warps 4 8 --precisions ieee tf32 tf32x3)
     SS=()
-    WG=()
+    WG=(--large-ms 64)  # the decode kernel + cuBLAS, for products of more than 16 rows
     AR=(--configs 1x512 1x4096 8x512 32x512 --steps 40 --hf-tokens 8)
     AR_ONE=(1x512 --steps 100)
 fi

@@ -27,8 +27,9 @@ from bench.common import Report, attempt, failed, kernel_crashed, rel_err, run_r
 from bench.gemv import SHAPES, time_fn
 from bench.sass_count import loop_instructions
 from specpilot.ops import gemv as bf16_gemv
-from specpilot.ops.w12n_gemv import triton as kernels
 from specpilot.ops.w12n_gemv import mma as mma_kernel
+from specpilot.ops.w12n_gemv import triton as kernels
+from specpilot.ops.w12n_gemv import w12n_linear
 from specpilot.ops.w12n_gemv.reference import fp8_gemv_ref, w12n_gemv_ref
 from specpilot.weights import w12n
 
@@ -177,6 +178,19 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
         print(f"{name:18} M={m:2} " + " ".join(f"{k} {v * 1e6:7.1f}us" for k, v in times.items())
               + (f"  ERRORS {list(errors)}" if errors else "")
               + ("" if r["check"].get("ok") else f"  CHECK FAILED {json.dumps(r['check'])[:300]}"), flush=True)
+    for m in args.large_ms:  # above 16 rows: the decode kernel writes W as bf16, then cuBLAS (w12n_linear)
+        x = torch.randn(m, K, device=dev).to(torch.bfloat16)
+        pairs = [(w, e) for w, e in zip(weights, encoded)]
+        same = torch.equal(w12n_linear(x, encoded[0]), F.linear(x, weights[0]))  # the same bf16 W, the same GEMM
+        r = row["m"][m] = {"equal_to_bf16_linear": bool(same)}
+        timed = (("cublas_bf16", lambda a, wt: F.linear(a, wt[0])),
+                 ("w12n_decode_cublas", lambda a, wt: w12n_linear(a, wt[1])))
+        times = {key: attempt(f"{name} M={m} {key}", time_it, fn, pairs, x) for key, fn in timed}
+        r["seconds"] = {k: v for k, v in times.items() if not failed(v)}
+        if len(r["seconds"]) == 2:
+            r["w12n_decode_cublas_vs_cublas"] = r["seconds"]["cublas_bf16"] / r["seconds"]["w12n_decode_cublas"]
+        print(f"{name:18} M={m:2} " + " ".join(f"{k} {v * 1e6:7.1f}us" for k, v in r["seconds"].items())
+              + f"  equal {r['equal_to_bf16_linear']}", flush=True)
     del weights, encoded, fixed
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -188,6 +202,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default=None)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--large-ms", type=int, nargs="*", default=[],
+                   help="also time products of this many rows (> 16): decode kernel + cuBLAS against cuBLAS bf16")
     p.add_argument("--mma-warps", type=int, nargs="*", default=[4, 8, 16],
                    help="also time the tensor-core kernel with K split over these many warps")
     p.add_argument("--block-ns", type=int, nargs="*", default=[],
@@ -224,7 +240,8 @@ def main() -> None:
     else:
         report["sass"] = {"skipped": "no cubin under the Triton interpreter"}
     print(json.dumps(report["sass"])[:2000])
-    checks = [(n, m, r["check"]) for n, row in report["shapes"].items() if "m" in row for m, r in row["m"].items()]
+    checks = [(n, m, r["check"] if "check" in r else {"ok": r["equal_to_bf16_linear"]})
+              for n, row in report["shapes"].items() if "m" in row for m, r in row["m"].items()]
     bad = [(n, m) for n, m, c in checks if not c.get("ok")]
     report["all_checks_ok"] = not bad and bool(checks)
     print(f"correctness: {len(checks) - len(bad)}/{len(checks)} (shape, M) checks ok"
