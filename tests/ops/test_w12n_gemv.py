@@ -274,6 +274,10 @@ def test_rejects_bad_calls():
         w12n_gemv(make_x(2, 300, torch.float32), t, block_k=256)
     with pytest.raises(ValueError, match="fp32 or bf16"):
         w12n_gemv(make_x(2, 300, torch.float16), t)
+    from specpilot.ops.w12n_gemv.triton import w12n_decode
+
+    with pytest.raises(ValueError, match="block_k"):
+        w12n_decode(t, block_k=256)
 
 
 def test_asm_decode_compiles_for_sm90(tmp_path):

@@ -357,16 +357,20 @@ def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int) -> None:
         raise ValueError(f"x must be [M <= {MAX_M}, K={t.k}] for a {t.n}x{t.k} W12N weight, got {list(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1:
         raise ValueError(f"x must be fp32 or bf16 with a dense last dim, got {x.dtype} strides {x.stride()}")
-    # the kernels read 4 weights per A word / B half-word, so a tile is a whole number of words
-    if block_k < 4 or block_k & (block_k - 1) or t.segment % block_k:
-        raise ValueError(f"block_k must be a power of two >= 4 dividing the segment {t.segment}, got {block_k}")
-    if block_n < 1 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two, got {block_n}")
+    _check_tiles(t, block_n, block_k)
     for name in ("a", "b", "xe"):
         if getattr(t, name).stride(1) != 1:
             raise ValueError(f"W12N plane {name!r} must have dense rows")
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
+
+
+def _check_tiles(t: W12NTensor, block_n: int, block_k: int) -> None:
+    # the kernels read 4 weights per A word / B half-word, so a tile is a whole number of words
+    if block_k < 4 or block_k & (block_k - 1) or t.segment % block_k:
+        raise ValueError(f"block_k must be a power of two >= 4 dividing the segment {t.segment}, got {block_k}")
+    if block_n < 1 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two, got {block_n}")
 
 
 def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int | None = None,
@@ -414,10 +418,7 @@ def w12n_decode(t: W12NTensor, *, block_n: int = 8, block_k: int | None = None, 
     one kernel, no host sync (it can be graph-captured). The result is a column slice of a [N, padded K] buffer
     when K is not a multiple of the segment (row stride padded K: F.linear takes it as it is)."""
     block_k = default_block_k(t.segment) if block_k is None else block_k
-    if block_k < 4 or block_k & (block_k - 1) or t.segment % block_k:
-        raise ValueError(f"block_k must be a power of two >= 4 dividing the segment {t.segment}, got {block_k}")
-    if block_n < 1 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two, got {block_n}")
+    _check_tiles(t, block_n, block_k)
     out = torch.empty(t.n, t.padded_k, dtype=torch.bfloat16, device=t.a.device)
     pool = t.verbatim if t.verbatim.numel() else t.verbatim.new_zeros(1, t.segment)  # never read when V = 0
     a, b, pool, w = t.a.view(torch.int32), t.b.view(torch.int16), pool.view(torch.int64), out.view(torch.int64)
