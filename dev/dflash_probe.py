@@ -6,9 +6,11 @@ rollouts).
     python3 dev/dflash_probe.py VARIANT OUT_DIR [TARGET]      (VARIANT prep: only build the shared rollouts)
 """
 
+import dataclasses
 import json
 import sys
 
+from specpilot.train import dflash
 from specpilot.train.corpus import load_corpus
 from specpilot.train.dflash import train_dflash
 from specpilot.train.lm import TrainConfig
@@ -24,12 +26,19 @@ VARIANTS = {  # name: (change to RECIPE, steps)
     "l4i256": ({"num_layers": 4, "intermediate_size": 256}, 4000),
     # next: the hybrid drafter's recipe with more steps (two jobs side by side ran 3,600 steps in 258 s)
     "l3i384s5200": ({"num_layers": 3, "intermediate_size": 384}, 5200),
+    "l3i384s5200seed1": ({"num_layers": 3, "intermediate_size": 384, "seed": 1}, 5200),  # run-to-run spread
 }
 
 if __name__ == "__main__":
     name, out = sys.argv[1], sys.argv[2]
     target = sys.argv[3] if len(sys.argv) > 3 else "zoo/dense"
     change, steps = VARIANTS.get(name, ({}, 0))
-    cfg = TrainConfig(steps=steps, batch_size=16, seq_len=512, lr=2e-3, warmup=100, device="cuda", save_every=10**6)
+    change = dict(change)
+    seed = change.pop("seed", 0)
+    if seed:  # another init and batch order over the same cached rollouts (seed 0's), so proxies stay comparable
+        rollouts = dflash._rollouts
+        dflash._rollouts = lambda *a, **k: rollouts(*a[:5], dataclasses.replace(a[5], seed=0), *a[6:], **k)
+    cfg = TrainConfig(steps=steps, batch_size=16, seq_len=512, lr=2e-3, warmup=100, device="cuda", save_every=10**6,
+                      seed=seed)
     report = train_dflash(load_corpus(None, max_files=12000), target, out, cfg, **{**RECIPE, **change})
     print(json.dumps({"variant": name, **report}))
