@@ -43,7 +43,7 @@ ZOO_RECIPE: tuple[tuple[Job, ...], ...] = (
     tuple(Job(f"{t}-{kind}", ("drafter", "--kind", kind, "--target", f"{{work}}/{t}", "--batch-size", "16",
                                "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", *extra), steps)
           for t, dflash_mlp, dflash_steps in (("dense", (), 2600),
-                                              ("hybrid", ("--draft-intermediate-size", "384"), 3600))
+                                              ("hybrid", ("--draft-intermediate-size", "384"), 5200))
           for kind, extra, steps in (
               ("dflash", ("--block-size", "8", "--draft-layers", "3", *dflash_mlp, "--anchors", "64", "--rollouts",
                           "12288", "--rollout-prompt-len", "384", "--target-layers", "1,4,7"), dflash_steps),
