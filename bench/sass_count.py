@@ -25,12 +25,11 @@ import json
 import os
 import re
 
-ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vrow_ptr", "vblock_ptr", "ws_ptr",
+ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vrow_ptr", "vblock_ptr",
            "stride_xm", "stride_an", "stride_bn", "stride_xen", "stride_ym", "stride_wn")
 # x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
 ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vrow_ptr": "*i32", "vblock_ptr": "*u8",
-             "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vrow_ptr": "*i32", "vblock_ptr": "*u8"}
 # every other runtime argument is an i32 scalar (SCALE: fp32)
 
 
@@ -146,10 +145,8 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     # the tensor-core kernel: one iteration is one 64-column chunk of rows g and g + 8 per lane (32 weights)
     for m, two_n in ((1, False), (16, True)):
         consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=False, ITER_SEGS=1, DEPTH=1,
-                      PDL=False, SPLIT=1)
+                      PDL=False)
         out.append((f"w12n_mma.M{m}", mma._w12n_mma_gemv_kernel, consts, 4, 32, None))
-    # split K over two programs per row block: the same loop, then the partials' epilogue
-    out.append(("w12n_mma.M1.split2", mma._w12n_mma_gemv_kernel, dict(consts, TWO_N=False, SPLIT=2), 4, 32, None))
     return out
 
 

@@ -153,10 +153,6 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
                     variants[f"w12n_mma_ks{ks}"] = lambda a, wt, ks=ks: mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks)
             for seg in args.segments:
                 variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
-            ks = mma_kernel.default_warps(encoded[0], torch.cuda.get_device_properties(dev).multi_processor_count)
-            for sp in args.splits:  # K split over programs per row block: evens out the blocks per SM
-                if (encoded[0].padded_k // 64 // ks) % sp == 0:
-                    variants[f"w12n_mma_split{sp}"] = lambda a, wt, sp=sp: mma_kernel.w12n_mma_gemv(a, wt[1], split=sp)
         for seg in args.segments:
             variants[f"w12n_seg{seg}"] = lambda a, wt, seg=seg: kernels.w12n_gemv(a, wt[2][seg])
         variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
@@ -210,8 +206,6 @@ def main() -> None:
                    help="also time products of this many rows (> 16): decode kernel + cuBLAS against cuBLAS bf16")
     p.add_argument("--mma-warps", type=int, nargs="*", default=[4, 8, 16],
                    help="also time the tensor-core kernel with K split over these many warps")
-    p.add_argument("--splits", type=int, nargs="*", default=[2, 3, 4],
-                   help="also time the tensor-core kernel with K split over this many programs per row block")
     p.add_argument("--block-ns", type=int, nargs="*", default=[],
                    help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
     p.add_argument("--segments", type=int, nargs="*", default=[],

@@ -309,9 +309,8 @@ def test_asm_decode_compiles_for_sm90(tmp_path):
         assert "per_weight" in res[name], res[name]
         assert res[name]["per_weight"] <= budget.get(name, 64), (name, res[name])
         assert "PRMT" in res[name]["ops_fast"] or "F2FP" in res[name]["ops_fast"], res[name]["ops_fast"]
-    assert "per_weight" in res["w12n_mma.M1.split2"], res["w12n_mma.M1.split2"]  # the split-K epilogue compiles
-    for name in ("w12n_mma.M1", "w12n_mma.M16", "w12n_mma.M1.split2"):  # one mma per 8 weights a lane
-        assert res[name]["ops_fast"].get("HMMA", 0) == (8 if name.endswith("M16") else 4), res[name]["ops_fast"]
+    for name in ("w12n_mma.M1", "w12n_mma.M16"):  # the products on the tensor cores: one mma per 8 weights a lane
+        assert res[name]["ops_fast"].get("HMMA", 0) == (4 if name.endswith("M1") else 8), res[name]["ops_fast"]
 
 
 def test_tiled_planes_put_each_lane_fragment_together():
@@ -334,11 +333,9 @@ def test_tiled_planes_put_each_lane_fragment_together():
     assert tiled_planes(t)[0].data_ptr() == tiled_planes(t)[0].data_ptr()  # cached per tensor
 
 
-def _emulated_mma_gemv(x: torch.Tensor, t, split: int = 1) -> torch.Tensor:
+def _emulated_mma_gemv(x: torch.Tensor, t) -> torch.Tensor:
     """The tensor-core kernel's data flow on a CPU, one warp per 16-row block (KS = 1): lane registers filled
-    from the tile-major planes as the kernel loads them, its decode and mma asm text run by tests/ops/ptx.py.
-    split > 1: each of `split` equal runs of chunks accumulates on its own, and the fp32 partials are summed in
-    split order (the split-K epilogue's arithmetic)."""
+    from the tile-major planes as the kernel loads them, its decode and mma asm text run by tests/ops/ptx.py."""
     from specpilot.ops.w12n_gemv import mma
     from tests.ops import ptx
 
@@ -374,11 +371,7 @@ def _emulated_mma_gemv(x: torch.Tensor, t, split: int = 1) -> torch.Tensor:
     xw = torch.zeros(M, t.padded_k // 4, dtype=torch.int64)
     xw[:, :t.k // 4] = x.contiguous().view(torch.int64)
     acc = [torch.zeros(blocks, 32, dtype=torch.int64) for _ in range(4)]
-    parts = []
     for c in range(chunks):
-        if c and c % (chunks // split) == 0:  # the next split starts from zero
-            parts.append(acc)
-            acc = [torch.zeros(blocks, 32, dtype=torch.int64) for _ in range(4)]
         ops = {4 + j: pairs[0][0][j][:, c] for j in range(4)}
         ops.update({8 + j: pairs[0][1][j][:, c] for j in range(4)})
         ops.update({12 + j: pairs[1][0][j][:, c] for j in range(4)})
@@ -387,12 +380,9 @@ def _emulated_mma_gemv(x: torch.Tensor, t, split: int = 1) -> torch.Tensor:
         ops.update({24 + i: acc[i] for i in range(4)})
         out = ptx.run(mma._MMA_CHUNK.value, ops)
         acc = [out[i] for i in range(4)]
-    parts.append(acc)
     y = torch.zeros(16, blocks * 16)
     for i, (dr, dn) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
-        vals = parts[0][i].to(torch.int32).view(torch.float32)
-        for part in parts[1:]:
-            vals = vals + part[i].to(torch.int32).view(torch.float32)
+        vals = acc[i].to(torch.int32).view(torch.float32)
         y[2 * tt + dn, 16 * torch.arange(blocks)[:, None] + g + dr] = vals
     return y[:M, :t.n]
 
@@ -409,29 +399,6 @@ def test_mma_kernel_asm_emulated(N, K, segment):
     assert torch.equal(_emulated_mma_gemv(onehot, t), decode(t).float()[:, cols].T)
     x = make_x(5, K, torch.bfloat16)
     check("w12n mma (emulated)", w12n_gemv_ref, x, t, _emulated_mma_gemv(x, t).to(torch.bfloat16))
-
-
-def test_mma_split_k_emulated():
-    """Split K (two programs per row block, each summing its half of the chunks, fp32 partials added in split
-    order): one-hot rows stay exact and random rows match the reference. The kernel's own epilogue (arrival
-    counter, fences) runs on a GPU only: bench/kernel_check.py checks it bitwise, in graph replays too."""
-    t = make_tensor(37, 512, 128, seed=5)
-    onehot = torch.zeros(3, 512, dtype=torch.bfloat16)
-    onehot[torch.arange(3), torch.tensor([0, 255, 511])] = 1
-    assert torch.equal(_emulated_mma_gemv(onehot, t, split=2), decode(t).float()[:, [0, 255, 511]].T)
-    x = make_x(4, 512, torch.bfloat16)
-    y1, y2 = _emulated_mma_gemv(x, t), _emulated_mma_gemv(x, t, split=2)
-    check("w12n mma split 2 (emulated)", w12n_gemv_ref, x, t, y2.to(torch.bfloat16))
-    assert not torch.equal(y1, y2)  # a different order of sums: the test would not see a split that did nothing
-
-
-def test_mma_split_must_divide_the_iterations():
-    from specpilot.ops.w12n_gemv.mma import default_split, w12n_mma_gemv
-
-    t = make_tensor(40, 1024, 256, seed=1)  # 16 chunks: 4 iterations of 4 warps
-    assert default_split(t, 4) == 1
-    with pytest.raises(ValueError, match="split must divide"):
-        w12n_mma_gemv(make_x(1, 1024, torch.bfloat16), t, warps=4, depth=1, split=3)
 
 
 def test_mma_launch_rules():

@@ -37,7 +37,6 @@ from specpilot.ops import pdl
 from specpilot.weights.w12n import VERBATIM, W12NTensor
 
 CHUNK = gl.constexpr(64)  # columns of K per warp and chunk: 4 lanes x 16
-_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # the name up to Triton 3.6, and after
 assert VERBATIM == 255  # the kernel compares XE against the literal 255
 
 
@@ -144,49 +143,25 @@ def _bf16_bits(y):
 
 
 @gluon.jit
-def _tile_index(row0, n0, M, N, KS: gl.constexpr):
-    """Lane (g, t)'s c0..c3 of a tile: (rows g / g + 8, n = n0 + 2t / 2t + 1, in-bounds mask)."""
+def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr):
+    """Sum the KS warps' accumulators (fixed order) and store lane (g, t)'s c0..c3 as bf16 bits at y[n, row]:
+    rows g / g + 8, n = n0 + 2t / 2t + 1."""
+    tot = gl.sum(acc, axis=0)
     lo: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0]))
     lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(1, lo)), 1)
     j = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, lo)), 0)
     rows = row0 + lane // 4 + 8 * (j // 2)
     n = n0 + 2 * (lane % 4) + j % 2
-    return rows, n, (n < M) & (rows < N)
-
-
-@gluon.jit
-def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr):
-    """Sum the KS warps' accumulators (fixed order) and store lane (g, t)'s c0..c3 as bf16 bits at y[n, row]:
-    rows g / g + 8, n = n0 + 2t / 2t + 1."""
-    tot = gl.sum(acc, axis=0)
-    rows, n, ok = _tile_index(row0, n0, M, N, KS)
+    ok = (n < M) & (rows < N)
     gl.store(y_ptr + n * stride_ym + rows, _bf16_bits(tot), mask=ok)
 
 
 @gluon.jit
-def _store_part(ws_ptr, acc, row0, n0, M, N, NP, sp, KS: gl.constexpr):
-    """Split sp's partial tile (the KS warps summed in fixed order) as fp32 at ws[sp, n, row]."""
-    rows, n, ok = _tile_index(row0, n0, M, N, KS)
-    gl.store(ws_ptr + (sp * 16 + n) * NP + rows, gl.sum(acc, axis=0), mask=ok)
-
-
-@gluon.jit
-def _reduce_tile(ws_ptr, y_ptr, row0, n0, M, N, NP, stride_ym, KS: gl.constexpr, SPLIT: gl.constexpr):
-    """y = the SPLIT partials summed in split order (whichever program arrived last), as bf16 bits. The loads
-    skip L1 (.cg): another SM wrote them, and this SM's L1 may hold the same addresses from an earlier launch."""
-    rows, n, ok = _tile_index(row0, n0, M, N, KS)
-    tot = gl.load(ws_ptr + n * NP + rows, mask=ok, other=0.0, cache_modifier=".cg")
-    for q in gl.static_range(1, SPLIT):
-        tot = tot + gl.load(ws_ptr + (q * 16 + n) * NP + rows, mask=ok, other=0.0, cache_modifier=".cg")
-    gl.store(y_ptr + n * stride_ym + rows, _bf16_bits(tot), mask=ok)
-
-
-@gluon.jit
-def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_ptr, y_ptr, ws_ptr, cnt_ptr,
-                          M, N, K, S, BASE, stride_xm, stride_xen, stride_ym,
+def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_ptr, y_ptr, M, N, K, S, BASE,
+                          stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr, DEPTH: gl.constexpr,
-                          PDL: gl.constexpr, SPLIT: gl.constexpr):
+                          PDL: gl.constexpr):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -214,8 +189,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     base_lanes = gl.zeros([KS, 32, 4], gl.uint32, L) + ((BASE << 7) | (BASE << 23)).to(gl.uint32)
     acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
-    n_iter = n_chunks // KS // SPLIT
-    i0 = gl.program_id(1) * n_iter if SPLIT > 1 else 0  # this split's first iteration
+    n_iter = n_chunks // KS
     ptrs = (a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K)
     if PDL:
         _gdc("griddepcontrol.launch_dependents; // $0")
@@ -225,54 +199,27 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     # cp.async ring in shared memory were both measured slower (specpilot/ops/w12n_gemv/README.md). The weights
     # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
     tables = (vblock_ptr, v_ptr, vrow_g, vrow_h, pid, S, w, word0, base_lanes)
-    cur = _weights(ptrs, i0, KS, SEGMENT)
-    nxt = _weights(ptrs, i0 + 1 % n_iter, KS, SEGMENT)
+    cur = _weights(ptrs, 0, KS, SEGMENT)
+    nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
     if PDL:
         _gdc("griddepcontrol.wait; // $0")
-    cur = cur + _xs(ptrs, i0, KS, EVEN_K, TWO_N)
-    nxt = nxt + _xs(ptrs, i0 + 1 % n_iter, KS, EVEN_K, TWO_N)
+    cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
+    nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
     for i in range(0, n_iter):
-        ahead = i0 + (i + DEPTH) % n_iter
+        ahead = (i + DEPTH) % n_iter
         if DEPTH == 2:
             after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
         else:
             nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
-        acc_lo, acc_hi = _step(cur, i0 + i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
+        acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
         if DEPTH == 2:
             cur = nxt
             nxt = after
         else:
             cur = nxt
-    if SPLIT == 1:
-        _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
-        if TWO_N:
-            _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
-    else:
-        _split_store(ws_ptr, cnt_ptr, y_ptr, acc_lo, acc_hi, pid, M, N, stride_ym, KS, TWO_N, SPLIT)
-
-
-@gluon.jit
-def _split_store(ws_ptr, cnt_ptr, y_ptr, acc_lo, acc_hi, pid, M, N, stride_ym, KS: gl.constexpr,
-                 TWO_N: gl.constexpr, SPLIT: gl.constexpr):
-    """Split-K epilogue: store this split's partials, count the arrival; the block's last arrival sums the
-    SPLIT partials in split order, stores y and resets the counter. The order of the sum is fixed by (N, K),
-    never by which program came last or by M: deterministic and batch invariant. Each thread fences its
-    stores before the block's barrier and the counter's release (the threadfence-then-count of split-K
-    semaphores), and fences again after reading a last arrival, before its loads."""
-    NP = gl.num_programs(0) * 16
-    sp = gl.program_id(1)
-    _store_part(ws_ptr, acc_lo, pid * 16, 0, M, N, NP, sp, KS)
+    _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
     if TWO_N:
-        _store_part(ws_ptr, acc_hi, pid * 16, 8, M, N, NP, sp, KS)
-    _gdc("fence.acq_rel.gpu; // $0")
-    _cta_barrier()
-    arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT - 1:
-        _gdc("fence.acq_rel.gpu; // $0")
-        _reduce_tile(ws_ptr, y_ptr, pid * 16, 0, M, N, NP, stride_ym, KS, SPLIT)
-        if TWO_N:
-            _reduce_tile(ws_ptr, y_ptr, pid * 16, 8, M, N, NP, stride_ym, KS, SPLIT)
-        gl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
+        _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
 
 
 @gluon.jit
@@ -327,7 +274,7 @@ def _xs(ptrs, i, KS: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
 
 @gluon.jit
 def _gdc(instruction: gl.constexpr):
-    """A PTX instruction with no operands: griddepcontrol (programmatic dependent launch, ops/pdl.py), fences."""
+    """A griddepcontrol instruction (programmatic dependent launch, ops/pdl.py)."""
     gl.inline_asm_elementwise(instruction, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -365,14 +312,6 @@ def default_depth(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int:
     return 2 if m <= 8 and -(-t.n // 16) * warps < 16 * sms else 1
 
 
-def default_split(t: W12NTensor, warps: int, sms: int = 132) -> int:
-    """Programs per 16-row block, each taking an equal run of its K chunks: 1 for now. A block is the unit of
-    work an SM takes, so N / 16 blocks over the SMs can leave some SMs a whole block more than others (the 27B's
-    320 blocks: 3 on some of the 132 SMs, 2.42 on average); splitting K evens that out. Measured per shape by
-    bench/w12n_gemv.py (`w12n_mma_split*` columns) before any default uses it."""
-    return 1
-
-
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
     """bf16 x read as 8-byte words (K % 4 == 0, aligned rows) and segments that are whole chunks."""
     return (x.dtype == torch.bfloat16 and x.dim() == 2 and 1 <= x.shape[0] <= 16 and x.shape[1] % 4 == 0
@@ -405,16 +344,6 @@ def verbatim_index(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_COUNTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def split_counters(t: W12NTensor) -> torch.Tensor:
-    """int32 [ceil(N / 16)] zeros, one arrival counter per row block for split-K launches (cached per tensor;
-    every launch leaves them zero again). One stream at a time per tensor: two concurrent split launches on the
-    same weights would share counters."""
-    if t not in _COUNTERS:
-        _COUNTERS[t] = torch.zeros(-(-t.n // 16), dtype=torch.int32, device=t.a.device)
-    return _COUNTERS[t]
 
 
 def tiled_planes(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,16 +367,14 @@ def prepare(t: W12NTensor) -> None:
     """Builds the tensor's derived tables (tile-major planes, verbatim index) now, outside any CUDA graph
     capture: a layer calls this when it attaches W12N planes on a GPU."""
     tiled_planes(t)
-    split_counters(t)
     if t.verbatim.shape[0] > 0:
         verbatim_index(t)
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  split: int | None = None) -> torch.Tensor:
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
+                  depth: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2); split: programs per row block (must divide
-    padded_k / 64 / warps). Defaults: default_warps / default_depth / default_split."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2). Defaults: default_warps / default_depth."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -458,13 +385,9 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     depth = default_depth(t, warps, x.shape[0], _sm_count(x.device)) if depth is None else depth
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
-    split = default_split(t, warps, _sm_count(x.device)) if split is None else split
-    if split < 1 or (t.padded_k // CHUNK.value // warps) % split:
-        raise ValueError(f"split must divide padded_k / {CHUNK.value} / warps = {t.padded_k // CHUNK.value // warps}, "
-                         f"got {split}")
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
-    if torch.cuda.is_current_stream_capturing() and (t not in _TILED or (split > 1 and t not in _COUNTERS)):
+    if torch.cuda.is_current_stream_capturing() and t not in _TILED:
         raise RuntimeError("the W12N tensor's tile-major planes are built on first use, which cannot happen inside "
                            "a CUDA graph capture: call specpilot.ops.w12n_gemv.mma.prepare(t) before capturing")
     M = x.shape[0]
@@ -478,15 +401,10 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
         pool = t.verbatim.view(torch.int64)
     else:  # never read: any tensors of the right types
         vrow, vblock, pool = t.rvb, t.xe, a.view(torch.int64)
-    blocks = -(-t.n // 16)
-    if split > 1:  # fp32 partials, written and read within the launch
-        ws, counters = torch.empty(split * 16 * blocks * 16, dtype=torch.float32, device=x.device), split_counters(t)
-    else:  # never read
-        ws, counters = y, vblock
-    _w12n_mma_gemv_kernel[(blocks, split)](
-        xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), ws, counters, M, t.n, t.k,
-        t.padded_k // t.segment, t.base, xw.stride(0), t.xe.stride(0), y.stride(0),
+    _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
+        xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
+        xw.stride(0), t.xe.stride(0), y.stride(0),
         KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PDL=on, SPLIT=split,
+        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PDL=on,
         num_warps=warps, **pdl.launch_kwargs(on))
     return y
