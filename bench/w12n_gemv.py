@@ -151,6 +151,10 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             for ks in args.mma_warps:
                 if (encoded[0].padded_k // 64) % ks == 0:
                     variants[f"w12n_mma_ks{ks}"] = lambda a, wt, ks=ks: mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks)
+                    for r in args.mma_regs:  # a register cap: more programs per SM (ncu: 120 registers, 25%)
+                        for d in (1, 2):
+                            variants[f"w12n_mma_ks{ks}_d{d}_r{r}"] = lambda a, wt, ks=ks, r=r, d=d: (
+                                mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, maxnreg=r))
             for seg in args.segments:
                 variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
         for seg in args.segments:
@@ -206,6 +210,8 @@ def main() -> None:
                    help="also time products of this many rows (> 16): decode kernel + cuBLAS against cuBLAS bf16")
     p.add_argument("--mma-warps", type=int, nargs="*", default=[4, 8, 16],
                    help="also time the tensor-core kernel with K split over these many warps")
+    p.add_argument("--mma-regs", type=int, nargs="*", default=[],
+                   help="also time each --mma-warps config at these register caps (maxnreg), depth 1 and 2")
     p.add_argument("--block-ns", type=int, nargs="*", default=[],
                    help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
     p.add_argument("--segments", type=int, nargs="*", default=[],

@@ -371,10 +371,11 @@ def prepare(t: W12NTensor) -> None:
         verbatim_index(t)
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
-                  depth: int | None = None) -> torch.Tensor:
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
+                  maxnreg: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2). Defaults: default_warps / default_depth."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas
+    (a probe: more programs per SM). Defaults: default_warps / default_depth / the compiler's choice."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -406,5 +407,5 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
         xw.stride(0), t.xe.stride(0), y.stride(0),
         KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PDL=on,
-        num_warps=warps, **pdl.launch_kwargs(on))
+        num_warps=warps, **pdl.launch_kwargs(on), **({"maxnreg": maxnreg} if maxnreg else {}))
     return y
