@@ -151,10 +151,10 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             for ks in args.mma_warps:
                 if (encoded[0].padded_k // 64) % ks == 0:
                     variants[f"w12n_mma_ks{ks}"] = lambda a, wt, ks=ks: mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks)
-                    for r in args.mma_regs:  # a register cap: more programs per SM (ncu: 120 registers, 25%)
+                    for cap in args.mma_regs:  # a register cap: more programs per SM (ncu: 120 registers, 25%)
                         for d in (1, 2):
-                            variants[f"w12n_mma_ks{ks}_d{d}_r{r}"] = lambda a, wt, ks=ks, r=r, d=d: (
-                                mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, maxnreg=r))
+                            variants[f"w12n_mma_ks{ks}_d{d}_r{cap}"] = lambda a, wt, ks=ks, cap=cap, d=d: (
+                                mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, maxnreg=cap))
             for seg in args.segments:
                 variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
         for seg in args.segments:
