@@ -402,11 +402,11 @@ def test_mma_kernel_asm_emulated(N, K, segment):
 
 
 def test_mma_launch_rules():
-    """The K split always divides the chunk count (no masked chunks), grows for small N, and load depth 2 is
-    kept to small N at M <= 8 (where the H200 sweep measured it faster)."""
+    """The K split always divides the chunk count (no masked chunks), grows for small N; load depth 2 and the
+    register cap are kept to small N at M <= 8 (where the H200 sweeps measured them faster)."""
     from types import SimpleNamespace
 
-    from specpilot.ops.w12n_gemv.mma import default_depth, default_warps
+    from specpilot.ops.w12n_gemv.mma import default_depth, default_maxnreg, default_warps
 
     for n, k in [(6144, 4096), (4096, 4096), (5120, 17408), (248320, 5120), (40, 320), (16, 192)]:
         t = SimpleNamespace(n=n, padded_k=k)
@@ -415,7 +415,11 @@ def test_mma_launch_rules():
     o_proj, lm_head = SimpleNamespace(n=4096, padded_k=4096), SimpleNamespace(n=151936, padded_k=4096)
     assert default_warps(o_proj) > default_warps(lm_head)
     small, large = SimpleNamespace(n=5120, padded_k=6144), SimpleNamespace(n=34816, padded_k=5120)
-    assert default_depth(small, 4, 1) == 2 and default_depth(small, 4, 16) == 1 and default_depth(large, 4, 1) == 1
+    # few warps per SM: 8 warps load two chunks ahead; 4 warps load one under a 96-register cap (H200 sweep)
+    assert default_depth(small, 8, 1) == 2 and default_depth(small, 4, 1) == 1 and default_maxnreg(small, 4, 1) == 96
+    assert default_maxnreg(small, 8, 1) is None and default_depth(small, 8, 16) == 1
+    assert default_maxnreg(small, 4, 16) is None and default_maxnreg(large, 4, 1) is None
+    assert default_depth(large, 4, 1) == 1 and default_depth(large, 8, 1) == 1
 
 
 def test_fma_kernel_asm_emulated():

@@ -303,13 +303,29 @@ def default_warps(t: W12NTensor, sms: int = 132) -> int:
     return next((ks for ks in fits if blocks * ks >= 8 * sms), fits[-1])
 
 
+def _few_warps(t: W12NTensor, warps: int, m: int, sms: int) -> bool:
+    """M <= 8 on a small N: fewer than 16 warps per SM run, and each warp's chain of loads is the limit."""
+    return m <= 8 and -(-t.n // 16) * warps < 16 * sms
+
+
 def default_depth(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int:
-    """Chunks loaded ahead: 2 where fewer than 16 warps per SM run (a small N: each warp's chain of loads is the
-    limit) and M <= 8, else 1 (more registers per thread cost the large shapes, and M > 8 with its second x
-    tile and accumulator, more warps than the depth gains). H200 sweep (bench/w12n_gemv.py, 96f2f27): depth 2
-    was 3-6% faster at M = 1 on the 27B's o_proj / down and the 8B's qkv / down, 12-16% slower on gate_up and
-    the LM heads, and slower on every shape at M = 16 (8B o_proj 0.62x cuBLAS against 0.85x)."""
-    return 2 if m <= 8 and -(-t.n // 16) * warps < 16 * sms else 1
+    """Chunks loaded ahead: 2 for the few-warp launches (_few_warps) of 8 or more warps per program, else 1 (more
+    registers per thread cost the large shapes, and M > 8 with its second x tile and accumulator, more warps
+    than the depth gains). H200 sweep (bench/w12n_gemv.py, 96f2f27): depth 2 was 3-6% faster at M = 1 on the
+    27B's o_proj / down and the 8B's qkv / down, 12-16% slower on gate_up and the LM heads, and slower on every
+    shape at M = 16 (8B o_proj 0.62x cuBLAS against 0.85x). With 4 warps, depth 1 under a register cap
+    (default_maxnreg) beats both."""
+    return 2 if _few_warps(t, warps, m, sms) and warps > 4 else 1
+
+
+def default_maxnreg(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int | None:
+    """ptxas register cap: 96 for the few-warp launches of 4 warps per program (depth 1), else the compiler's
+    choice. Uncapped, ptxas keeps depth 1 at about 80 registers; allowed 96 it schedules the chunk's loads
+    further ahead. H200 (2b6bccc, bench/results/w12n_gemv_regs_h200.json, M = 1, us): 27B o_proj 22.0 -> 19.6,
+    27B down 55.7 -> 49.7, 8B qkv 16.3 -> 14.7 (each against the depth-2 default); with 8 warps it did not pay
+    (8B o_proj 11.9 -> 11.7, 8B down 26.9 -> 27.6), nor on the large shapes (8B gate_up 44.4 -> 45.7); a cap of
+    80 spills at depth 2, and depth 2 capped at 96 spills too (27B o_proj 26.3)."""
+    return 96 if _few_warps(t, warps, m, sms) and warps == 4 else None
 
 
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
@@ -374,8 +390,8 @@ def prepare(t: W12NTensor) -> None:
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
                   maxnreg: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas
-    (a probe: more programs per SM). Defaults: default_warps / default_depth / the compiler's choice."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas.
+    Defaults: default_warps / default_depth / default_maxnreg (with the default depth only)."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -383,7 +399,9 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     warps = default_warps(t, _sm_count(x.device)) if warps is None else warps
     if warps < 1 or (t.padded_k // CHUNK.value) % warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {warps}")
-    depth = default_depth(t, warps, x.shape[0], _sm_count(x.device)) if depth is None else depth
+    if depth is None:  # the register cap goes with the default depth only (depth 2 under it spills)
+        depth = default_depth(t, warps, x.shape[0], _sm_count(x.device))
+        maxnreg = default_maxnreg(t, warps, x.shape[0], _sm_count(x.device)) if maxnreg is None else maxnreg
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if t.a.device != x.device:
