@@ -416,8 +416,8 @@ def test_mma_launch_rules():
     assert default_warps(o_proj) > default_warps(lm_head)
     small, large = SimpleNamespace(n=5120, padded_k=6144), SimpleNamespace(n=34816, padded_k=5120)
     # few warps per SM: 8 warps load two chunks ahead; 4 warps load one under a 96-register cap (H200 sweep)
-    assert default_depth(small, 8, 1) == 2 and default_depth(small, 4, 1) == 1 and default_maxnreg(small, 4, 1) == 96
-    assert default_maxnreg(small, 8, 1) is None and default_depth(small, 8, 16) == 1
+    assert default_depth(o_proj, 8, 1) == 2 and default_depth(small, 4, 1) == 1 and default_maxnreg(small, 4, 1) == 96
+    assert default_maxnreg(o_proj, 8, 1) is None and default_depth(o_proj, 8, 16) == 1
     assert default_maxnreg(small, 4, 16) is None and default_maxnreg(large, 4, 1) is None
     assert default_depth(large, 4, 1) == 1 and default_depth(large, 8, 1) == 1
 
