@@ -412,14 +412,16 @@ def test_mma_launch_rules():
         t = SimpleNamespace(n=n, padded_k=k)
         ks = default_warps(t)
         assert (k // 64) % ks == 0
-    o_proj, lm_head = SimpleNamespace(n=4096, padded_k=4096), SimpleNamespace(n=151936, padded_k=4096)
+    pool, none = torch.zeros(3, 256), torch.zeros(0, 256)  # verbatim segments / none
+    o_proj, lm_head = (SimpleNamespace(n=n, padded_k=4096, verbatim=pool) for n in (4096, 151936))
     assert default_warps(o_proj) > default_warps(lm_head)
-    small, large = SimpleNamespace(n=5120, padded_k=6144), SimpleNamespace(n=34816, padded_k=5120)
+    small, large = (SimpleNamespace(n=n, padded_k=k, verbatim=pool) for n, k in ((5120, 6144), (34816, 5120)))
     # few warps per SM: 8 warps load two chunks ahead; 4 warps load one under a 96-register cap (H200 sweep)
     assert default_depth(o_proj, 8, 1) == 2 and default_depth(small, 4, 1) == 1 and default_maxnreg(small, 4, 1) == 96
     assert default_maxnreg(o_proj, 8, 1) is None and default_depth(o_proj, 8, 16) == 1
     assert default_maxnreg(small, 4, 16) is None and default_maxnreg(large, 4, 1) is None
     assert default_depth(large, 4, 1) == 1 and default_depth(large, 8, 1) == 1
+    assert default_maxnreg(SimpleNamespace(n=5120, padded_k=6144, verbatim=none), 4, 1) is None  # unmeasured
 
 
 def test_fma_kernel_asm_emulated():
