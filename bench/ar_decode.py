@@ -85,8 +85,11 @@ class _Stamp:
         return (self.t - start.t) * 1e3
 
 
+CLEAN_WEIGHTS = False  # --clean-weights
+
+
 def random_model(hf_cfg, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
-    return shapes.random_model(hf_cfg, DEVICE, dtype)
+    return shapes.random_model(hf_cfg, DEVICE, dtype, clean_weights=CLEAN_WEIGHTS)
 
 
 def hf_view(ours, hf_cfg):
@@ -482,7 +485,7 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
 
 
 def main() -> None:
-    global DEVICE
+    global DEVICE, CLEAN_WEIGHTS
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=["Qwen3-8B", "Qwen3.5-27B"])
@@ -493,6 +496,8 @@ def main() -> None:
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-checks", action="store_true",
                    help="skip the checks against transformers (fp32 4-layer and bf16; the W12N check stays) and HF")
+    p.add_argument("--clean-weights", action="store_true",
+                   help="random weights without W12N escapes or verbatim segments (shapes.random_model)")
     p.add_argument("--layers", type=int, default=None,
                    help="override the shapes' layer count (a 27B at 32 layers fits its W12N planes beside bf16)")
     p.add_argument("--profile", action="store_true", help="also list kernel time per decode step")
@@ -510,6 +515,7 @@ def main() -> None:
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args()
     DEVICE = args.device
+    CLEAN_WEIGHTS = args.clean_weights
     if args.no_fused_prologue:
         BASE["fused_qk_rope_store"] = False
     BASE.update(parse_fields(args.base))

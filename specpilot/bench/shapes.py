@@ -43,7 +43,11 @@ def hf_config(shape: str, **overrides):
     return config_cls(**{**kw, **overrides})
 
 
-def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                 clean_weights: bool = False):
+    """N(0, 0.02) matrices, identity norms. clean_weights: matrix magnitudes below 1e-4 raised to 1e-4, so that
+    no weight escapes the W12N exponent window (random weights otherwise have verbatim segments, which trained
+    checkpoints mostly lack, and the W12N GEMV then runs its fix-up path)."""
     cfg = ModelConfig.from_dict(hf_cfg.to_dict())
     model = build_empty(cfg, torch.device(device), dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -59,6 +63,8 @@ def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat
                 p.fill_(0.0 if zero_centered else 1.0)
             else:
                 p.normal_(0, 0.02, generator=gen)
+                if clean_weights:
+                    p.copy_(torch.where(p.abs() < 1e-4, torch.where(p < 0, -1e-4, 1e-4).to(p.dtype), p))
     return model
 
 

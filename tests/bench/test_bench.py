@@ -408,3 +408,21 @@ def test_timed_runs_never_grow_a_cache(checkpoint_factory, data_dir, tmp_path, m
                "--configs", "tree=tree:static:2,2", "--stock-tree", "chain:3", "--acceptance",
                "synthetic:dflash2-gsm8k", "--out", str(tmp_path / "b.json"), "--no-chat"])
     assert rc == 0 and created and True not in created, created
+
+
+def test_random_model_clean_weights_never_escape_w12n():
+    """clean_weights raises tiny magnitudes so that no weight leaves the W12N exponent window: the encodings
+    have no escapes and no verbatim segments (the GEMV's fast path), while the plain draw does escape."""
+    import torch
+
+    from specpilot.bench.shapes import hf_config, random_model
+    from specpilot.weights import w12n
+
+    cfg = hf_config("tiny-dense", hidden_size=256, intermediate_size=512)
+    for clean in (False, True):
+        model = random_model(cfg, "cpu", torch.bfloat16, clean_weights=clean)
+        mats = [p.detach() for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n]
+        escapes = sum(w12n.stats(w12n.encode(m, segment=128))["escape_rate"] for m in mats)
+        assert (escapes == 0) == clean, (clean, escapes)
+        if clean:
+            assert all(m.abs().min() >= 1e-4 * 0.99 for m in mats)
