@@ -25,7 +25,9 @@ from specpilot.train.tokens import cache_dir
 def rollout_stream(target, target_dir: str | Path, tokens: torch.Tensor, count: int, seq_len: int,
                    prompt_len: int = 32, batch: int = 256, seed: int = 0) -> torch.Tensor:
     """int64 [count * seq_len]: greedy rollouts of `target` (a loaded CausalLM) from prompts cut out of `tokens`."""
-    path = cache_dir() / f"rollouts-{_key(target_dir, tokens, count, seq_len, prompt_len, seed)}.safetensors"
+    device = next(target.parameters()).device.type
+    key = _key(target_dir, tokens, count, seq_len, prompt_len, seed, batch, device)
+    path = cache_dir() / f"rollouts-{key}.safetensors"
     if path.exists():
         return load_file(str(path))["tokens"].long()
     gen = torch.Generator().manual_seed(seed)
@@ -59,8 +61,11 @@ def _greedy(target, prompts: list[list[int]], new_tokens: int) -> list[list[int]
         return [r.token_ids for r in Generator(runner, ()).generate(prompts, params)]
 
 
-def _key(target_dir, tokens: torch.Tensor, count: int, seq_len: int, prompt_len: int, seed: int) -> str:
-    h = hashlib.sha256(f"{count} {seq_len} {prompt_len} {seed}".encode())
+def _key(target_dir, tokens: torch.Tensor, count: int, seq_len: int, prompt_len: int, seed: int, batch: int,
+         device: str) -> str:
+    # the batch and the device are in the key: batched greedy decoding on another batch size or device can round
+    # a near-tie the other way, and the cache must not hand one run's rollouts to a different recipe
+    h = hashlib.sha256(f"{count} {seq_len} {prompt_len} {seed} {batch} {device}".encode())
     h.update(tokens.to(torch.int32).numpy().tobytes())  # the prompts' source
     for f in sorted(Path(target_dir).glob("*.safetensors")):
         h.update(f.read_bytes())

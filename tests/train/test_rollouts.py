@@ -29,3 +29,5 @@ def test_rows_are_greedy_continuations_and_cached(name, checkpoint_factory, monk
     monkeypatch.setattr("specpilot.train.rollouts._greedy", None)  # a second call must come from the cache
     assert torch.equal(rollout_stream(target, path, tokens, count=5, seq_len=20, prompt_len=6, batch=2, seed=3),
                        stream)
+    with pytest.raises(TypeError):  # another batch size is another cache entry: it must generate (and cannot here)
+        rollout_stream(target, path, tokens, count=5, seq_len=20, prompt_len=6, batch=3, seed=3)
