@@ -2,7 +2,11 @@
 bf16 GEMV, and cuBLAS) a few times per shape at M = 1, for Nsight Compute to profile:
 
     ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --section LaunchStats -k regex:'w12n_mma|_gemv_kernel' -c 12 -o OUT/w12n python3 dev/ncu_w12n.py
+        --section LaunchStats --section SchedulerStats -k "regex:w12n_mma|gemv|gemm|xmma|cutlass" -c 40 \
+        -o OUT/w12n python3 dev/ncu_w12n.py
+    ncu --import OUT/w12n.ncu-rep --page details > OUT/details.txt
+
+(the run behind bench/results/ncu_w12n_details_h200.txt, 2b6bccc; cuBLAS's kernels did not match the regex)
 """
 
 import torch
