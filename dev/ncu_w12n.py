@@ -6,7 +6,7 @@ bf16 GEMV, and cuBLAS) a few times per shape at M = 1, for Nsight Compute to pro
         -o OUT/w12n python3 dev/ncu_w12n.py
     ncu --import OUT/w12n.ncu-rep --page details > OUT/details.txt
 
-(the run behind bench/results/ncu_w12n_details_h200.txt, 2b6bccc; cuBLAS's kernels did not match the regex)
+(the run behind bench/results/ncu_w12n_details_h200.txt, ac69b2e; cuBLAS's kernels did not match the regex)
 """
 
 import torch

@@ -321,7 +321,7 @@ def default_depth(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int:
 def default_maxnreg(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int | None:
     """ptxas register cap: 96 for the few-warp launches of 4 warps per program (depth 1) on a tensor with
     verbatim segments, else the compiler's choice. Uncapped, ptxas keeps that kernel at about 80 registers;
-    allowed 96 it schedules the chunk's loads further ahead. H200 (2b6bccc, bench/results/w12n_gemv_regs_h200.json,
+    allowed 96 it schedules the chunk's loads further ahead. H200 (4973b45, bench/results/w12n_gemv_regs_h200.json,
     M = 1, us): 27B o_proj 22.0 -> 19.6, 27B down 55.7 -> 49.7, 8B qkv 16.3 -> 14.7 (each against the depth-2
     default); with 8 warps it did not pay (8B o_proj 11.9 -> 11.7, 8B down 26.9 -> 27.6), nor on the large
     shapes (8B gate_up 44.4 -> 45.7); a cap of 80 spills at depth 2, and depth 2 capped at 96 spills too (27B
