@@ -440,7 +440,7 @@ def checks(device: str):
                 ("qwen3.5-27b.b1-gated", dict(B=1, H=24, KVH=4, D=256, R=64, zero_centered=True, gate=True))]
         gemv = [(f"M{m}", dict(M=m, N=2053, K=5120)) for m in (1, 8, 16)]
         gemv.append(("M11-8b.o_proj", dict(M=11, N=4096, K=4096)))
-        # the few-warp launch of 4 warps: depth 1 under the 96-register cap (mma.default_maxnreg)
+        # a few-warp launch: 8 warps, depth 1, under the 80-register cap (mma.default_launch)
         gemv.append(("M8-27b.o_proj", dict(M=8, N=5120, K=6144)))
     else:
         bf = torch.float32

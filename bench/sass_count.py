@@ -25,11 +25,12 @@ import json
 import os
 import re
 
-ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vrow_ptr", "vblock_ptr",
-           "stride_xm", "stride_an", "stride_bn", "stride_xen", "stride_ym", "stride_wn")
+ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vrow_ptr", "vseg_ptr",
+           "vcount_ptr", "stride_xm", "stride_an", "stride_bn", "stride_xen", "stride_ym", "stride_wn")
 # x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
 ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vrow_ptr": "*i32", "vblock_ptr": "*u8"}
+             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vrow_ptr": "*i32", "vseg_ptr": "*i32",
+             "vcount_ptr": "*i32"}
 # every other runtime argument is an i32 scalar (SCALE: fp32)
 
 
@@ -143,10 +144,11 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     from specpilot.ops.w12n_gemv import mma
 
     # the tensor-core kernel: one iteration is one 64-column chunk of rows g and g + 8 per lane (32 weights)
-    for m, two_n in ((1, False), (16, True)):
-        consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=False, ITER_SEGS=1, DEPTH=1,
-                      PDL=False)
-        out.append((f"w12n_mma.M{m}", mma._w12n_mma_gemv_kernel, consts, 4, 32, None))
+    # (with verbatim segments: their pass comes after the K loop, which must stay the same code)
+    for m, two_n, verbatim in ((1, False, False), (16, True, False), (1, False, True)):
+        consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=verbatim, DEPTH=1, PDL=False)
+        name = f"w12n_mma{'_verbatim' if verbatim else ''}.M{m}"
+        out.append((name, mma._w12n_mma_gemv_kernel, consts, 4, 32, None))
     return out
 
 

@@ -28,4 +28,4 @@ for name in ("27B.o_proj", "8B.o_proj", "8B.gate_up"):
         bf16_gemv.gemv(x, w)
         F.linear(x, w)
     torch.cuda.synchronize()
-    print(name, n, k, "segment", t.segment, "warps", mma.default_warps(t), flush=True)
+    print(name, n, k, "segment", t.segment, "launch", mma.default_launch(t, x.shape[0]), flush=True)

@@ -19,15 +19,18 @@ are mma columns, each computed on its own by the tensor cores, so row m of an M-
 bitwise (bench/kernel_check.py checks it on the GPU). The sums round differently from the FMA kernel's
 (triton.py), which stays the reference formulation that runs under the interpreter.
 
-Verbatim segments (XE == 255): a tensor that has any gets two derived tables (computed once per tensor on its
-device, `verbatim_index`): the pool row of every (row, segment), -1 where the segment is inline, and a flag per
-(16-row block, segment). One scalar test of that flag per iteration skips the fix-up everywhere else; where it
-is set, the rows whose segment is verbatim take their pairs from the pool instead of the decode.
+Verbatim segments (XE == 255) are added after the K loop, so that loop is the same code with or without them
+(61 registers against 77-98 with an inline fix-up, Triton 3.6, sm_90). A tensor that has any gets derived tables
+(`verbatim_tables`, once per tensor on its device): its tile-major planes hold zeros in verbatim segments and the
+loop reads an XE table with 0 there, so those weights decode to +0 and add nothing; then each program walks the
+list of its block's segments that have a verbatim row, and the warps run the pool's bf16 words (zeros for the
+rows whose segment is inline) through the same mmas. The sums round in a fixed order that M never changes.
 """
 
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -119,16 +122,42 @@ def _pairs(a, b, xe, base_lanes):
 
 
 @gluon.jit
-def _verbatim_pairs(p02, p13, v_ptr, vrow_row, s, word, SEGMENT: gl.constexpr):
-    """p02 / p13 with the words of rows whose segment s is verbatim replaced by the pool's pairs; vrow_row:
-    pointers to the rows' pool-row entries (-1: not verbatim)."""
-    vr = gl.load(vrow_row + s)
-    is_v = vr >= 0
-    v = gl.load(v_ptr + vr.to(gl.int64) * (SEGMENT // 4) + (word - s * (SEGMENT // 4)), mask=is_v, other=0)
+def _pool_pairs(v_ptr, vr, off, ok, SEGMENT: gl.constexpr):
+    """The pool's bf16 pairs (w0, w2), (w1, w3) of word `off` of pool row vr (zeros where vr < 0 or not ok)."""
+    use = (vr >= 0) & ok
+    v = gl.load(v_ptr + gl.maximum(vr, 0).to(gl.int64) * (SEGMENT // 4) + off, mask=use, other=0)
     v = v.to(gl.uint64, bitcast=True)
     lo = v.to(gl.uint32)
     hi = (v >> 32).to(gl.uint32)
-    return gl.where(is_v, (lo & 0xFFFF) | (hi << 16), p02), gl.where(is_v, (lo >> 16) | (hi & 0xFFFF0000), p13)
+    return (lo & 0xFFFF) | (hi << 16), (lo >> 16) | (hi & 0xFFFF0000)
+
+
+@gluon.jit
+def _verbatim_pass(acc_lo, acc_hi, v_ptr, vrow_g, vrow_h, vseg_ptr, vcount_ptr, x_lo, x_hi, pid, S, K, w, lane, j,
+                   KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
+    """Adds the verbatim segments of this 16-row block: for each listed segment, warp w takes its chunks
+    w, w + KS, ... and runs the pool words of rows g / g + 8 (zeros where that row's segment is inline) with
+    x through the chunk's mmas. x_lo / x_hi: pointers to the lanes' x rows (word 0)."""
+    CPS: gl.constexpr = SEGMENT // CHUNK
+    off0 = 4 * (lane % 4) + j  # the lane's x / pool word within a chunk
+    for q in range(0, gl.load(vcount_ptr + pid)):
+        s = gl.load(vseg_ptr + pid * S + q)
+        vr_g = gl.load(vrow_g + s)
+        vr_h = gl.load(vrow_h + s)
+        for u in gl.static_range((CPS + KS - 1) // KS):
+            r = w + KS * u  # chunk of the segment (past the segment's end when KS > CPS: masked)
+            ok = r < CPS
+            off = 16 * r + off0
+            p02_g, p13_g = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
+            p02_h, p13_h = _pool_pairs(v_ptr, vr_h, off, ok, SEGMENT)
+            word = s * (SEGMENT // 4) + off
+            live = ok if EVEN_K else ok & (word < K // 4)
+            xl = gl.load(x_lo + word, mask=live, other=0)
+            acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
+            if TWO_N:
+                xh = gl.load(x_hi + word, mask=live, other=0)
+                acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+    return acc_lo, acc_hi
 
 
 @gluon.jit
@@ -157,13 +186,12 @@ def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr):
 
 
 @gluon.jit
-def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_ptr, y_ptr, M, N, K, S, BASE,
-                          stride_xm, stride_xen, stride_ym,
+def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vseg_ptr, vcount_ptr, y_ptr, M, N, K, S,
+                          BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-                          HAS_VERBATIM: gl.constexpr, ITER_SEGS: gl.constexpr, DEPTH: gl.constexpr,
-                          PDL: gl.constexpr):
+                          HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
-    # words) and B (int16 words) planes; v_ptr: the pool as int64 words
+    # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
     pid = gl.program_id(0)
     w = gl.expand_dims(gl.expand_dims(gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
@@ -179,13 +207,13 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     row_h = gl.minimum(pid * 16 + g + 8, N - 1).to(gl.int64)
     xe_g = xe_ptr + row_g * stride_xen
     xe_h = xe_ptr + row_h * stride_xen
-    vrow_g = vrow_ptr + row_g * S
-    vrow_h = vrow_ptr + row_h * S
     # activation row n = g (8 + g) feeds mma column n; lanes past M read row M - 1 instead of a masked load:
     # a column only ever meets its own x, and columns >= M are never stored
     word0 = 16 * w + 4 * (lane % 4) + j  # x word of this lane in chunk w; chunk c adds 16 c
-    x_lo = x_ptr + gl.minimum(g, M - 1) * stride_xm + word0
-    x_hi = x_ptr + gl.minimum(g + 8, M - 1) * stride_xm + word0
+    x_row_lo = x_ptr + gl.minimum(g, M - 1) * stride_xm
+    x_row_hi = x_ptr + gl.minimum(g + 8, M - 1) * stride_xm
+    x_lo = x_row_lo + word0
+    x_hi = x_row_hi + word0
     base_lanes = gl.zeros([KS, 32, 4], gl.uint32, L) + ((BASE << 7) | (BASE << 23)).to(gl.uint32)
     acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
@@ -198,7 +226,6 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
     # addresses, words unused, DEPTH chunks per warp read twice): a peeled loop that loads nothing there and a
     # cp.async ring in shared memory were both measured slower (specpilot/ops/w12n_gemv/README.md). The weights
     # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
-    tables = (vblock_ptr, v_ptr, vrow_g, vrow_h, pid, S, w, word0, base_lanes)
     cur = _weights(ptrs, 0, KS, SEGMENT)
     nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
     if PDL:
@@ -211,12 +238,16 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vblock_p
             after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
         else:
             nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
-        acc_lo, acc_hi = _step(cur, i, acc_lo, acc_hi, tables, KS, SEGMENT, HAS_VERBATIM, ITER_SEGS, TWO_N)
+        acc_lo, acc_hi = _step(cur, acc_lo, acc_hi, base_lanes, TWO_N)
         if DEPTH == 2:
             cur = nxt
             nxt = after
         else:
             cur = nxt
+    if HAS_VERBATIM:
+        acc_lo, acc_hi = _verbatim_pass(acc_lo, acc_hi, v_ptr, vrow_ptr + row_g * S, vrow_ptr + row_h * S, vseg_ptr,
+                                        vcount_ptr, x_row_lo, x_row_hi, pid, S, K, w, lane, j, KS, SEGMENT, EVEN_K,
+                                        TWO_N)
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
     if TWO_N:
         _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
@@ -228,23 +259,11 @@ def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexp
 
 
 @gluon.jit
-def _step(cur, i, acc_lo, acc_hi, tables, KS: gl.constexpr, SEGMENT: gl.constexpr, HAS_VERBATIM: gl.constexpr,
-          ITER_SEGS: gl.constexpr, TWO_N: gl.constexpr):
-    """Decode iteration i's chunk (its raw words in cur) and run its mmas into the accumulators."""
-    vblock_ptr, v_ptr, vrow_g, vrow_h, pid, S, w, word0, base_lanes = tables
+def _step(cur, acc_lo, acc_hi, base_lanes, TWO_N: gl.constexpr):
+    """Decode one chunk (its raw words in cur) and run its mmas into the accumulators."""
     ag, ah, bg, bh, eg, eh, xl, xh = cur
     p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
     p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
-    if HAS_VERBATIM:  # a uniform test per iteration: does any of the 16 rows have a verbatim segment here
-        s0 = (i * KS * CHUNK) // SEGMENT
-        flag = gl.load(vblock_ptr + pid * S + s0)
-        for q in gl.static_range(1, ITER_SEGS):
-            flag = flag | gl.load(vblock_ptr + pid * S + s0 + q)
-        if flag != 0:
-            s = (i * KS + w) // (SEGMENT // CHUNK)
-            word = word0 + i * (16 * KS)
-            p02_g, p13_g = _verbatim_pairs(p02_g, p13_g, v_ptr, vrow_g, s, word, SEGMENT)
-            p02_h, p13_h = _verbatim_pairs(p02_h, p13_h, v_ptr, vrow_h, s, word, SEGMENT)
     acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
     if TWO_N:
         acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
@@ -293,42 +312,38 @@ def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
         return gl.load(ptrs, mask=word < K // 4, other=0)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of the kernel: warps (K slices) per 16-row program, chunks loaded ahead, ptxas register cap."""
+    warps: int
+    depth: int = 1
+    maxnreg: int | None = None
+
+
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
-    """K-slices (warps) per 16-row program: the fewest of 4, 8, 16 that put 8 warps per SM in flight (the loads
-    of two chunks are all a warp has in flight, so a small N needs K split further), among those dividing the
-    chunk count. bench/w12n_gemv.py sweeps it (H200: 4 was best or within 5% on 10 of 12 projection shapes at
-    M = 1, 8 on the 8B's o_proj and down, where this rule picks 8)."""
+    """K-slices (warps) per 16-row program outside the few-warp launches: the fewest of 4, 8, 16 that put 8 warps
+    per SM in flight, among those dividing the chunk count (4 on every large projection shape)."""
     chunks, blocks = t.padded_k // CHUNK.value, -(-t.n // 16)
     fits = [ks for ks in (4, 8, 16) if chunks % ks == 0] or [ks for ks in (2, 1) if chunks % ks == 0]
     return next((ks for ks in fits if blocks * ks >= 8 * sms), fits[-1])
 
 
-def _few_warps(t: W12NTensor, warps: int, m: int, sms: int) -> bool:
-    """M <= 8 on a small N: fewer than 16 warps per SM run, and each warp's chain of loads is the limit."""
-    return m <= 8 and -(-t.n // 16) * warps < 16 * sms
+def _few_warps(t: W12NTensor, m: int, sms: int) -> bool:
+    """M <= 8 on a small N (fewer than 16 warps per SM at 4 warps a program): each warp's chain of loads is the
+    limit, not the decode."""
+    return m <= 8 and -(-t.n // 16) * 4 < 16 * sms
 
 
-def default_depth(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int:
-    """Chunks loaded ahead: 2 for the few-warp launches (_few_warps) of 8 or more warps per program, else 1 (more
-    registers per thread cost the large shapes, and M > 8 with its second x tile and accumulator, more warps
-    than the depth gains). H200 sweep (bench/w12n_gemv.py, 96f2f27): depth 2 was 3-6% faster at M = 1 on the
-    27B's o_proj / down and the 8B's qkv / down, 12-16% slower on gate_up and the LM heads, and slower on every
-    shape at M = 16 (8B o_proj 0.62x cuBLAS against 0.85x). With 4 warps, depth 1 under a register cap
-    (default_maxnreg) beats both."""
-    return 2 if _few_warps(t, warps, m, sms) and warps > 4 else 1
-
-
-def default_maxnreg(t: W12NTensor, warps: int, m: int, sms: int = 132) -> int | None:
-    """ptxas register cap: 96 for the few-warp launches of 4 warps per program (depth 1) on a tensor with
-    verbatim segments, else the compiler's choice. Uncapped, ptxas keeps that kernel at about 80 registers;
-    allowed 96 it schedules the chunk's loads further ahead. H200 (4973b45, bench/results/w12n_gemv_regs_h200.json,
-    M = 1, us): 27B o_proj 22.0 -> 19.6, 27B down 55.7 -> 49.7, 8B qkv 16.3 -> 14.7 (each against the depth-2
-    default); with 8 warps it did not pay (8B o_proj 11.9 -> 11.7, 8B down 26.9 -> 27.6), nor on the large
-    shapes (8B gate_up 44.4 -> 45.7); a cap of 80 spills at depth 2, and depth 2 capped at 96 spills too (27B
-    o_proj 26.3). The bench's random weights all have verbatim segments; the kernel without the fix-up path
-    (HAS_VERBATIM false: 61 registers) is unmeasured under a cap, so it keeps the compiler's choice."""
-    has_verbatim = t.verbatim.shape[0] > 0
-    return 96 if has_verbatim and _few_warps(t, warps, m, sms) and warps == 4 else None
+def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
+    """Few-warp launches (M <= 8, small N): 8 warps, depth 1, at most 80 registers, so that 3 programs (24 warps)
+    fit an SM. Elsewhere default_warps, depth 1, the compiler's registers. H200, weights without verbatim
+    segments (f59217d, bench/results/w12n_gemv_clean_h200.json, against cuBLAS bf16 at M = 1 / 8): 8B o_proj
+    1.26x / 1.18x (the old 8-warp depth-2 launch 0.99x / 0.92x), 8B down 1.28x / 1.27x, 8B qkv 1.34x / 1.12x,
+    27B down 1.25x / 1.26x, 27B o_proj 1.07x / 1.03x (the old launch 0.85x). Depth 2 under a cap spills."""
+    chunks = t.padded_k // CHUNK.value
+    if _few_warps(t, m, sms) and chunks % 8 == 0:
+        return Launch(warps=8, depth=1, maxnreg=80)
+    return Launch(warps=default_warps(t, sms))
 
 
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
@@ -337,7 +352,6 @@ def supports(x: torch.Tensor, t: W12NTensor) -> bool:
             and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0 and t.segment % CHUNK.value == 0)
 
 
-_INDEX: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SMS: dict = {}
 
 
@@ -347,19 +361,40 @@ def _sm_count(device: torch.device) -> int:
     return _SMS[device]
 
 
-def verbatim_index(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(vrow int32 [N, S]: pool row of (row, segment), -1 where the segment is inline; vblock uint8
-    [ceil(N / 16), S]: 1 where any row of the 16-row block has that segment verbatim), cached per tensor."""
-    if t not in _INDEX:
+@dataclass(frozen=True)
+class VerbatimTables:
+    """What the kernel reads for a tensor with verbatim segments, beside its tile-major planes:
+    xe     uint8 [N, S]: XE with 0 in verbatim segments (their zeroed planes then decode to +0)
+    vrow   int32 [N, S]: pool row of (row, segment), -1 where the segment is inline
+    vseg   int32 [ceil(N / 16), S]: per 16-row block, the segments where any of its rows is verbatim, ascending,
+           then zeros
+    vcount int32 [ceil(N / 16)]: how many of vseg's entries are real"""
+    xe: torch.Tensor
+    vrow: torch.Tensor
+    vseg: torch.Tensor
+    vcount: torch.Tensor
+
+
+_VERBATIM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def verbatim_tables(t: W12NTensor) -> VerbatimTables:
+    """The tensor's VerbatimTables (cached per tensor)."""
+    if t not in _VERBATIM:
         is_v = t.xe == VERBATIM
         pool_row = t.rvb[:, None] + torch.cumsum(is_v.to(torch.int32), dim=1, dtype=torch.int32) - 1
         vrow = torch.where(is_v, pool_row, torch.full_like(pool_row, -1)).contiguous()
-        blocks = -(-t.n // 16)
-        padded = torch.zeros(blocks * 16, is_v.shape[1], dtype=torch.bool, device=is_v.device)
+        blocks, segs = -(-t.n // 16), is_v.shape[1]
+        padded = torch.zeros(blocks * 16, segs, dtype=torch.bool, device=is_v.device)
         padded[:t.n] = is_v
-        vblock = padded.view(blocks, 16, -1).any(dim=1).to(torch.uint8).contiguous()
-        _INDEX[t] = (vrow, vblock)
-    return _INDEX[t]
+        flagged = padded.view(blocks, 16, segs).any(dim=1)
+        # stable sort on "not flagged" puts each block's flagged segments first, in ascending order
+        order = torch.sort((~flagged).to(torch.int8), dim=1, stable=True).indices.to(torch.int32)
+        vcount = flagged.sum(dim=1, dtype=torch.int32)
+        vseg = torch.where(torch.arange(segs, device=is_v.device) < vcount[:, None], order, 0).contiguous()
+        xe = torch.where(is_v, 0, t.xe).to(torch.uint8).contiguous()
+        _VERBATIM[t] = VerbatimTables(xe=xe, vrow=vrow, vseg=vseg, vcount=vcount.contiguous())
+    return _VERBATIM[t]
 
 
 _TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -369,13 +404,16 @@ def tiled_planes(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The A and B planes in the kernel's tile-major order (cached per tensor): for each 16-row block and
     64-column chunk, [h][lane][16 bytes of A] (and [h][lane][8 bytes of B]) where lane (g, t) = 4 g + t holds
     row g + 8 h, columns 16 t .. 16 t + 15 of the chunk, so every warp load is one contiguous 512 (256) bytes
-    and a warp's chunks follow each other in memory. Rows are padded to whole blocks with zeros."""
+    and a warp's chunks follow each other in memory. Rows are padded to whole blocks with zeros, and verbatim
+    segments hold zeros (the kernel adds them from the pool after its K loop)."""
     if t not in _TILED:
-        blocks, chunks = -(-t.n // 16), t.padded_k // CHUNK.value
+        blocks, chunks, segs = -(-t.n // 16), t.padded_k // CHUNK.value, t.padded_k // t.segment
+        is_v = t.xe == VERBATIM
         out = []
         for plane, width in ((t.a, 16), (t.b, 8)):
             padded = plane.new_zeros(blocks * 16, plane.shape[1])
             padded[:t.n] = plane
+            padded[:t.n].view(t.n, segs, -1)[is_v] = 0
             tiled = padded.view(blocks, 2, 8, chunks, 4, width).permute(0, 3, 1, 2, 4, 5).contiguous()
             out.append(tiled.view(blocks * 16, -1))
         _TILED[t] = (out[0], out[1])
@@ -383,30 +421,39 @@ def tiled_planes(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prepare(t: W12NTensor) -> None:
-    """Builds the tensor's derived tables (tile-major planes, verbatim index) now, outside any CUDA graph
+    """Builds the tensor's derived tables (tile-major planes, verbatim tables) now, outside any CUDA graph
     capture: a layer calls this when it attaches W12N planes on a GPU."""
     tiled_planes(t)
     if t.verbatim.shape[0] > 0:
-        verbatim_index(t)
+        verbatim_tables(t)
+
+
+def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
+                   maxnreg: int | None = None) -> Launch:
+    """The launch for explicit overrides: default_launch where warps is None or the default's; another warps
+    count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given."""
+    d = default_launch(t, m, sms)
+    if warps is None or warps == d.warps:
+        if depth is None and maxnreg is None:
+            return d
+        return Launch(d.warps, d.depth if depth is None else depth, maxnreg)
+    return Launch(warps, 1 if depth is None else depth, maxnreg)
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
                   maxnreg: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas.
-    Defaults: default_warps / default_depth / default_maxnreg (with the default depth only)."""
+    Unset: default_launch (resolve_launch says how overrides combine with it)."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
                          f"segment {t.segment}")
-    warps = default_warps(t, _sm_count(x.device)) if warps is None else warps
-    if warps < 1 or (t.padded_k // CHUNK.value) % warps:
-        raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {warps}")
-    if depth is None:  # the register cap goes with the default depth only (depth 2 under it spills)
-        depth = default_depth(t, warps, x.shape[0], _sm_count(x.device))
-        maxnreg = default_maxnreg(t, warps, x.shape[0], _sm_count(x.device)) if maxnreg is None else maxnreg
-    if depth not in (1, 2):
-        raise ValueError(f"depth must be 1 or 2, got {depth}")
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg)
+    if cfg.warps < 1 or (t.padded_k // CHUNK.value) % cfg.warps:
+        raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {cfg.warps}")
+    if cfg.depth not in (1, 2):
+        raise ValueError(f"depth must be 1 or 2, got {cfg.depth}")
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
     if torch.cuda.is_current_stream_capturing() and t not in _TILED:
@@ -419,14 +466,14 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     xw, a, b = x.view(torch.int64), a.view(torch.int32), b.view(torch.int16)
     has_verbatim = t.verbatim.shape[0] > 0
     if has_verbatim:
-        vrow, vblock = verbatim_index(t)
-        pool = t.verbatim.view(torch.int64)
+        vt = verbatim_tables(t)
+        xe, pool, vrow, vseg, vcount = vt.xe, t.verbatim.view(torch.int64), vt.vrow, vt.vseg, vt.vcount
     else:  # never read: any tensors of the right types
-        vrow, vblock, pool = t.rvb, t.xe, a.view(torch.int64)
+        xe, pool, vrow, vseg, vcount = t.xe, a.view(torch.int64), t.rvb, t.rvb, t.rvb
     _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
-        xw, a, b, t.xe, pool, vrow, vblock, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
-        xw.stride(0), t.xe.stride(0), y.stride(0),
-        KS=warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        ITER_SEGS=max(1, warps * CHUNK.value // t.segment), DEPTH=depth, PDL=on,
-        num_warps=warps, **pdl.launch_kwargs(on), **({"maxnreg": maxnreg} if maxnreg else {}))
+        xw, a, b, xe, pool, vrow, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
+        xw.stride(0), xe.stride(0), y.stride(0),
+        KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
+        DEPTH=cfg.depth, PDL=on, num_warps=cfg.warps, **pdl.launch_kwargs(on),
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
