@@ -453,8 +453,9 @@ def test_mma_kernel_asm_emulated_sparse_verbatim():
     check("w12n mma (emulated)", w12n_gemv_ref, x, t, _emulated_mma_gemv(x, t).to(torch.bfloat16))
 
 def test_mma_launch_rules():
-    """The K split always divides the chunk count (no masked chunks); few-warp launches (M <= 8, small N) take 8
-    warps at depth 1 under an 80-register cap (the H200 sweep's best), everything else the compiler's registers."""
+    """The K split always divides the chunk count (no masked chunks) and never depends on M (batch invariance);
+    small N takes 8 warps, at M <= 8 under an 80-register cap (the H200 sweep's best); the rest 4 warps, the
+    compiler's registers."""
     from types import SimpleNamespace
 
     from specpilot.ops.w12n_gemv.mma import Launch, default_launch, default_warps, resolve_launch
@@ -465,7 +466,10 @@ def test_mma_launch_rules():
             assert (k // 64) % default_launch(t, m).warps == 0
     o_proj, lm_head = (SimpleNamespace(n=n, padded_k=4096) for n in (4096, 151936))
     assert default_launch(o_proj, 1) == default_launch(o_proj, 8) == Launch(warps=8, depth=1, maxnreg=80)
-    assert default_launch(o_proj, 16) == Launch(warps=default_warps(o_proj))  # two x tiles: no cap
+    assert default_launch(o_proj, 16) == Launch(warps=8)  # two x tiles: no cap; the K split stays (invariance)
+    for n, k in [(6144, 4096), (5120, 6144), (5120, 17408), (24576, 4096), (248320, 5120), (40, 320)]:
+        t = SimpleNamespace(n=n, padded_k=k)
+        assert len({default_launch(t, m).warps for m in range(1, 17)}) == 1, (n, k)
     assert default_launch(lm_head, 1) == Launch(warps=4)
     assert default_launch(SimpleNamespace(n=4096, padded_k=192), 1).maxnreg is None  # 3 chunks: 8 does not divide
     # overrides: another K split drops the cap and loads one chunk ahead unless told otherwise

@@ -133,30 +133,25 @@ def _pool_pairs(v_ptr, vr, off, ok, SEGMENT: gl.constexpr):
 
 
 @gluon.jit
-def _verbatim_pass(acc_lo, acc_hi, v_ptr, vrow_g, vrow_h, vseg_ptr, vcount_ptr, x_lo, x_hi, pid, S, K, w, lane, j,
-                   KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
-    """Adds the verbatim segments of this 16-row block: for each listed segment, warp w takes its chunks
-    w, w + KS, ... and runs the pool words of rows g / g + 8 (zeros where that row's segment is inline) with
-    x through the chunk's mmas. x_lo / x_hi: pointers to the lanes' x rows (word 0)."""
+def _verbatim_segment(acc_lo, acc_hi, s, vr_g, vr_h, v_ptr, x_lo, x_hi, K, w, lane, j, KS: gl.constexpr,
+                      SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
+    """Adds segment s of this 16-row block from the pool: warp w takes the segment's chunks w, w + KS, ... and
+    runs the pool words of rows g / g + 8 (pool rows vr_g / vr_h; zeros where -1) with x through the chunk's
+    mmas. x_lo / x_hi: pointers to the lanes' x rows (word 0)."""
     CPS: gl.constexpr = SEGMENT // CHUNK
-    off0 = 4 * (lane % 4) + j  # the lane's x / pool word within a chunk
-    for q in range(0, gl.load(vcount_ptr + pid)):
-        s = gl.load(vseg_ptr + pid * S + q)
-        vr_g = gl.load(vrow_g + s)
-        vr_h = gl.load(vrow_h + s)
-        for u in gl.static_range((CPS + KS - 1) // KS):
-            r = w + KS * u  # chunk of the segment (past the segment's end when KS > CPS: masked)
-            ok = r < CPS
-            off = 16 * r + off0
-            p02_g, p13_g = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
-            p02_h, p13_h = _pool_pairs(v_ptr, vr_h, off, ok, SEGMENT)
-            word = s * (SEGMENT // 4) + off
-            live = ok if EVEN_K else ok & (word < K // 4)
-            xl = gl.load(x_lo + word, mask=live, other=0)
-            acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
-            if TWO_N:
-                xh = gl.load(x_hi + word, mask=live, other=0)
-                acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+    for u in gl.static_range((CPS + KS - 1) // KS):
+        r = w + KS * u  # chunk of the segment (past the segment's end when KS > CPS: masked)
+        ok = r < CPS
+        off = 16 * r + 4 * (lane % 4) + j  # the lane's x / pool word
+        p02_g, p13_g = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
+        p02_h, p13_h = _pool_pairs(v_ptr, vr_h, off, ok, SEGMENT)
+        word = s * (SEGMENT // 4) + off
+        live = ok if EVEN_K else ok & (word < K // 4)
+        xl = gl.load(x_lo + word, mask=live, other=0)
+        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
+        if TWO_N:
+            xh = gl.load(x_hi + word, mask=live, other=0)
+            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
     return acc_lo, acc_hi
 
 
@@ -228,6 +223,13 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vseg_ptr
     # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
     cur = _weights(ptrs, 0, KS, SEGMENT)
     nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
+    if HAS_VERBATIM:  # the first listed segment's lookups, issued now so their latency hides under the loop
+        vrow_g = vrow_ptr + row_g * S
+        vrow_h = vrow_ptr + row_h * S
+        n_v = gl.load(vcount_ptr + pid)
+        s0 = gl.load(vseg_ptr + pid * S)  # 0 when the block has none (the row is zero-padded)
+        vr0_g = gl.load(vrow_g + s0)
+        vr0_h = gl.load(vrow_h + s0)
     if PDL:
         _gdc("griddepcontrol.wait; // $0")
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
@@ -244,10 +246,14 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vseg_ptr
             nxt = after
         else:
             cur = nxt
-    if HAS_VERBATIM:
-        acc_lo, acc_hi = _verbatim_pass(acc_lo, acc_hi, v_ptr, vrow_ptr + row_g * S, vrow_ptr + row_h * S, vseg_ptr,
-                                        vcount_ptr, x_row_lo, x_row_hi, pid, S, K, w, lane, j, KS, SEGMENT, EVEN_K,
-                                        TWO_N)
+    if HAS_VERBATIM:  # the block's listed segments (usually none or one), after the K loop
+        if n_v > 0:
+            acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s0, vr0_g, vr0_h, v_ptr, x_row_lo, x_row_hi, K, w,
+                                               lane, j, KS, SEGMENT, EVEN_K, TWO_N)
+        for q in range(1, n_v):
+            s = gl.load(vseg_ptr + pid * S + q)
+            acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s, gl.load(vrow_g + s), gl.load(vrow_h + s), v_ptr,
+                                               x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N)
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
     if TWO_N:
         _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
@@ -328,21 +334,23 @@ def default_warps(t: W12NTensor, sms: int = 132) -> int:
     return next((ks for ks in fits if blocks * ks >= 8 * sms), fits[-1])
 
 
-def _few_warps(t: W12NTensor, m: int, sms: int) -> bool:
-    """M <= 8 on a small N (fewer than 16 warps per SM at 4 warps a program): each warp's chain of loads is the
-    limit, not the decode."""
-    return m <= 8 and -(-t.n // 16) * 4 < 16 * sms
+def _small_n(t: W12NTensor, sms: int) -> bool:
+    """Fewer than 16 warps per SM at 4 warps per 16-row program: each warp's chain of loads is the limit, not
+    the decode."""
+    return -(-t.n // 16) * 4 < 16 * sms
 
 
 def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
-    """Few-warp launches (M <= 8, small N): 8 warps, depth 1, at most 80 registers, so that 3 programs (24 warps)
-    fit an SM. Elsewhere default_warps, depth 1, the compiler's registers. H200, weights without verbatim
-    segments (f59217d, bench/results/w12n_gemv_clean_h200.json, against cuBLAS bf16 at M = 1 / 8): 8B o_proj
-    1.26x / 1.18x (the old 8-warp depth-2 launch 0.99x / 0.92x), 8B down 1.28x / 1.27x, 8B qkv 1.34x / 1.12x,
-    27B down 1.25x / 1.26x, 27B o_proj 1.07x / 1.03x (the old launch 0.85x). Depth 2 under a cap spills."""
-    chunks = t.padded_k // CHUNK.value
-    if _few_warps(t, m, sms) and chunks % 8 == 0:
-        return Launch(warps=8, depth=1, maxnreg=80)
+    """Small N: 8 warps, depth 1, and at M <= 8 at most 80 registers, so that 3 programs (24 warps) fit an SM.
+    Elsewhere default_warps, depth 1, the compiler's registers. The K split depends on the shape alone, never on
+    M: it fixes the order of the sums, and row m of an M-row call must equal the M = 1 call bitwise.
+    H200, weights without verbatim segments (f59217d, bench/results/w12n_gemv_clean_h200.json, against cuBLAS
+    bf16 at M = 1 / 8): 8B o_proj 1.26x / 1.18x (the old 8-warp depth-2 launch 0.99x / 0.92x), 8B down 1.28x /
+    1.27x, 8B qkv 1.34x / 1.12x, 27B down 1.25x / 1.26x, 27B o_proj 1.07x / 1.03x (the old launch 0.85x).
+    Depth 2 under a cap spills; a cap on the large shapes helped gate_up and cost the others
+    (bench/results/w12n_gemv_sweep_large_h200.json)."""
+    if _small_n(t, sms) and (t.padded_k // CHUNK.value) % 8 == 0:
+        return Launch(warps=8, depth=1, maxnreg=80 if m <= 8 else None)
     return Launch(warps=default_warps(t, sms))
 
 
