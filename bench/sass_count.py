@@ -25,11 +25,11 @@ import json
 import os
 import re
 
-ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vrow_ptr", "vseg_ptr",
+ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vq_ptr", "vseg_ptr",
            "vcount_ptr", "stride_xm", "stride_an", "stride_bn", "stride_xen", "stride_ym", "stride_wn")
 # x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
 ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vrow_ptr": "*i32", "vseg_ptr": "*i32",
+             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vq_ptr": "*i32", "vseg_ptr": "*i32",
              "vcount_ptr": "*i32"}
 # every other runtime argument is an i32 scalar (SCALE: fp32)
 

@@ -389,7 +389,7 @@ def _emulated_mma_gemv(x: torch.Tensor, t) -> torch.Tensor:
             for r in range(cps):
                 pool_pairs = []
                 for h in range(2):
-                    vr = vt.vrow.long()[rows[:, h], seg[:, None]]  # [blocks, lane]
+                    vr = vt.vq.long()[rows[:, h], q]  # [blocks, lane]
                     p02, p13 = [], []
                     for j in range(4):
                         v = torch.where(vr >= 0, words[vr.clamp(min=0), 16 * r + 4 * tt + j], 0)
@@ -438,7 +438,8 @@ def test_verbatim_tables_list_each_blocks_segments():
     vt = verbatim_tables(_sparse_verbatim_tensor())
     assert vt.vcount.tolist() == [0, 1, 2]
     assert vt.vseg[1, :1].tolist() == [2] and vt.vseg[2, :2].tolist() == [0, 3]
-    assert vt.vrow[20].tolist() == [-1, -1, 0, -1] and vt.vrow[47].tolist() == [1, -1, -1, 2]
+    assert vt.vq[20].tolist() == [0, -1, -1, -1] and vt.vq[47].tolist() == [1, 2, -1, -1]  # by list position
+    assert vt.vq[16].tolist() == [-1] * 4 and vt.vq[0].tolist() == [-1] * 4  # inline row; block without any
     assert (vt.xe[20, 2], vt.xe[47, 0]) == (0, 0)
 
 

@@ -181,7 +181,7 @@ def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr):
 
 
 @gluon.jit
-def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vseg_ptr, vcount_ptr, y_ptr, M, N, K, S,
+def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, vcount_ptr, y_ptr, M, N, K, S,
                           BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr):
@@ -223,13 +223,14 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vseg_ptr
     # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
     cur = _weights(ptrs, 0, KS, SEGMENT)
     nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
-    if HAS_VERBATIM:  # the first listed segment's lookups, issued now so their latency hides under the loop
-        vrow_g = vrow_ptr + row_g * S
-        vrow_h = vrow_ptr + row_h * S
+    if HAS_VERBATIM:  # the first listed segment's lookups (no load's address depends on another's value: a warp
+        # stalls at the first use only, after the loop)
+        vq_g = vq_ptr + row_g * S
+        vq_h = vq_ptr + row_h * S
         n_v = gl.load(vcount_ptr + pid)
         s0 = gl.load(vseg_ptr + pid * S)  # 0 when the block has none (the row is zero-padded)
-        vr0_g = gl.load(vrow_g + s0)
-        vr0_h = gl.load(vrow_h + s0)
+        vr0_g = gl.load(vq_g)
+        vr0_h = gl.load(vq_h)
     if PDL:
         _gdc("griddepcontrol.wait; // $0")
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
@@ -252,7 +253,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vrow_ptr, vseg_ptr
                                                lane, j, KS, SEGMENT, EVEN_K, TWO_N)
         for q in range(1, n_v):
             s = gl.load(vseg_ptr + pid * S + q)
-            acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s, gl.load(vrow_g + s), gl.load(vrow_h + s), v_ptr,
+            acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s, gl.load(vq_g + q), gl.load(vq_h + q), v_ptr,
                                                x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N)
     _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
     if TWO_N:
@@ -373,14 +374,15 @@ def _sm_count(device: torch.device) -> int:
 class VerbatimTables:
     """What the kernel reads for a tensor with verbatim segments, beside its tile-major planes:
     xe     uint8 [N, S]: XE with 0 in verbatim segments (their zeroed planes then decode to +0)
-    vrow   int32 [N, S]: pool row of (row, segment), -1 where the segment is inline
     vseg   int32 [ceil(N / 16), S]: per 16-row block, the segments where any of its rows is verbatim, ascending,
            then zeros
-    vcount int32 [ceil(N / 16)]: how many of vseg's entries are real"""
+    vcount int32 [ceil(N / 16)]: how many of vseg's entries are real
+    vq     int32 [N, S]: vq[row, q] = pool row of (row, vseg[row // 16, q]), -1 where that segment is inline (or
+           q >= vcount): indexed by list position, so no lookup waits for another"""
     xe: torch.Tensor
-    vrow: torch.Tensor
     vseg: torch.Tensor
     vcount: torch.Tensor
+    vq: torch.Tensor
 
 
 _VERBATIM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -391,17 +393,21 @@ def verbatim_tables(t: W12NTensor) -> VerbatimTables:
     if t not in _VERBATIM:
         is_v = t.xe == VERBATIM
         pool_row = t.rvb[:, None] + torch.cumsum(is_v.to(torch.int32), dim=1, dtype=torch.int32) - 1
-        vrow = torch.where(is_v, pool_row, torch.full_like(pool_row, -1)).contiguous()
+        vrow = torch.where(is_v, pool_row, torch.full_like(pool_row, -1))  # by segment
         blocks, segs = -(-t.n // 16), is_v.shape[1]
         padded = torch.zeros(blocks * 16, segs, dtype=torch.bool, device=is_v.device)
         padded[:t.n] = is_v
         flagged = padded.view(blocks, 16, segs).any(dim=1)
         # stable sort on "not flagged" puts each block's flagged segments first, in ascending order
-        order = torch.sort((~flagged).to(torch.int8), dim=1, stable=True).indices.to(torch.int32)
+        order = torch.sort((~flagged).to(torch.int8), dim=1, stable=True).indices
         vcount = flagged.sum(dim=1, dtype=torch.int32)
-        vseg = torch.where(torch.arange(segs, device=is_v.device) < vcount[:, None], order, 0).contiguous()
+        listed = torch.arange(segs, device=is_v.device) < vcount[:, None]
+        vseg = torch.where(listed, order, 0).to(torch.int32).contiguous()
+        row_block = torch.arange(t.n, device=is_v.device) // 16
+        vq = torch.gather(vrow, 1, order[row_block])
+        vq = torch.where(listed[row_block], vq, -1).to(torch.int32).contiguous()
         xe = torch.where(is_v, 0, t.xe).to(torch.uint8).contiguous()
-        _VERBATIM[t] = VerbatimTables(xe=xe, vrow=vrow, vseg=vseg, vcount=vcount.contiguous())
+        _VERBATIM[t] = VerbatimTables(xe=xe, vseg=vseg, vcount=vcount.contiguous(), vq=vq)
     return _VERBATIM[t]
 
 
@@ -475,11 +481,11 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     has_verbatim = t.verbatim.shape[0] > 0
     if has_verbatim:
         vt = verbatim_tables(t)
-        xe, pool, vrow, vseg, vcount = vt.xe, t.verbatim.view(torch.int64), vt.vrow, vt.vseg, vt.vcount
+        xe, pool, vq, vseg, vcount = vt.xe, t.verbatim.view(torch.int64), vt.vq, vt.vseg, vt.vcount
     else:  # never read: any tensors of the right types
-        xe, pool, vrow, vseg, vcount = t.xe, a.view(torch.int64), t.rvb, t.rvb, t.rvb
+        xe, pool, vq, vseg, vcount = t.xe, a.view(torch.int64), t.rvb, t.rvb, t.rvb
     _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
-        xw, a, b, xe, pool, vrow, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
+        xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         DEPTH=cfg.depth, PDL=on, num_warps=cfg.warps, **pdl.launch_kwargs(on),
