@@ -345,7 +345,7 @@ def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
     """Small N: 8 warps, depth 1, and at M <= 8 at most 80 registers, so that 3 programs (24 warps) fit an SM.
     Elsewhere default_warps, depth 1, the compiler's registers. The K split depends on the shape alone, never on
     M: it fixes the order of the sums, and row m of an M-row call must equal the M = 1 call bitwise.
-    H200, weights without verbatim segments (f59217d, bench/results/w12n_gemv_clean_h200.json, against cuBLAS
+    H200, weights without verbatim segments (f59217d, bench/results/w12n_gemv_clean_sweep_h200.json, against cuBLAS
     bf16 at M = 1 / 8): 8B o_proj 1.26x / 1.18x (the old 8-warp depth-2 launch 0.99x / 0.92x), 8B down 1.28x /
     1.27x, 8B qkv 1.34x / 1.12x, 27B down 1.25x / 1.26x, 27B o_proj 1.07x / 1.03x (the old launch 0.85x).
     Depth 2 under a cap spills; a cap on the large shapes helped gate_up and cost the others
