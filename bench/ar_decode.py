@@ -11,6 +11,8 @@ device copy bandwidth. Correctness first: our prefill logits and decode logits a
 Prints a table last and writes the full JSON (GPU, commit, command, every timing), again after every
 measurement; each measurement runs inside its own try/except (an error is recorded and the rest goes on).
 With --w12n, the W12N step's logits are first compared with the bf16 step's (same weights, bit-exact decode).
+With --w12n-only, after every bf16 run the same model drops its bf16 copies (EngineConfig.weight_format
+"w12n_only"), is checked against the bf16 logits and timed: what lets a whole Qwen3.5-27B run W12N on one GPU.
 --variant NAME:FIELD=VALUE,... times the step with EngineConfig fields changed, beside the main one, after a
 greedy check against it. --gemv-sweep NxK ... replaces the runs by the batch-1 step timed with every M = 1 GEMV
 config of STEP_GRID (tile, warps, tiles loaded before the PDL wait) for those projection shapes
@@ -266,6 +268,30 @@ def check_w12n(runner, w12n_runner, vocab: int, steps: int = 8) -> dict:
     return compare(ours_logits(w12n_runner, ids, forced), ours_logits(runner, ids, forced))
 
 
+def w12n_only_runs(name: str, ours, runner, runs: list, args, vocab: int) -> dict:
+    """--w12n-only, after every bf16 run: the bf16 reference logits, then the same model with its bf16 copies
+    dropped (weight_format w12n_only: a 27B fits), checked against them and timed at each config of <= 16 rows."""
+    ids = torch.randint(0, vocab, (1, 64), device=DEVICE)
+    forced = torch.randint(0, vocab, (8,)).tolist()
+    ref = ours_logits(runner, ids, forced)
+    _release(runner)
+    t0 = time.perf_counter()
+    only = ModelRunner(ours, EngineConfig(**{**BASE, "weight_format": "w12n_only"}))
+    out = {"w12n_only_encode_s": time.perf_counter() - t0,
+           "w12n_only_vs_bf16": compare(ours_logits(only, ids, forced), ref)}
+    if DEVICE == "cuda":
+        out["w12n_only_gpu_bytes"] = torch.cuda.memory_allocated()
+    print(name, "W12N only vs bf16", out["w12n_only_vs_bf16"], flush=True)
+    for r in runs:
+        if r["batch"] <= 16:
+            r["w12n_only_variant"] = attempt(f"{name} {r['batch']}x{r['ctx']} W12N only", time_ours, only,
+                                             r["batch"], r["ctx"], args.steps, vocab)
+            _release(only)
+            if "step_ms_median" in r and "step_ms_median" in r["w12n_only_variant"]:
+                r["w12n_only_speedup_vs_bf16"] = r["step_ms_median"] / r["w12n_only_variant"]["step_ms_median"]
+    return out
+
+
 def _release(runner) -> None:
     runner.cache, runner.graphs = None, {}
     _empty_cache()
@@ -478,6 +504,13 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
                 r["speedup_vs_hf"] = r["hf"]["step_ms"] / r["step_ms_median"]
         print(name, json.dumps(r)[:1500], flush=True)
         report.save()
+    if args.w12n_only:  # last: it drops the bf16 weights every runner above reads
+        del hf, alt, unfused
+        _empty_cache()
+        hf = alt = unfused = None
+        result["w12n_only"] = attempt(f"{name} W12N only", w12n_only_runs, name, ours, runner, runs, args,
+                                      cfg.vocab_size)
+        report.save()
     _MAIN_GREEDY.clear()  # keyed by id(model): a later model may reuse the id
     del hf, runner, alt, unfused, w12n, ours
     _empty_cache()
@@ -502,6 +535,9 @@ def main() -> None:
                    help="override the shapes' layer count (a 27B at 32 layers fits its W12N planes beside bf16)")
     p.add_argument("--profile", action="store_true", help="also list kernel time per decode step")
     p.add_argument("--w12n", action="store_true", help="also time the step with W12N weights (batch <= 16)")
+    p.add_argument("--w12n-only", action="store_true",
+                   help="last, time the step with the bf16 copies dropped (weight_format w12n_only; batch <= 16): "
+                        "the model holds W12N planes alone, so a whole Qwen3.5-27B fits one GPU")
     p.add_argument("--no-fused-prologue", action="store_true",
                    help="every runner with EngineConfig(fused_qk_rope_store=False) (if the fused kernel fails)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE[,...]",
@@ -563,7 +599,8 @@ def main() -> None:
             print(f"{s['shape']:12} {r['batch']:>3} {r['ctx']:>5} {f(r, 'step_ms_median', '8.2f')} "
                   f"{f(r, 'tok_per_s', '8.1f')} {f({'x': roof_w}, 'x', '7.1f')}% {f({'x': roof_a}, 'x', '9.1f')}% "
                   f"{f(r.get('cublas_variant'), 'step_ms_median', '9.2f')} "
-                  f"{f(r.get('w12n_variant'), 'step_ms_median', '8.2f')} {f(r.get('hf'), 'tok_per_s', '8.1f')}")
+                  f"{f(r.get('w12n_variant') or r.get('w12n_only_variant'), 'step_ms_median', '8.2f')} "
+                  f"{f(r.get('hf'), 'tok_per_s', '8.1f')}")
 
 
 if __name__ == "__main__":

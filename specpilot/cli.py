@@ -96,8 +96,9 @@ def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128)
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
     p.add_argument("--eager", action="store_true",
                    help="no CUDA graphs, torch.compile, Triton GEMV or fused RoPE/K-V store (debugging)")
-    p.add_argument("--weight-format", choices=["bf16", "w12n"], default="bf16",
-                   help="w12n: projections read lossless 12-bit planes (encoded at load; needs --dtype bfloat16)")
+    p.add_argument("--weight-format", choices=["bf16", "w12n", "w12n_only"], default="bf16",
+                   help="w12n: decode-sized products read lossless 12-bit planes (encoded at load; needs --dtype "
+                        "bfloat16); w12n_only: the bf16 copies dropped too, every product through the planes")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
 

@@ -219,7 +219,10 @@ class EngineConfig:
     decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
     # multi-token blocks (prefill, verify): "tree" (the tree-attention op), "sdpa", or "auto" (tree on GPU, SDPA on CPU)
     block_attention: str = "auto"
-    weight_format: str = "bf16"  # "bf16" or "w12n" (projections through W12N planes; bf16 weights required)
+    # "bf16"; "w12n": projections of up to 16 rows through W12N planes, the bf16 weights kept for the rest (and for
+    # bf16 runs on the same model); "w12n_only": the bf16 copies dropped, every product through the planes (larger
+    # ones decode W and call cuBLAS). Both need a bf16 model.
+    weight_format: str = "bf16"
     # capture the verify forward per (batch, tree width) (GPU, with the tree-attention op: the SDPA path slices the
     # prefix by a host-side length, which a captured graph cannot follow, so SDPA blocks stay eager). Eager, the zoo
     # dense pair's chain:7 verify took 22 ms per step on an H200 (bench/results/bench_zoo_dense_eager_h200.json)
@@ -249,8 +252,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.device={self.device!r}: use 'auto', 'cpu' or 'cuda'")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}: use 'auto', 'bfloat16', 'float16' or 'float32'")
-        if self.weight_format not in ("bf16", "w12n"):
-            raise ValueError(f"EngineConfig.weight_format={self.weight_format!r}: use 'bf16' or 'w12n'")
+        if self.weight_format not in ("bf16", "w12n", "w12n_only"):
+            raise ValueError(f"EngineConfig.weight_format={self.weight_format!r}: use 'bf16', 'w12n' or 'w12n_only'")
         if self.block_attention not in ("auto", "sdpa", "tree"):
             raise ValueError(f"EngineConfig.block_attention={self.block_attention!r}: use 'auto', 'sdpa' or 'tree'")
         if self.hybrid_chain_commit not in ("fold", "replay"):

@@ -115,11 +115,17 @@ class ModelRunner:
         self.gdn_prefill = engine.triton_gdn_prefill and on_gpu
         self.batched_prefill = engine.batched_prefill
         self.verify_graphs: dict[tuple, VerifyGraph] = {}
-        if engine.weight_format == "w12n":
+        if engine.weight_format in ("w12n", "w12n_only"):
             if self.dtype != torch.bfloat16:
-                raise ValueError(f"weight_format w12n needs a bf16 model (got {self.dtype}); use --dtype bfloat16")
+                raise ValueError(f"weight_format {engine.weight_format} needs a bf16 model (got {self.dtype}); use "
+                                 f"--dtype bfloat16")
+            drop = engine.weight_format == "w12n_only"
             if not any(getattr(m, "w12n", None) is not None for m in model.modules()):
-                linear.attach_w12n(model)
+                linear.attach_w12n(model, drop_bf16=drop)
+            elif drop:  # planes attached by an earlier runner: release the bf16 copies they replace
+                for m in model.modules():
+                    if isinstance(m, linear.Linear) and m.w12n is not None:
+                        m.weight = None
         self.prefill_chunk = prefill_chunk
         self.cache: ModelCache | None = None
         self.graphs: dict[int, DecodeGraph] = {}

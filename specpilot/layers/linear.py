@@ -4,7 +4,8 @@ Two regions the runner opens, each a knob of EngineConfig:
 - `weight_format("w12n")`: layers that carry W12N planes (attach_w12n) multiply up to 16 rows (decode steps,
   small trees) through the fused register-decoding GEMV, where reading fewer bytes pays; larger products stay
   on cuBLAS with the bf16 weight, which is kept (for them and every other reader), so one model serves both
-  formats side by side. Dropping the bf16 copy to save memory is a later step.
+  formats side by side. A layer whose bf16 weight was dropped (attach_w12n(drop_bf16=True), weight_format
+  "w12n_only") sends every product through its planes, in any region: larger ones decode W and call cuBLAS.
 - `decode_gemv()`: products of up to 32 rows (decode steps, verify blocks of a tree) run the Triton
   GEMVs instead of cuBLAS.
 Everywhere else it is a plain F.linear.
@@ -31,7 +32,7 @@ _w12n_enabled = False
 @contextlib.contextmanager
 def weight_format(name: str = "bf16"):
     global _w12n_enabled
-    previous, _w12n_enabled = _w12n_enabled, name == "w12n"
+    previous, _w12n_enabled = _w12n_enabled, name in ("w12n", "w12n_only")
     try:
         yield
     finally:
@@ -56,7 +57,7 @@ class Linear(nn.Linear):
     w12n: w12n.W12NTensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _w12n_enabled and self.w12n is not None and self.bias is None and x.numel() <= 16 * x.shape[-1]:
+        if self.w12n is not None and (self.weight is None or (_w12n_enabled and x.numel() <= 16 * x.shape[-1])):
             return w12n_linear(x, self.w12n)
         if _gemv_enabled and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
             return gemv(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.out_features)
@@ -64,19 +65,23 @@ class Linear(nn.Linear):
 
     def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """self(silu(gate) * up) for gate_up = [gate | up]."""
-        if (_gated_enabled and self.bias is None and gate_up.numel() == gate_up.shape[-1]
+        if (_gated_enabled and self.bias is None and gate_up.numel() == gate_up.shape[-1] and self.weight is not None
                 and not (_w12n_enabled and self.w12n is not None)):
             return gated_gemv(gate_up.reshape(1, -1), self.weight).view(*gate_up.shape[:-1], self.out_features)
         return self(pw.silu_mul(gate_up))
 
 
-def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",)) -> dict:
+def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",), drop_bf16: bool = False) -> dict:
     """Encodes every bf16 Linear weight that pays (W12N policy) and attaches the planes on the weight's device;
-    tied weights (an LM head sharing the embedding) are skipped. Returns {name: stats} of the encoded ones."""
+    tied weights (an LM head sharing the embedding) and layers with a bias are skipped. drop_bf16: each encoded
+    layer's bf16 weight is released as soon as its planes exist, so the model never holds both in full (a
+    Qwen3.5-27B: 54 GB of bf16 against 41 GB of planes and their 41 GB tile-major copy on a GPU). Returns
+    {name: stats} of the encoded ones."""
     tied = {id(p) for n, p in model.named_parameters() if any(s in n for s in skip)}
     report = {}
     for name, module in model.named_modules():
-        if not isinstance(module, Linear) or module.weight.dtype != torch.bfloat16 or id(module.weight) in tied:
+        if (not isinstance(module, Linear) or module.weight is None or module.weight.dtype != torch.bfloat16
+                or id(module.weight) in tied or module.bias is not None):
             continue
         encoded = w12n.maybe_encode(module.weight.detach())
         if encoded is not None:
@@ -86,4 +91,8 @@ def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",)) -> 
                 mma.prepare(encoded)
             module.w12n = encoded
             report[name] = w12n.stats(encoded)
+            if drop_bf16:
+                module.weight = None
+                if encoded.a.is_cuda:
+                    torch.cuda.empty_cache()  # why: the next layer's planes reuse this one's bf16 bytes
     return report

@@ -10,6 +10,7 @@ from specpilot.engine.generator import Generator
 from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.models.loader import load_model
+from specpilot.weights import w12n
 from specpilot.weights.compress import compress, inspect, totals
 
 
@@ -83,3 +84,26 @@ def test_w12n_weight_format_generates_what_bf16_generates(bf16_checkpoint):
     assert a == b
     with pytest.raises(ValueError, match="needs a bf16 model"):
         ModelRunner(load_model(str(bf16_checkpoint), "cpu", "float32"), EngineConfig(weight_format="w12n"))
+
+
+def test_w12n_only_drops_the_bf16_copies_and_generates_the_same(bf16_checkpoint):
+    """weight_format w12n_only: every encoded projection's bf16 weight is released (the model holds its planes
+    only) and every product goes through them, prefill included; the tokens are the bf16 model's."""
+    from specpilot.config import EngineConfig
+    from specpilot.layers.linear import Linear
+
+    prompts = [torch.randint(0, 300, (n,)).tolist() for n in (20, 25)]
+    params = SamplingParams(max_new_tokens=16)
+    bf16 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"))
+    bf16.gemv = True  # fp32-accumulated single-row products, as the W12N GEMV computes them
+    before = sum(p.numel() for p in bf16.model.parameters())
+    only = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"), EngineConfig(weight_format="w12n_only"))
+    encoded = [m for m in only.model.modules() if isinstance(m, Linear) and m.w12n is not None]
+    assert encoded and all(m.weight is None for m in encoded)
+    dropped = sum(m.w12n.n * m.w12n.k for m in encoded)
+    assert sum(p.numel() for p in only.model.parameters()) == before - dropped
+    a = [r.token_ids for r in Generator(bf16).generate(prompts, params)]
+    b = [r.token_ids for r in Generator(only).generate(prompts, params)]
+    assert a == b
+    x = torch.randn(40, encoded[0].in_features).bfloat16()  # past 16 rows, outside any weight_format region
+    assert torch.equal(encoded[0](x), torch.nn.functional.linear(x, w12n.decode(encoded[0].w12n)))
