@@ -284,8 +284,17 @@ def check_w12n_gemv(dev, M, N, K):
                                   for ks in (1, 2, 4) if (t.padded_k // 64) % ks == 0}
         # both depths: the same chunks in the same order
         res["mma_pipelines_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, depth=d), mma) for d in (1, 2))
+        # the HALF launch (8 weight rows per program, operands swapped; opt-in, rows=8): the same properties
+        half = w12n_mma_gemv(x, t, rows=8)
+        res["mma_r8_rel_rms_err"] = rel_err(half.float(), w12n_gemv_ref(x, t).float())["rel_rms_err"]
+        res["mma_r8_batch_invariant"] = all(torch.equal(w12n_mma_gemv(x[m:m + 1], t, rows=8), half[m:m + 1])
+                                            for m in range(x.shape[0]))
+        res["mma_r8_exact_decode"] = bool(torch.equal(w12n_mma_gemv(onehot.bfloat16(), t, rows=8),
+                                                      decode(t).to(dev)[:, cols].T.contiguous()))
+        res["mma_r8_pipelines_bitwise"] = torch.equal(w12n_mma_gemv(x, t, rows=8, depth=2), half)
         if not (res["mma_batch_invariant"] and res["mma_exact_decode"] and res["mma_rel_rms_err"] < 1e-2
-                and res["mma_pipelines_bitwise"]):
+                and res["mma_pipelines_bitwise"] and res["mma_r8_batch_invariant"] and res["mma_r8_exact_decode"]
+                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"]):
             res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
     if not (res["asm_equals_tl"] and res["exact_decode"]):
         res["batch_invariant"] = False

@@ -97,8 +97,8 @@ def timer(device: str):
     return cpu_time
 
 
-def check(x, t) -> dict:
-    """Both kernels against their references, and batch invariance of the exact one."""
+def check(x, t, rows8: bool = False) -> dict:
+    """Both kernels against their references, and batch invariance of the exact one (rows8: the HALF launch too)."""
     out = {"w12n": rel_err(kernels.w12n_gemv(x, t).float(), w12n_gemv_ref(x, t).float()),
            "fp8": rel_err(kernels.fp8_gemv(x, t).float(), fp8_gemv_ref(x, t).float())}
     if x.shape[0] > 1:
@@ -110,9 +110,16 @@ def check(x, t) -> dict:
         out["mma"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())
         out["mma_batch_invariant"] = all(torch.equal(mma_kernel.w12n_mma_gemv(x[m:m + 1], t), mma[m:m + 1])
                                          for m in range(x.shape[0]))
+        if rows8:  # the HALF launch: the same checks
+            half = mma_kernel.w12n_mma_gemv(x, t, warps=4, rows=8)
+            out["mma_r8"] = rel_err(half.float(), w12n_gemv_ref(x, t).float())
+            out["mma_batch_invariant"] &= all(
+                torch.equal(mma_kernel.w12n_mma_gemv(x[m:m + 1], t, warps=4, rows=8), half[m:m + 1])
+                for m in range(x.shape[0]))
     out["ok"] = (out["w12n"]["rel_rms_err"] < 1e-2 and out["fp8"]["rel_rms_err"] < 1e-2 and not out["w12n"]["nan"]
                  and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values())
-                 and out.get("mma", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True))
+                 and out.get("mma", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True)
+                 and out.get("mma_r8", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2)
     return out
 
 
@@ -150,7 +157,7 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
                              for seg, enc in fixed.items()}
     for m in args.ms:
         x = torch.randn(m, K, device=dev).to(torch.bfloat16)
-        r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0])}
+        r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0], args.mma_rows8)}
         if dev == "cuda":
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             r["mma_launch"] = dataclasses.asdict(mma_kernel.default_launch(encoded[0], m, sms))
@@ -173,6 +180,12 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
                                 mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, maxnreg=cap))
             for seg in args.segments:
                 variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
+            if args.mma_rows8:  # 8 weight rows per program, operands swapped: twice the programs
+                for ks in (4, 8):
+                    if (encoded[0].padded_k // 64) % ks == 0:
+                        for d in (1, 2):
+                            variants[f"w12n_mma_r8_ks{ks}_d{d}"] = lambda a, wt, ks=ks, d=d: (
+                                mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, rows=8))
         for seg in args.segments:
             variants[f"w12n_seg{seg}"] = lambda a, wt, seg=seg: kernels.w12n_gemv(a, wt[2][seg])
         variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
@@ -234,6 +247,9 @@ def main() -> None:
                    help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
     p.add_argument("--segments", type=int, nargs="*", default=[],
                    help="also time encodings at these fixed segments (block_n 8 and --block-ns)")
+    p.add_argument("--mma-rows8", action="store_true",
+                   help="also check and time the tensor-core kernel with 8 weight rows per program (operands "
+                        "swapped), 4 and 8 warps, depth 1 and 2")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on tiny shapes (needs TRITON_INTERPRET=1)")

@@ -105,6 +105,38 @@ _MMA_CHUNK = gl.constexpr(_mma_chunk_asm())
 _MMA_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 16 + ["l"] * 4 + ["f"] * 4))
 
 
+def _mma_half_asm() -> str:
+    """The operands swapped (HALF programs of 8 weight rows): pack = 4 over j: $4-$7 (w0, w2) and $8-$11 (w1, w3)
+    of weight row g are the B fragment (b0: k = 2t, 2t + 1 at n = g; b1: k = 2t + 8, 2t + 9); $12-$15 / $16-$19
+    the x words of activation rows g / g + 8 permuted into the A fragment (a0 / a2: row g, a1 / a3: row g + 8);
+    $20-$23 the accumulator -> $0-$3: d0, d1 = activation row g at weight rows 2t, 2t + 1; d2, d3 = row g + 8."""
+    lines = ["{", ".reg .b32 l0, l1, h0, h1, a0, a1, a2, a3;", ".reg .f32 d0, d1, d2, d3;"]
+    for j in range(4):
+        src = "$20, $21, $22, $23" if j == 0 else "d0, d1, d2, d3"
+        dst = "$0, $1, $2, $3" if j == 3 else "d0, d1, d2, d3"
+        lines += [
+            f"mov.b64 {{l0, l1}}, ${12 + j};",
+            f"mov.b64 {{h0, h1}}, ${16 + j};",
+            "prmt.b32 a0, l0, l1, 0x5410;",
+            "prmt.b32 a2, l0, l1, 0x7632;",
+            "prmt.b32 a1, h0, h1, 0x5410;",
+            "prmt.b32 a3, h0, h1, 0x7632;",
+            f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dst}}}, {{a0, a1, a2, a3}}, "
+            f"{{${4 + j}, ${8 + j}}}, {{{src}}};",
+        ]
+    return "\n".join(lines + ["}"])
+
+
+_MMA_HALF = gl.constexpr(_mma_half_asm())
+_MMA_HALF_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 8 + ["l"] * 8 + ["f"] * 4))
+
+
+@gluon.jit
+def _mma_half(p02, p13, xl, xh, acc):
+    return gl.inline_asm_elementwise(_MMA_HALF, _MMA_HALF_CONSTRAINTS, [p02, p13, xl, xh, acc],
+                                     dtype=gl.float32, is_pure=True, pack=4)
+
+
 @gluon.jit
 def _mma(p02_g, p13_g, p02_h, p13_h, x, acc):
     return gl.inline_asm_elementwise(_MMA_CHUNK, _MMA_CONSTRAINTS, [p02_g, p13_g, p02_h, p13_h, x, acc],
@@ -134,7 +166,7 @@ def _pool_pairs(v_ptr, vr, off, ok, SEGMENT: gl.constexpr):
 
 @gluon.jit
 def _verbatim_segment(acc_lo, acc_hi, s, vr_g, vr_h, v_ptr, x_lo, x_hi, K, w, lane, j, KS: gl.constexpr,
-                      SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
+                      SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr, HALF: gl.constexpr):
     """Adds segment s of this 16-row block from the pool: warp w takes the segment's chunks w, w + KS, ... and
     runs the pool words of rows g / g + 8 (pool rows vr_g / vr_h; zeros where -1) with x through the chunk's
     mmas. x_lo / x_hi: pointers to the lanes' x rows (word 0)."""
@@ -143,15 +175,20 @@ def _verbatim_segment(acc_lo, acc_hi, s, vr_g, vr_h, v_ptr, x_lo, x_hi, K, w, la
         r = w + KS * u  # chunk of the segment (past the segment's end when KS > CPS: masked)
         ok = r < CPS
         off = 16 * r + 4 * (lane % 4) + j  # the lane's x / pool word
-        p02_g, p13_g = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
-        p02_h, p13_h = _pool_pairs(v_ptr, vr_h, off, ok, SEGMENT)
         word = s * (SEGMENT // 4) + off
         live = ok if EVEN_K else ok & (word < K // 4)
         xl = gl.load(x_lo + word, mask=live, other=0)
-        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
-        if TWO_N:
-            xh = gl.load(x_hi + word, mask=live, other=0)
-            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+        if HALF:
+            p02, p13 = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
+            xh = gl.load(x_hi + word, mask=live, other=0) if TWO_N else xl
+            acc_lo = _mma_half(p02, p13, xl, xh, acc_lo)
+        else:
+            p02_g, p13_g = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
+            p02_h, p13_h = _pool_pairs(v_ptr, vr_h, off, ok, SEGMENT)
+            acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
+            if TWO_N:
+                xh = gl.load(x_hi + word, mask=live, other=0)
+                acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
     return acc_lo, acc_hi
 
 
@@ -181,10 +218,25 @@ def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr):
 
 
 @gluon.jit
+def _store_half(y_ptr, acc, row0, M, N, stride_ym, KS: gl.constexpr):
+    """HALF programs: sum the KS warps' accumulators (fixed order) and store lane (g, t)'s d0..d3 as bf16 bits at
+    y[n, row]: n = g / g + 8, rows row0 + 2t / 2t + 1."""
+    tot = gl.sum(acc, axis=0)
+    lo: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0]))
+    lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(1, lo)), 1)
+    j = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, lo)), 0)
+    n = lane // 4 + 8 * (j // 2)
+    rows = row0 + 2 * (lane % 4) + j % 2
+    ok = (n < M) & (rows < N)
+    gl.store(y_ptr + n * stride_ym + rows, _bf16_bits(tot), mask=ok)
+
+
+@gluon.jit
 def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, vcount_ptr, y_ptr, M, N, K, S,
                           BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-                          HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr):
+                          HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
+                          HALF: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -195,11 +247,19 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     g = lane // 4
     n_chunks = S * (SEGMENT // CHUNK)
     # chunk c of this row block: [2][32 lanes][4 words] of A and of B, contiguous; warp w starts at chunk w
-    a_g = a_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
-    b_g = b_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+    if HALF:  # half pid % 2 of 16-row block pid // 2: rows g only, W the mma's B operand
+        blk = pid // 2
+        row0 = blk * 16 + 8 * (pid % 2)
+        a_g = a_ptr + ((blk * n_chunks + w).to(gl.int64) * 2 + pid % 2) * 128 + lane * 4 + j
+        b_g = b_ptr + ((blk * n_chunks + w).to(gl.int64) * 2 + pid % 2) * 128 + lane * 4 + j
+    else:
+        blk = pid
+        row0 = pid * 16
+        a_g = a_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+        b_g = b_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
     # rows past N (the last block of a ragged N) read row N - 1's tables: their results are never stored
-    row_g = gl.minimum(pid * 16 + g, N - 1).to(gl.int64)
-    row_h = gl.minimum(pid * 16 + g + 8, N - 1).to(gl.int64)
+    row_g = gl.minimum(row0 + g, N - 1).to(gl.int64)
+    row_h = gl.minimum(row0 + g + 8, N - 1).to(gl.int64)
     xe_g = xe_ptr + row_g * stride_xen
     xe_h = xe_ptr + row_h * stride_xen
     # activation row n = g (8 + g) feeds mma column n; lanes past M read row M - 1 instead of a masked load:
@@ -221,14 +281,14 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     # addresses, words unused, DEPTH chunks per warp read twice): a peeled loop that loads nothing there and a
     # cp.async ring in shared memory were both measured slower (specpilot/ops/w12n_gemv/README.md). The weights
     # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
-    cur = _weights(ptrs, 0, KS, SEGMENT)
-    nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT)
+    cur = _weights(ptrs, 0, KS, SEGMENT, HALF)
+    nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT, HALF)
     if HAS_VERBATIM:  # the first listed segment's lookups (no load's address depends on another's value: a warp
         # stalls at the first use only, after the loop)
         vq_g = vq_ptr + row_g * S
         vq_h = vq_ptr + row_h * S
-        n_v = gl.load(vcount_ptr + pid)
-        s0 = gl.load(vseg_ptr + pid * S)  # 0 when the block has none (the row is zero-padded)
+        n_v = gl.load(vcount_ptr + blk)
+        s0 = gl.load(vseg_ptr + blk * S)  # 0 when the block has none (the row is zero-padded)
         vr0_g = gl.load(vq_g)
         vr0_h = gl.load(vq_h)
     if PDL:
@@ -238,10 +298,10 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     for i in range(0, n_iter):
         ahead = (i + DEPTH) % n_iter
         if DEPTH == 2:
-            after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
+            after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
         else:
-            nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N)
-        acc_lo, acc_hi = _step(cur, acc_lo, acc_hi, base_lanes, TWO_N)
+            nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+        acc_lo, acc_hi = _step(cur, acc_lo, acc_hi, base_lanes, TWO_N, HALF)
         if DEPTH == 2:
             cur = nxt
             nxt = after
@@ -250,42 +310,54 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     if HAS_VERBATIM:  # the block's listed segments (usually none or one), after the K loop
         if n_v > 0:
             acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s0, vr0_g, vr0_h, v_ptr, x_row_lo, x_row_hi, K, w,
-                                               lane, j, KS, SEGMENT, EVEN_K, TWO_N)
+                                               lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
         for q in range(1, n_v):
-            s = gl.load(vseg_ptr + pid * S + q)
+            s = gl.load(vseg_ptr + blk * S + q)
             acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s, gl.load(vq_g + q), gl.load(vq_h + q), v_ptr,
-                                               x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N)
-    _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
-    if TWO_N:
-        _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
+                                               x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+    if HALF:
+        _store_half(y_ptr, acc_lo, row0, M, N, stride_ym, KS)
+    else:
+        _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
+        if TWO_N:
+            _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
 
 
 @gluon.jit
-def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
-    return _weights(ptrs, i, KS, SEGMENT) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
+def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
+           HALF: gl.constexpr):
+    return _weights(ptrs, i, KS, SEGMENT, HALF) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
 
 
 @gluon.jit
-def _step(cur, acc_lo, acc_hi, base_lanes, TWO_N: gl.constexpr):
+def _step(cur, acc_lo, acc_hi, base_lanes, TWO_N: gl.constexpr, HALF: gl.constexpr):
     """Decode one chunk (its raw words in cur) and run its mmas into the accumulators."""
-    ag, ah, bg, bh, eg, eh, xl, xh = cur
-    p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
-    p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
-    acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
-    if TWO_N:
-        acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+    if HALF:  # one row per lane; one mma covers all 16 activation rows
+        ag, bg, eg, xl, xh = cur
+        p02, p13 = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
+        acc_lo = _mma_half(p02, p13, xl, xh, acc_lo)
+    else:
+        ag, ah, bg, bh, eg, eh, xl, xh = cur
+        p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
+        p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
+        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
+        if TWO_N:
+            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
     return acc_lo, acc_hi
 
 
 @gluon.jit
-def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr):
-    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 and the chunk segment's XE of both."""
+def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, HALF: gl.constexpr):
+    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 (HALF: row g) and the chunk segment's XE."""
     a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
     step = i * (256 * KS)
     s = (i * KS + w) // (SEGMENT // CHUNK)
     # weights are read once: evict first, so x and the small tables stay in cache
-    return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
-            gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
+    if HALF:
+        return (_stream(a_g + step), _stream(b_g + step), gl.load(xe_g + s).to(gl.uint32))
+    else:
+        return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
+                gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
 
 
 @gluon.jit
@@ -321,10 +393,13 @@ def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch of the kernel: warps (K slices) per 16-row program, chunks loaded ahead, ptxas register cap."""
+    """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, and weight
+    rows per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the
+    A operand, one row per lane, twice the programs; unmeasured on a GPU, so never the default yet)."""
     warps: int
     depth: int = 1
     maxnreg: int | None = None
+    rows: int = 16
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -443,10 +518,13 @@ def prepare(t: W12NTensor) -> None:
 
 
 def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
-                   maxnreg: int | None = None) -> Launch:
+                   maxnreg: int | None = None, rows: int | None = None) -> Launch:
     """The launch for explicit overrides: default_launch where warps is None or the default's; another warps
-    count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given."""
+    count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given;
+    rows (16 or 8) is taken as given."""
     d = default_launch(t, m, sms)
+    if rows is not None and rows != d.rows:
+        return Launch(d.warps if warps is None else warps, 1 if depth is None else depth, maxnreg, rows)
     if warps is None or warps == d.warps:
         if depth is None and maxnreg is None:
             return d
@@ -455,15 +533,18 @@ def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, de
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas.
-    Unset: default_launch (resolve_launch says how overrides combine with it)."""
+    divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
+    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch
+    says how overrides combine with it)."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
                          f"segment {t.segment}")
-    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg)
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
+    if cfg.rows not in (8, 16):
+        raise ValueError(f"rows must be 16 or 8, got {cfg.rows}")
     if cfg.warps < 1 or (t.padded_k // CHUNK.value) % cfg.warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {cfg.warps}")
     if cfg.depth not in (1, 2):
@@ -484,10 +565,10 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
         xe, pool, vq, vseg, vcount = vt.xe, t.verbatim.view(torch.int64), vt.vq, vt.vseg, vt.vcount
     else:  # never read: any tensors of the right types
         xe, pool, vq, vseg, vcount = t.xe, a.view(torch.int64), t.rvb, t.rvb, t.rvb
-    _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
+    _w12n_mma_gemv_kernel[(-(-t.n // 16) * (16 // cfg.rows),)](
         xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, num_warps=cfg.warps, **pdl.launch_kwargs(on),
+        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, num_warps=cfg.warps, **pdl.launch_kwargs(on),
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
