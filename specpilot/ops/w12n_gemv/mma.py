@@ -19,6 +19,10 @@ are mma columns, each computed on its own by the tensor cores, so row m of an M-
 bitwise (bench/kernel_check.py checks it on the GPU). The sums round differently from the FMA kernel's
 (triton.py), which stays the reference formulation that runs under the interpreter.
 
+Opt-in, HALF (rows=8): the operands swapped, W the mma's B operand and x its A operand: a lane decodes one row
+(g) of one half of the block, a program owns 8 rows, so there are twice the programs, and one mma covers all
+16 activation rows (README.md: unmeasured on a GPU so far).
+
 Verbatim segments (XE == 255) are added after the K loop, so that loop is the same code with or without them
 (61 registers against 77-98 with an inline fix-up, Triton 3.6, sm_90). A tensor that has any gets derived tables
 (`verbatim_tables`, once per tensor on its device): its tile-major planes hold zeros in verbatim segments and the
