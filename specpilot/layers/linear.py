@@ -57,7 +57,8 @@ class Linear(nn.Linear):
     w12n: w12n.W12NTensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w12n is not None and (self.weight is None or (_w12n_enabled and x.numel() <= 16 * x.shape[-1])):
+        if (self.w12n is not None and self.bias is None
+                and (self.weight is None or (_w12n_enabled and x.numel() <= 16 * x.shape[-1]))):
             return w12n_linear(x, self.w12n)
         if _gemv_enabled and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
             return gemv(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.out_features)
