@@ -339,6 +339,19 @@ def test_tiled_planes_put_each_lane_fragment_together():
     assert tiled_planes(t)[0].data_ptr() == tiled_planes(t)[0].data_ptr()  # cached per tensor
 
 
+def _pool_pairs(words: torch.Tensor, vr: torch.Tensor, col: torch.Tensor) -> tuple[list, list]:
+    """The kernel's pool pairs (w0, w2) / (w1, w3) of words col + j (j = 0..3) of pool rows vr (zeros where -1)."""
+    from tests.ops import ptx
+
+    p02, p13 = [], []
+    for j in range(4):
+        v = torch.where(vr >= 0, words[vr.clamp(min=0), col + j], 0)
+        lo, hi = v & ptx.M32, (v >> 32) & ptx.M32
+        p02.append((lo & 0xFFFF) | ((hi & 0xFFFF) << 16))
+        p13.append((lo >> 16) | (hi & 0xFFFF0000))
+    return p02, p13
+
+
 def _emulated_mma_gemv(x: torch.Tensor, t) -> torch.Tensor:
     """The tensor-core kernel's data flow on a CPU, one warp per 16-row block (KS = 1): lane registers filled
     from the tile-major planes and the verbatim tables as the kernel loads them, its decode and mma asm text run
@@ -391,14 +404,7 @@ def _emulated_mma_gemv(x: torch.Tensor, t) -> torch.Tensor:
             for r in range(cps):
                 pool_pairs = []
                 for h in range(2):
-                    vr = vt.vq.long()[rows[:, h], q]  # [blocks, lane]
-                    p02, p13 = [], []
-                    for j in range(4):
-                        v = torch.where(vr >= 0, words[vr.clamp(min=0), 16 * r + 4 * tt + j], 0)
-                        lo, hi = v & ptx.M32, (v >> 32) & ptx.M32
-                        p02.append((lo & 0xFFFF) | ((hi & 0xFFFF) << 16))
-                        p13.append((lo >> 16) | (hi & 0xFFFF0000))
-                    pool_pairs.append((p02, p13))
+                    pool_pairs.append(_pool_pairs(words, vt.vq.long()[rows[:, h], q], 16 * r + 4 * tt))
                 acc = run_mma(pool_pairs, seg * cps + r, acc, q < vt.vcount)
     y = torch.zeros(16, blocks * 16)
     for i, (dr, dn) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
@@ -458,12 +464,7 @@ def _emulated_mma_half(x: torch.Tensor, t) -> torch.Tensor:
             seg = vt.vseg[blk, q].long()
             vr = vt.vq.long()[rows, q]  # [progs, lane]
             for r in range(t.segment // 64):
-                q02, q13 = [], []
-                for j in range(4):
-                    v = torch.where(vr >= 0, words[vr.clamp(min=0), 16 * r + 4 * tt + j], 0)
-                    lo, hi = v & ptx.M32, (v >> 32) & ptx.M32
-                    q02.append((lo & 0xFFFF) | ((hi & 0xFFFF) << 16))
-                    q13.append((lo >> 16) | (hi & 0xFFFF0000))
+                q02, q13 = _pool_pairs(words, vr, 16 * r + 4 * tt)
                 acc = run_mma(q02, q13, seg * (t.segment // 64) + r, acc, q < vt.vcount[blk])
     y = torch.zeros(16, progs * 8)
     for i, (dn, dr) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):  # d0..d3: (activation row, weight row)

@@ -87,51 +87,36 @@ _DECODE_CHUNK = gl.constexpr(_decode_chunk_asm())
 _DECODE_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 14))
 
 
-def _mma_chunk_asm() -> str:
+def _mma_chunk_asm(half: bool = False) -> str:
     """pack = 4 over j: $4-$7 (w0, w2) of row g, $8-$11 (w1, w3) of row g, $12-$15 / $16-$19 the same for row
     g + 8, $20-$23 x words (4 bf16 of activation row n), $24-$27 the accumulator c0..c3 -> $0-$3. Word j is the
-    mma's k-step j; fragment column pairs (2t, 2t+1) and (2t+8, 2t+9) are weights (0, 2) and (1, 3) of it."""
-    lines = ["{", ".reg .b32 xl, xh, b0, b1;", ".reg .f32 d0, d1, d2, d3;"]
+    mma's k-step j; fragment column pairs (2t, 2t+1) and (2t+8, 2t+9) are weights (0, 2) and (1, 3) of it.
+    half (HALF programs of 8 weight rows, the operands swapped): $4-$7 / $8-$11 (w0, w2) / (w1, w3) of weight row
+    g are the B fragment (b0: k = 2t, 2t + 1 at n = g; b1: k = 2t + 8, 2t + 9); $12-$15 / $16-$19 the x words of
+    activation rows g / g + 8 permuted into the A fragment (a0 / a2: row g, a1 / a3: row g + 8); $20-$23 the
+    accumulator -> $0-$3: d0, d1 = activation row g at weight rows 2t, 2t + 1; d2, d3 = row g + 8."""
+    acc = 20 if half else 24
+    regs = "l0, l1, h0, h1, a0, a1, a2, a3" if half else "xl, xh, b0, b1"
+    lines = ["{", f".reg .b32 {regs};", ".reg .f32 d0, d1, d2, d3;"]
     for j in range(4):
-        src = "$24, $25, $26, $27" if j == 0 else "d0, d1, d2, d3"
+        src = ", ".join(f"${acc + i}" for i in range(4)) if j == 0 else "d0, d1, d2, d3"
         dst = "$0, $1, $2, $3" if j == 3 else "d0, d1, d2, d3"
-        lines += [
-            f"mov.b64 {{xl, xh}}, ${20 + j};",
-            "prmt.b32 b0, xl, xh, 0x5410;",
-            "prmt.b32 b1, xl, xh, 0x7632;",
-            f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dst}}}, "
-            f"{{${4 + j}, ${12 + j}, ${8 + j}, ${16 + j}}}, {{b0, b1}}, {{{src}}};",
-        ]
+        if half:
+            lines += [f"mov.b64 {{l0, l1}}, ${12 + j};", f"mov.b64 {{h0, h1}}, ${16 + j};",
+                      "prmt.b32 a0, l0, l1, 0x5410;", "prmt.b32 a2, l0, l1, 0x7632;",
+                      "prmt.b32 a1, h0, h1, 0x5410;", "prmt.b32 a3, h0, h1, 0x7632;"]
+            frags = f"{{a0, a1, a2, a3}}, {{${4 + j}, ${8 + j}}}"
+        else:
+            lines += [f"mov.b64 {{xl, xh}}, ${20 + j};", "prmt.b32 b0, xl, xh, 0x5410;",
+                      "prmt.b32 b1, xl, xh, 0x7632;"]
+            frags = f"{{${4 + j}, ${12 + j}, ${8 + j}, ${16 + j}}}, {{b0, b1}}"
+        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dst}}}, {frags}, {{{src}}};")
     return "\n".join(lines + ["}"])
 
 
 _MMA_CHUNK = gl.constexpr(_mma_chunk_asm())
 _MMA_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 16 + ["l"] * 4 + ["f"] * 4))
-
-
-def _mma_half_asm() -> str:
-    """The operands swapped (HALF programs of 8 weight rows): pack = 4 over j: $4-$7 (w0, w2) and $8-$11 (w1, w3)
-    of weight row g are the B fragment (b0: k = 2t, 2t + 1 at n = g; b1: k = 2t + 8, 2t + 9); $12-$15 / $16-$19
-    the x words of activation rows g / g + 8 permuted into the A fragment (a0 / a2: row g, a1 / a3: row g + 8);
-    $20-$23 the accumulator -> $0-$3: d0, d1 = activation row g at weight rows 2t, 2t + 1; d2, d3 = row g + 8."""
-    lines = ["{", ".reg .b32 l0, l1, h0, h1, a0, a1, a2, a3;", ".reg .f32 d0, d1, d2, d3;"]
-    for j in range(4):
-        src = "$20, $21, $22, $23" if j == 0 else "d0, d1, d2, d3"
-        dst = "$0, $1, $2, $3" if j == 3 else "d0, d1, d2, d3"
-        lines += [
-            f"mov.b64 {{l0, l1}}, ${12 + j};",
-            f"mov.b64 {{h0, h1}}, ${16 + j};",
-            "prmt.b32 a0, l0, l1, 0x5410;",
-            "prmt.b32 a2, l0, l1, 0x7632;",
-            "prmt.b32 a1, h0, h1, 0x5410;",
-            "prmt.b32 a3, h0, h1, 0x7632;",
-            f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dst}}}, {{a0, a1, a2, a3}}, "
-            f"{{${4 + j}, ${8 + j}}}, {{{src}}};",
-        ]
-    return "\n".join(lines + ["}"])
-
-
-_MMA_HALF = gl.constexpr(_mma_half_asm())
+_MMA_HALF = gl.constexpr(_mma_chunk_asm(half=True))
 _MMA_HALF_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 8 + ["l"] * 8 + ["f"] * 4))
 
 
