@@ -92,8 +92,6 @@ def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",), dro
                 mma.prepare(encoded)
             module.w12n = encoded
             report[name] = w12n.stats(encoded)
-            if drop_bf16:
+            if drop_bf16:  # the caching allocator hands the freed bytes to the next layer's planes
                 module.weight = None
-                if encoded.a.is_cuda:
-                    torch.cuda.empty_cache()  # why: the next layer's planes reuse this one's bf16 bytes
     return report
