@@ -97,10 +97,14 @@ def timer(device: str):
     return cpu_time
 
 
-def check(x, t, rows8: bool = False) -> dict:
-    """Both kernels against their references, and batch invariance of the exact one (rows8: the HALF launch too)."""
+def check(x, t, rows8: bool = False, fp8_launches: dict | None = None) -> dict:
+    """Both kernels against their references, and batch invariance of the exact one (rows8: the HALF launch too;
+    fp8_launches: name -> fp8_gemv keywords, each against the reference too)."""
+    fp8_ref = fp8_gemv_ref(x, t).float()
     out = {"w12n": rel_err(kernels.w12n_gemv(x, t).float(), w12n_gemv_ref(x, t).float()),
-           "fp8": rel_err(kernels.fp8_gemv(x, t).float(), fp8_gemv_ref(x, t).float())}
+           "fp8": rel_err(kernels.fp8_gemv(x, t).float(), fp8_ref),
+           "fp8_launches": {k: rel_err(kernels.fp8_gemv(x, t, **kw).float(), fp8_ref)
+                            for k, kw in (fp8_launches or {}).items()}}
     if x.shape[0] > 1:
         out["batch_invariant"] = bool(torch.equal(kernels.w12n_gemv(x[:1], t), kernels.w12n_gemv(x, t)[:1]))
     base = kernels.w12n_gemv(x, t)
@@ -119,7 +123,8 @@ def check(x, t, rows8: bool = False) -> dict:
     out["ok"] = (out["w12n"]["rel_rms_err"] < 1e-2 and out["fp8"]["rel_rms_err"] < 1e-2 and not out["w12n"]["nan"]
                  and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values())
                  and out.get("mma", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True)
-                 and out.get("mma_r8", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2)
+                 and out.get("mma_r8", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2
+                 and all(e["rel_rms_err"] < 1e-2 for e in out["fp8_launches"].values()))
     return out
 
 
@@ -132,6 +137,18 @@ def _weights(N: int, K: int, dev: str, clean: bool) -> torch.Tensor:
     if clean:
         w = torch.where(w.abs() < 1e-4, torch.where(w < 0, -1e-4, 1e-4), w)
     return w.to(torch.bfloat16)
+
+
+def fp8_config(text: str) -> dict:
+    """'bn16.bk1024.w8.p1' -> fp8_gemv keywords (block_n, block_k, num_warps, prefetch); parts may be left out."""
+    keys = {"bn": "block_n", "bk": "block_k", "w": "num_warps", "p": "prefetch"}
+    out = {}
+    for part in text.split("."):
+        key = part.rstrip("0123456789")
+        if key not in keys or key == part:
+            raise argparse.ArgumentTypeError(f"FP8 config part {part!r} of {text!r}: expected bnN, bkN, wN or pN")
+        out[keys[key]] = bool(int(part[len(key):])) if key == "p" else int(part[len(key):])
+    return out
 
 
 def bench_shape(name, N, K, args, bw, time_it) -> dict:
@@ -155,9 +172,14 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
     row["fixed_segments"] = {seg: {"bits_per_weight": w12n.bits_per_weight(enc[0]),
                                    "verbatim_fraction": w12n.stats(enc[0])["verbatim_fraction"]}
                              for seg, enc in fixed.items()}
+    fp8_launches = {}  # FP8-view launches: rows per program, tile width, warps, prefetch
+    for cfg in args.fp8_configs:
+        kw = fp8_launches[f"fp8_{cfg}"] = fp8_config(cfg)  # block_k: at most the padded K's power-of-two factor
+        kw["block_k"] = min(kw.get("block_k", 512), encoded[0].padded_k & -encoded[0].padded_k)
     for m in args.ms:
         x = torch.randn(m, K, device=dev).to(torch.bfloat16)
-        r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0], args.mma_rows8)}
+        r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0], args.mma_rows8,
+                                            fp8_launches)}
         if dev == "cuda":
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             r["mma_launch"] = dataclasses.asdict(mma_kernel.default_launch(encoded[0], m, sms))
@@ -165,6 +187,8 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
         variants = {"cublas_bf16": lambda a, wt: F.linear(a, wt[0]),
                     "w12n": lambda a, wt: kernels.w12n_gemv(a, wt[1]),
                     "fp8_view": lambda a, wt: kernels.fp8_gemv(a, wt[1])}
+        for key, kw in fp8_launches.items():
+            variants[key] = lambda a, wt, kw=kw: kernels.fp8_gemv(a, wt[1], **kw)
         for bn in args.block_ns:  # wider tiles: fewer instructions per weight, fewer programs
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
         if dev == "cuda":  # the tensor-core kernel: decode into mma fragments; K split over `ks` warps
@@ -250,10 +274,15 @@ def main() -> None:
     p.add_argument("--mma-rows8", action="store_true",
                    help="also check and time the tensor-core kernel with 8 weight rows per program (operands "
                         "swapped), 4 and 8 warps, depth 1 and 2")
+    p.add_argument("--fp8-configs", nargs="*", default=[],
+                   help="also time the FP8 view at these launches, e.g. bn16.bk1024.w8.p1 (block_n, block_k, "
+                        "warps, prefetch)")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on tiny shapes (needs TRITON_INTERPRET=1)")
     args = p.parse_args()
+    for cfg in args.fp8_configs:  # a typo fails here, not after minutes of encoding
+        fp8_config(cfg)
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         p.error("--device cpu runs the Triton kernels in the interpreter: set TRITON_INTERPRET=1")
     shapes = SHAPES if args.device == "cuda" else TINY_SHAPES

@@ -177,6 +177,23 @@ def test_fp8_gemv_matches_reference(M, N, K, segment, dtype):
     check_bf16_epilogue(fp8_gemv, x, t, y)
 
 
+@pytest.mark.parametrize("M", [1, 5])
+def test_fp8_gemv_launches(M):
+    """The FP8 view at tiles wider than the segment, with and without the one-tile prefetch, ragged rows: every
+    launch matches the reference; prefetch and block_n change no bit (the same chain per lane)."""
+    from specpilot.ops.w12n_gemv.triton import fp8_gemv
+
+    t = make_tensor(37, 1000, 128, seed=M)  # padded K 1024: tiles of up to 1024 weights, 8 segments each
+    x = make_x(M, 1000, torch.bfloat16, seed=M)
+    for block_k in (128, 512, 1024):
+        base = fp8_gemv(x, t, block_k=block_k)
+        check("fp8_gemv", fp8_gemv_ref, x, t, base)
+        for kw in ({"prefetch": True}, {"prefetch": True, "block_n": 4, "num_warps": 2}, {"block_n": 32}):
+            assert torch.equal(fp8_gemv(x, t, block_k=block_k, **kw), base), (block_k, kw)
+    with pytest.raises(ValueError, match="dividing the padded K"):
+        fp8_gemv(x, t, block_k=2048)
+
+
 def test_fp8_view_is_close_to_exact():
     """Under the 'max' base the FP8 scan stays within the 3-bit-mantissa truncation of the exact GEMV."""
     t = make_tensor(33, 1024, 128, seed=13)

@@ -317,7 +317,7 @@ def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, SCALE,
                      stride_xm, stride_an, stride_ym,
                      M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_WORDS: tl.constexpr, OUT_BF16: tl.constexpr,
-                     USE_ASM: tl.constexpr):
+                     USE_ASM: tl.constexpr, PREFETCH: tl.constexpr):
     # a_ptr: the A plane as int32 words (4 weights each)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -325,14 +325,28 @@ def _fp8_gemv_kernel(x_ptr, a_ptr, y_ptr, N, K, KP, SCALE,
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_an
     words = tl.arange(0, BLOCK_K // 4)
     accs = (tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32),) * M
-    for k0 in range(0, KP, BLOCK_K):
-        # KP is a multiple of BLOCK_K (it divides the segment): A loads need no column mask
-        a = _row_load(a_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
-        w = _fp8_view(a.to(tl.uint32, bitcast=True), USE_ASM)
-        accs = _accumulate(accs, w, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS)
+    # KP is a multiple of BLOCK_K: A loads need no column mask
+    if PREFETCH:  # the next tile's load is issued before this tile's math: two tiles in flight per program
+        a = _row_load(a_rows + words[None, :], row_ok[:, None], EVEN_N)
+        for k0 in range(0, KP - BLOCK_K, BLOCK_K):
+            nxt = _row_load(a_rows + ((k0 + BLOCK_K) // 4 + words)[None, :], row_ok[:, None], EVEN_N)
+            accs = _fp8_tile(accs, a, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS, USE_ASM)
+            a = nxt
+        accs = _fp8_tile(accs, a, x_ptr, stride_xm, (KP - BLOCK_K) // 4 + words, K, M, EVEN_K, X_WORDS, USE_ASM)
+    else:
+        for k0 in range(0, KP, BLOCK_K):
+            a = _row_load(a_rows + (k0 // 4 + words)[None, :], row_ok[:, None], EVEN_N)
+            accs = _fp8_tile(accs, a, x_ptr, stride_xm, k0 // 4 + words, K, M, EVEN_K, X_WORDS, USE_ASM)
     # the view's scale 2^(base-120) is a power of two: applied once at the end, the sums round exactly as if
     # every weight carried it (barring fp32 overflow/underflow of the partial sums)
     _store_rows(y_ptr, accs, rows, row_ok, stride_ym, SCALE, M, OUT_BF16)
+
+
+@triton.jit
+def _fp8_tile(accs, a, x_ptr, stride_xm, words, K, M: tl.constexpr, EVEN_K: tl.constexpr, X_WORDS: tl.constexpr,
+              USE_ASM: tl.constexpr):
+    return _accumulate(accs, _fp8_view(a.to(tl.uint32, bitcast=True), USE_ASM), x_ptr, stride_xm, words, K, M,
+                       EVEN_K, X_WORDS)
 
 
 def default_block_k(segment: int, cap: int = 512) -> int:
@@ -396,10 +410,15 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int 
 
 
 def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int | None = None,
-             num_warps: int = 4, asm: bool | None = None) -> torch.Tensor:
-    """Same contract as fp8_gemv_ref: y = x @ (fp8_view(t) * scale).T, reading only the A plane."""
+             num_warps: int = 4, prefetch: bool = False, asm: bool | None = None) -> torch.Tensor:
+    """Same contract as fp8_gemv_ref: y = x @ (fp8_view(t) * scale).T, reading only the A plane.
+
+    The view needs no XE byte, so block_k (default: the segment's, capped at 512) may be any power of two >= 4
+    that divides the padded K. prefetch: load each tile one iteration ahead (two tiles in flight per program)."""
     block_k = default_block_k(t.segment) if block_k is None else block_k
-    _check(x, t, block_n, block_k)
+    _check(x, t, block_n, 4)
+    if block_k < 4 or block_k & (block_k - 1) or t.padded_k % block_k:
+        raise ValueError(f"block_k must be a power of two >= 4 dividing the padded K {t.padded_k}, got {block_k}")
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
     a, (xw, x_words) = t.a.view(torch.int32), _x_view(x)
@@ -407,8 +426,8 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int |
         xw, a, _out(y), t.n, t.k, t.padded_k, 2.0 ** (t.base - 120),
         xw.stride(0), a.stride(0), y.stride(0),
         M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=t.k == t.padded_k, EVEN_N=t.n % block_n == 0,
-        X_WORDS=x_words,
-        OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm, num_warps=num_warps)
+        X_WORDS=x_words, OUT_BF16=y.dtype == torch.bfloat16, USE_ASM=use_asm(x.device) if asm is None else asm,
+        PREFETCH=prefetch, num_warps=num_warps)
     return y
 
 
