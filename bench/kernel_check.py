@@ -260,8 +260,8 @@ def check_w12n_gemv(dev, M, N, K):
     import torch
 
     from bench.common import rel_err
-    from specpilot.ops.w12n_gemv.reference import w12n_gemv_ref
-    from specpilot.ops.w12n_gemv.triton import w12n_gemv
+    from specpilot.ops.w12n_gemv.reference import fp8_gemv_ref, w12n_gemv_ref
+    from specpilot.ops.w12n_gemv.triton import fp8_gemv, w12n_gemv
     from specpilot.weights.w12n import decode
 
     x, t = _w12n_problem(dev, M, N, K)
@@ -270,6 +270,13 @@ def check_w12n_gemv(dev, M, N, K):
     onehot = torch.zeros(len(cols), K, device=dev)
     onehot[torch.arange(len(cols)), cols] = 1
     res["exact_decode"] = bool(torch.equal(w12n_gemv(onehot, t), decode(t).to(dev).float()[:, cols].T))
+    # the FP8 view at its default launch (rows per program change with M, the tile width does not)
+    xb = x.bfloat16()
+    fp8 = fp8_gemv(xb, t)
+    res["fp8_rel_rms_err"] = rel_err(fp8.float(), fp8_gemv_ref(xb, t).float())["rel_rms_err"]
+    res["fp8_batch_invariant"] = all(torch.equal(fp8_gemv(xb[m:m + 1], t), fp8[m:m + 1]) for m in range(M))
+    if not (res["fp8_batch_invariant"] and res["fp8_rel_rms_err"] < 1e-2):
+        res["batch_invariant"] = False
     if dev == "cuda":  # the tensor-core kernel (Gluon): exact decode through one-hot rows, batch invariance
         from specpilot.ops.w12n_gemv.mma import supports, w12n_mma_gemv
 
@@ -292,9 +299,13 @@ def check_w12n_gemv(dev, M, N, K):
         res["mma_r8_exact_decode"] = bool(torch.equal(w12n_mma_gemv(onehot.bfloat16(), t, rows=8),
                                                       decode(t).to(dev)[:, cols].T.contiguous()))
         res["mma_r8_pipelines_bitwise"] = torch.equal(w12n_mma_gemv(x, t, rows=8, depth=2), half)
+        # the L2 prefetch of the first verbatim segment's pool words (opt-in) changes no bit
+        res["mma_pool_l2_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, pool_l2=True, rows=r), y)
+                                         for r, y in ((16, mma), (8, half)))
         if not (res["mma_batch_invariant"] and res["mma_exact_decode"] and res["mma_rel_rms_err"] < 1e-2
                 and res["mma_pipelines_bitwise"] and res["mma_r8_batch_invariant"] and res["mma_r8_exact_decode"]
-                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"]):
+                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"]
+                and res["mma_pool_l2_bitwise"]):
             res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
     if not (res["asm_equals_tl"] and res["exact_decode"]):
         res["batch_invariant"] = False
