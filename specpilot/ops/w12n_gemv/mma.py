@@ -34,7 +34,7 @@ rows whose segment is inline) through the same mmas. The sums round in a fixed o
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -182,27 +182,6 @@ def _verbatim_segment(acc_lo, acc_hi, s, vr_g, vr_h, v_ptr, x_lo, x_hi, K, w, la
 
 
 @gluon.jit
-def _pool_to_l2(v_ptr, vr_g, vr_h, n_v, w, lane, j, KS: gl.constexpr, SEGMENT: gl.constexpr, HALF: gl.constexpr):
-    """prefetch.global.L2 of the pool words _verbatim_segment will read for pool rows vr_g / vr_h (nothing waits
-    on it, no register stays live; rows < 0 and blocks without a listed segment fetch nothing)."""
-    CPS: gl.constexpr = SEGMENT // CHUNK
-    for u in gl.static_range((CPS + KS - 1) // KS):
-        r = w + KS * u
-        off = 16 * r + 4 * (lane % 4) + j
-        live = (r < CPS) & (n_v > 0)
-        _l2_prefetch(v_ptr + gl.maximum(vr_g, 0).to(gl.int64) * (SEGMENT // 4) + off, live & (vr_g >= 0))
-        if not HALF:
-            _l2_prefetch(v_ptr + gl.maximum(vr_h, 0).to(gl.int64) * (SEGMENT // 4) + off, live & (vr_h >= 0))
-
-
-@gluon.jit
-def _l2_prefetch(ptrs, on):
-    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-                              "=r,l,r", [ptrs.to(gl.int64), on.to(gl.int32)], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
 def _bf16_bits(y):
     """fp32 -> int16 bits of its bf16 rounding to nearest even (torch's fp32 -> bf16, NaN -> 0x7FC0). The same
     integer rounding as triton.py's `_bf16_bits` (a Gluon kernel cannot call a @triton.jit helper), so both
@@ -246,7 +225,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                           BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
-                          HALF: gl.constexpr = False, POOL_L2: gl.constexpr = False):
+                          HALF: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -301,8 +280,6 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
         s0 = gl.load(vseg_ptr + blk * S)  # 0 when the block has none (the row is zero-padded)
         vr0_g = gl.load(vq_g)
         vr0_h = gl.load(vq_h)
-        if POOL_L2:  # that segment's pool words to L2 now, so the pass after the loop waits on L2, not DRAM
-            _pool_to_l2(v_ptr, vr0_g, vr0_h, n_v, w, lane, j, KS, SEGMENT, HALF)
     if PDL:
         _gdc("griddepcontrol.wait; // $0")
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
@@ -412,7 +389,6 @@ class Launch:
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
-    pool_l2: bool = False  # prefetch the first listed verbatim segment's pool words to L2 before the loop
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -546,19 +522,16 @@ def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, de
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None, pool_l2: bool | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped); pool_l2: prefetch the first verbatim
-    segment's pool words to L2 before the loop. Unset: default_launch (resolve_launch says how overrides combine
-    with it)."""
+    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch
+    says how overrides combine with it)."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
                          f"segment {t.segment}")
     cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
-    if pool_l2 is not None:
-        cfg = replace(cfg, pool_l2=pool_l2)
     if cfg.rows not in (8, 16):
         raise ValueError(f"rows must be 16 or 8, got {cfg.rows}")
     if cfg.warps < 1 or (t.padded_k // CHUNK.value) % cfg.warps:
@@ -585,7 +558,6 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
         xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, POOL_L2=cfg.pool_l2 and has_verbatim, num_warps=cfg.warps,
-        **pdl.launch_kwargs(on),
+        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, num_warps=cfg.warps, **pdl.launch_kwargs(on),
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y

@@ -411,16 +411,19 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int 
 
 def fp8_launch(t: W12NTensor, m: int) -> dict:
     """The FP8 view's default launch. block_k, which fixes each lane's order of sums, depends on the shape alone (the
-    padded K's largest power-of-two factor, at most 1024), so row m of an M-row call equals the M = 1 call; block_n
-    only sets the rows per program (no bit changes), fewer as M grows to keep M accumulator tiles in registers.
-    H200, M = 1 (bench/results/w12n_gemv_fp8_sweep_h200.json): 1024-wide tiles at 8 rows, 4 warps: 1.79-1.93x
-    cuBLAS bf16 on the 8B / 27B projection shapes, against 1.53-1.98x for the old 8 x 512 (or the segment)."""
-    return {"block_n": 8 if m <= 4 else 4 if m <= 8 else 2, "block_k": min(1024, t.padded_k & -t.padded_k),
-            "num_warps": 4}
+    padded K's largest power-of-two factor, at most 1024), so row m of an M-row call equals the M = 1 call; rows
+    per program, warps and the prefetch change no bit. H200, against cuBLAS bf16 (bench/results/
+    w12n_gemv_fp8_sweep_h200.json, w12n_gemv_all_clean_fp8launch_h200.json): at M = 1, 8 rows x 1024 on 4 warps
+    runs 1.82-2.45x on the 8B / 27B projection shapes (8 x 512 or the segment, before: 1.53-1.98x); at M = 8 the
+    one-tile prefetch takes 8B o_proj from 25.0 to 17.3 us."""
+    block_k = min(1024, t.padded_k & -t.padded_k)
+    if m <= 4:
+        return {"block_n": 8, "block_k": block_k, "num_warps": 4, "prefetch": False}
+    return {"block_n": 8, "block_k": block_k, "num_warps": 4, "prefetch": True}
 
 
 def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int | None = None, block_k: int | None = None,
-             num_warps: int | None = None, prefetch: bool = False, asm: bool | None = None) -> torch.Tensor:
+             num_warps: int | None = None, prefetch: bool | None = None, asm: bool | None = None) -> torch.Tensor:
     """Same contract as fp8_gemv_ref: y = x @ (fp8_view(t) * scale).T, reading only the A plane.
 
     The view needs no XE byte, so block_k may be any power of two >= 4 that divides the padded K. Unset
@@ -429,6 +432,7 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int | None = None, bloc
     block_n = d["block_n"] if block_n is None else block_n
     block_k = d["block_k"] if block_k is None else block_k
     num_warps = d["num_warps"] if num_warps is None else num_warps
+    prefetch = d["prefetch"] if prefetch is None else prefetch
     _check(x, t, block_n, 4)
     if block_k < 4 or block_k & (block_k - 1) or t.padded_k % block_k:
         raise ValueError(f"block_k must be a power of two >= 4 dividing the padded K {t.padded_k}, got {block_k}")
