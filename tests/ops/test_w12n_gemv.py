@@ -563,7 +563,11 @@ def test_mma_launch_rules():
     for n, k in [(6144, 4096), (5120, 6144), (5120, 17408), (24576, 4096), (248320, 5120), (40, 320)]:
         t = SimpleNamespace(n=n, padded_k=k)
         assert len({default_launch(t, m).warps for m in range(1, 17)}) == 1, (n, k)
-    assert default_launch(lm_head, 1) == Launch(warps=4)
+    qkv27, gate_up = SimpleNamespace(n=14336, padded_k=5120), SimpleNamespace(n=24576, padded_k=4096)
+    assert default_launch(qkv27, 1) == default_launch(qkv27, 16) == Launch(warps=4)  # 896 blocks: no cap
+    for t in (gate_up, lm_head):  # >= 10 blocks per SM: capped at M <= 8 (the cap changes no bit)
+        assert default_launch(t, 1) == default_launch(t, 8) == Launch(warps=4, maxnreg=80)
+        assert default_launch(t, 16) == Launch(warps=4)
     assert default_launch(SimpleNamespace(n=4096, padded_k=192), 1).maxnreg is None  # 3 chunks: 8 does not divide
     # overrides: another K split drops the cap and loads one chunk ahead unless told otherwise
     assert resolve_launch(o_proj, 1, 132, warps=4) == Launch(warps=4)

@@ -416,6 +416,8 @@ def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
     (bench/results/w12n_gemv_sweep_large_h200.json)."""
     if _small_n(t, sms) and (t.padded_k // CHUNK.value) % 8 == 0:
         return Launch(warps=8, depth=1, maxnreg=80 if m <= 8 else None)
+    if -(-t.n // 16) >= 10 * sms and m <= 8:  # many blocks per SM: more programs in flight beat the tail
+        return Launch(warps=default_warps(t, sms), maxnreg=80)
     return Launch(warps=default_warps(t, sms))
 
 

@@ -415,10 +415,11 @@ def fp8_launch(t: W12NTensor, m: int) -> dict:
     per program, warps and the prefetch change no bit. H200, against cuBLAS bf16 (bench/results/
     w12n_gemv_fp8_sweep_h200.json, w12n_gemv_all_clean_fp8launch_h200.json): at M = 1, 8 rows x 1024 on 4 warps
     runs 1.82-2.45x on the 8B / 27B projection shapes (8 x 512 or the segment, before: 1.53-1.98x); at M = 8 the
-    one-tile prefetch takes 8B o_proj from 25.0 to 17.3 us."""
+    one-tile prefetch takes 8B o_proj from 25.0 to 17.3 us; at M = 16, 4 rows without it was the fastest of eight
+    launches on four shapes (w12n_gemv_fp8_m8_m16_h200.json: 8B o_proj 45.6 us against 86.3 for 8 rows)."""
     block_k = min(1024, t.padded_k & -t.padded_k)
-    if m <= 4:
-        return {"block_n": 8, "block_k": block_k, "num_warps": 4, "prefetch": False}
+    if m <= 4 or m > 8:
+        return {"block_n": 8 if m <= 4 else 4, "block_k": block_k, "num_warps": 4, "prefetch": False}
     return {"block_n": 8, "block_k": block_k, "num_warps": 4, "prefetch": True}
 
 
