@@ -24,6 +24,7 @@ import collections
 import json
 import os
 import re
+from types import SimpleNamespace
 
 ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vq_ptr", "vseg_ptr",
            "vcount_ptr", "stride_xm", "stride_an", "stride_bn", "stride_xen", "stride_ym", "stride_wn")
@@ -135,8 +136,11 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
                       USE_ASM=True)
         out.append((f"w12n.M{m}", kernels._w12n_gemv_kernel, dict(common, SEGMENT=segment), num_warps, per_thread,
                     None))
-        if m in (1, 8):
-            out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, common, num_warps, per_thread, None))
+        if m in (1, 8):  # the FP8 view at its default launch for a 4096-wide K
+            f = kernels.fp8_launch(SimpleNamespace(padded_k=4096), m)
+            consts = dict(common, BLOCK_N=f["block_n"], BLOCK_K=f["block_k"], PREFETCH=f["prefetch"])
+            out.append((f"fp8.M{m}", kernels._fp8_gemv_kernel, consts, f["num_warps"],
+                        f["block_n"] * f["block_k"] / (32 * f["num_warps"]), None))
     # the decode to bf16 (products of more than 16 rows): the same walk, each tile stored
     out.append(("w12n_decode", kernels._w12n_decode_kernel,
                 dict(BLOCK_N=block_n, BLOCK_K=block_k, SEGMENT=segment, EVEN_N=True, USE_ASM=True), num_warps,
