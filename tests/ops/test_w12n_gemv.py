@@ -563,7 +563,12 @@ def test_mma_launch_rules():
     for n, k in [(6144, 4096), (5120, 6144), (5120, 17408), (24576, 4096), (248320, 5120), (40, 320)]:
         t = SimpleNamespace(n=n, padded_k=k)
         assert len({default_launch(t, m).warps for m in range(1, 17)}) == 1, (n, k)
-    qkv27, gate_up = SimpleNamespace(n=14336, padded_k=5120), SimpleNamespace(n=24576, padded_k=4096)
+    none, some = torch.zeros(0, 256), torch.zeros(3, 256)  # pools: no verbatim segments, three
+    qkv27, gate_up = SimpleNamespace(n=14336, padded_k=5120, verbatim=some), SimpleNamespace(n=24576, padded_k=4096)
+    for v in (none, some):  # 1,030 blocks: 8 programs per SM take them in one wave, 7 (verbatim pass) in two
+        gdn_in = SimpleNamespace(n=16480, padded_k=5120, verbatim=v)
+        assert default_launch(gdn_in, 1) == default_launch(gdn_in, 8) == Launch(warps=4, maxnreg=64 if len(v) else None)
+        assert default_launch(gdn_in, 16) == Launch(warps=4)
     assert default_launch(qkv27, 1) == default_launch(qkv27, 16) == Launch(warps=4)  # 896 blocks: no cap
     for t in (gate_up, lm_head):  # >= 10 blocks per SM: capped at M <= 8 (the cap changes no bit)
         assert default_launch(t, 1) == default_launch(t, 8) == Launch(warps=4, maxnreg=80)

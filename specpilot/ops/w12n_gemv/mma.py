@@ -412,13 +412,25 @@ def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
     H200, weights without verbatim segments (f59217d, bench/results/w12n_gemv_clean_sweep_h200.json, against cuBLAS
     bf16 at M = 1 / 8): 8B o_proj 1.26x / 1.18x (the old 8-warp depth-2 launch 0.99x / 0.92x), 8B down 1.28x /
     1.27x, 8B qkv 1.34x / 1.12x, 27B down 1.25x / 1.26x, 27B o_proj 1.07x / 1.03x (the old launch 0.85x).
-    Depth 2 under a cap spills; a cap on the large shapes helped gate_up and cost the others
-    (bench/results/w12n_gemv_sweep_large_h200.json)."""
+    Depth 2 under a cap spills. Large N, M <= 8 (4 warps): at >= 10 blocks per SM an 80-register cap, which helped
+    gate_up (8B 41.7 -> 38.9 us, 27B 70.8 -> 67.0 us at M = 1) and left the LM heads level
+    (w12n_gemv_large_cap_clean_h200.json) but cost attn_qkv and gdn_in_proj, whose blocks then need a second wave
+    (w12n_gemv_sweep_large_h200.json); with verbatim segments a cap of 64 where it saves a wave (27B gdn_in_proj,
+    1,030 blocks: 41.2 -> 35.1 us at M = 1, 42.3 -> 36.5 at M = 8; w12n_gemv_caps_random_h200.json)."""
     if _small_n(t, sms) and (t.padded_k // CHUNK.value) % 8 == 0:
         return Launch(warps=8, depth=1, maxnreg=80 if m <= 8 else None)
-    if -(-t.n // 16) >= 10 * sms and m <= 8:  # many blocks per SM: more programs in flight beat the tail
-        return Launch(warps=default_warps(t, sms), maxnreg=80)
-    return Launch(warps=default_warps(t, sms))
+    blocks, warps = -(-t.n // 16), default_warps(t, sms)
+    if blocks >= 10 * sms and m <= 8:  # many blocks per SM: registers for loads in flight beat occupancy
+        return Launch(warps=warps, maxnreg=80)
+    if m <= 8 and warps == 4 and _waves(blocks, 7, sms) > _waves(blocks, 8, sms) and t.verbatim.shape[0] > 0:
+        # the verbatim pass takes the 4-warp build from 64 to 71-72 registers (Triton 3.6, sm_90), 8 -> 7 programs
+        # per SM; where that costs a wave, a cap of 64 restores 8 (its spills stay outside the loop at M <= 8)
+        return Launch(warps=4, maxnreg=64)
+    return Launch(warps=warps)
+
+
+def _waves(blocks: int, per_sm: int, sms: int) -> int:
+    return -(-blocks // (per_sm * sms))
 
 
 def supports(x: torch.Tensor, t: W12NTensor) -> bool:
