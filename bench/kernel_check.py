@@ -299,9 +299,12 @@ def check_w12n_gemv(dev, M, N, K):
         res["mma_r8_exact_decode"] = bool(torch.equal(w12n_mma_gemv(onehot.bfloat16(), t, rows=8),
                                                       decode(t).to(dev)[:, cols].T.contiguous()))
         res["mma_r8_pipelines_bitwise"] = torch.equal(w12n_mma_gemv(x, t, rows=8, depth=2), half)
+        # the verbatim pass with its first two listed segments together (opt-in): the same sums in the same order
+        res["mma_pair_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, pair=True, rows=r), y)
+                                      for r, y in ((16, mma), (8, half)))
         if not (res["mma_batch_invariant"] and res["mma_exact_decode"] and res["mma_rel_rms_err"] < 1e-2
                 and res["mma_pipelines_bitwise"] and res["mma_r8_batch_invariant"] and res["mma_r8_exact_decode"]
-                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"]):
+                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"] and res["mma_pair_bitwise"]):
             res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
     if not (res["asm_equals_tl"] and res["exact_decode"]):
         res["batch_invariant"] = False

@@ -34,7 +34,7 @@ rows whose segment is inline) through the same mmas. The sums round in a fixed o
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from triton.experimental import gluon
@@ -225,7 +225,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                           BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
-                          HALF: gl.constexpr = False):
+                          HALF: gl.constexpr = False, PAIR: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -298,9 +298,18 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
             cur = nxt
     if HAS_VERBATIM:  # the block's listed segments (usually none or one), after the K loop
         if n_v > 0:
+            if PAIR:  # the second listed segment's lookups now, masked (no branch), so that its pool loads can be
+                # issued before the first segment's mmas: two memory latencies for both instead of three
+                two = n_v > 1
+                s1 = gl.load(vseg_ptr + blk * S + 1, mask=two, other=0)
+                vr1_g = gl.load(vq_g + 1, mask=two, other=-1)
+                vr1_h = gl.load(vq_h + 1, mask=two, other=-1)
             acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s0, vr0_g, vr0_h, v_ptr, x_row_lo, x_row_hi, K, w,
                                                lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
-        for q in range(1, n_v):
+            if PAIR:  # pool rows -1 where there is no second segment: zero words, nothing added
+                acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s1, vr1_g, vr1_h, v_ptr, x_row_lo, x_row_hi, K,
+                                                   w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+        for q in range(2 if PAIR else 1, n_v):
             s = gl.load(vseg_ptr + blk * S + q)
             acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s, gl.load(vq_g + q), gl.load(vq_h + q), v_ptr,
                                                x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
@@ -389,6 +398,7 @@ class Launch:
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
+    pair: bool = False  # verbatim pass: the second listed segment's loads issued with the first's (untimed)
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -536,16 +546,19 @@ def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, de
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None, pair: bool | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch
-    says how overrides combine with it)."""
+    rows: weight rows per program (16, or 8 with the operands swapped); pair: the verbatim pass takes its first two
+    listed segments together (opt-in, not yet timed). Unset: default_launch (resolve_launch says how overrides
+    combine with it)."""
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
                          f"segment {t.segment}")
     cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
+    if pair is not None:
+        cfg = replace(cfg, pair=pair)
     if cfg.rows not in (8, 16):
         raise ValueError(f"rows must be 16 or 8, got {cfg.rows}")
     if cfg.warps < 1 or (t.padded_k // CHUNK.value) % cfg.warps:
@@ -572,6 +585,7 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
         xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, num_warps=cfg.warps, **pdl.launch_kwargs(on),
+        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, PAIR=cfg.pair and has_verbatim, num_warps=cfg.warps,
+        **pdl.launch_kwargs(on),
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
