@@ -21,7 +21,7 @@ bitwise (bench/kernel_check.py checks it on the GPU). The sums round differently
 
 Opt-in, HALF (rows=8): the operands swapped, W the mma's B operand and x its A operand: a lane decodes one row
 (g) of one half of the block, a program owns 8 rows, so there are twice the programs, and one mma covers all
-16 activation rows (README.md: unmeasured on a GPU so far).
+16 activation rows (H200: slower at M = 1 and 8, faster at M = 16 only; README.md).
 
 Verbatim segments (XE == 255) are added after the K loop, so that loop is the same code with or without them
 (61 registers against 77-98 with an inline fix-up, Triton 3.6, sm_90). A tensor that has any gets derived tables
@@ -29,6 +29,7 @@ Verbatim segments (XE == 255) are added after the K loop, so that loop is the sa
 loop reads an XE table with 0 there, so those weights decode to +0 and add nothing; then each program walks the
 list of its block's segments that have a verbatim row, and the warps run the pool's bf16 words (zeros for the
 rows whose segment is inline) through the same mmas. The sums round in a fixed order that M never changes.
+Opt-in, pair: the first two listed segments' loads are issued together (two memory latencies for both, not three).
 """
 
 from __future__ import annotations
@@ -391,14 +392,16 @@ def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, and weight
-    rows per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the
-    A operand, one row per lane, twice the programs; unmeasured on a GPU, so never the default yet)."""
+    """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, weight rows
+    per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the A
+    operand, one row per lane, twice the programs; slower at M = 1 and 8 on an H200, faster at M = 16 only, which
+    must keep the M = 1 K split: opt-in), and pair: the verbatim pass issues its second listed segment's loads with
+    the first's (opt-in, not yet timed)."""
     warps: int
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
-    pair: bool = False  # verbatim pass: the second listed segment's loads issued with the first's (untimed)
+    pair: bool = False
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
