@@ -366,12 +366,12 @@ def _x_view(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return (x.view(torch.int64), True) if ok else (x, False)
 
 
-def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int) -> None:
+def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int, span: str = "segment") -> None:
     if x.dim() != 2 or x.shape[1] != t.k or not 1 <= x.shape[0] <= MAX_M:
         raise ValueError(f"x must be [M <= {MAX_M}, K={t.k}] for a {t.n}x{t.k} W12N weight, got {list(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16) or x.stride(1) != 1:
         raise ValueError(f"x must be fp32 or bf16 with a dense last dim, got {x.dtype} strides {x.stride()}")
-    _check_tiles(t, block_n, block_k)
+    _check_tiles(t, block_n, block_k, span)
     for name in ("a", "b", "xe"):
         if getattr(t, name).stride(1) != 1:
             raise ValueError(f"W12N plane {name!r} must have dense rows")
@@ -379,10 +379,12 @@ def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int) -> None:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
 
 
-def _check_tiles(t: W12NTensor, block_n: int, block_k: int) -> None:
-    # the kernels read 4 weights per A word / B half-word, so a tile is a whole number of words
-    if block_k < 4 or block_k & (block_k - 1) or t.segment % block_k:
-        raise ValueError(f"block_k must be a power of two >= 4 dividing the segment {t.segment}, got {block_k}")
+def _check_tiles(t: W12NTensor, block_n: int, block_k: int, span: str = "segment") -> None:
+    # the kernels read 4 weights per A word / B half-word, so a tile is a whole number of words; a tile lies in one
+    # segment (span "segment": one XE byte per row) or, for the FP8 view, which reads no XE, in the padded K
+    width = t.segment if span == "segment" else t.padded_k
+    if block_k < 4 or block_k & (block_k - 1) or width % block_k:
+        raise ValueError(f"block_k must be a power of two >= 4 dividing the {span} {width}, got {block_k}")
     if block_n < 1 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two, got {block_n}")
 
@@ -417,10 +419,8 @@ def fp8_launch(t: W12NTensor, m: int) -> dict:
     runs 1.82-2.45x on the 8B / 27B projection shapes (8 x 512 or the segment, before: 1.53-1.98x); at M = 8 the
     one-tile prefetch takes 8B o_proj from 25.0 to 17.3 us; at M = 16, 4 rows without it was the fastest of eight
     launches on four shapes (w12n_gemv_fp8_m8_m16_h200.json: 8B o_proj 45.6 us against 86.3 for 8 rows)."""
-    block_k = min(1024, t.padded_k & -t.padded_k)
-    if m <= 4 or m > 8:
-        return {"block_n": 8 if m <= 4 else 4, "block_k": block_k, "num_warps": 4, "prefetch": False}
-    return {"block_n": 8, "block_k": block_k, "num_warps": 4, "prefetch": True}
+    return {"block_n": 4 if m > 8 else 8, "block_k": min(1024, t.padded_k & -t.padded_k), "num_warps": 4,
+            "prefetch": 4 < m <= 8}
 
 
 def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int | None = None, block_k: int | None = None,
@@ -429,14 +429,10 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int | None = None, bloc
 
     The view needs no XE byte, so block_k may be any power of two >= 4 that divides the padded K. Unset
     arguments come from fp8_launch. prefetch: load each tile one iteration ahead (two tiles in flight)."""
-    d = fp8_launch(t, x.shape[0] if x.dim() == 2 else 1)  # a wrong x is reported by _check
-    block_n = d["block_n"] if block_n is None else block_n
-    block_k = d["block_k"] if block_k is None else block_k
-    num_warps = d["num_warps"] if num_warps is None else num_warps
-    prefetch = d["prefetch"] if prefetch is None else prefetch
-    _check(x, t, block_n, 4)
-    if block_k < 4 or block_k & (block_k - 1) or t.padded_k % block_k:
-        raise ValueError(f"block_k must be a power of two >= 4 dividing the padded K {t.padded_k}, got {block_k}")
+    given = {"block_n": block_n, "block_k": block_k, "num_warps": num_warps, "prefetch": prefetch}
+    launch = fp8_launch(t, x.shape[0] if x.dim() == 2 else 1) | {k: v for k, v in given.items() if v is not None}
+    block_n, block_k, num_warps, prefetch = (launch[k] for k in given)
+    _check(x, t, block_n, block_k, span="padded K")  # a wrong x is reported here, not by fp8_launch
     M = x.shape[0]
     y = torch.empty(M, t.n, dtype=x.dtype, device=x.device)
     a, (xw, x_words) = t.a.view(torch.int32), _x_view(x)
