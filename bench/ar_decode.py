@@ -456,6 +456,10 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
     if args.profile:
         result["profile_b1_ctx512"] = attempt(f"{name} profile", profile_step, runner, cfg.vocab_size)
         print(name, json.dumps(result["profile_b1_ctx512"], indent=0)[:3000], flush=True)
+        if w12n is not None:  # the same step with W12N projections: where its time goes besides the GEMVs
+            result["profile_w12n_b1_ctx512"] = attempt(f"{name} W12N profile", profile_step, w12n, cfg.vocab_size)
+            print(name, "W12N", json.dumps(result["profile_w12n_b1_ctx512"], indent=0)[:3000], flush=True)
+            _release(w12n)
         report.save()
     runs = result["runs"] = []
     for batch, ctx in args.configs:

@@ -19,5 +19,5 @@ step 90 small_random python3 bench/w12n_gemv.py --out "$OUT/w12n_gemv_small_rand
   --ms 1 8 --mma-warps --mma-pair --shapes 27B.o_proj 27B.gdn_out_proj 8B.qkv 8B.o_proj 8B.down 27B.down
 # the 8B end to end on random weights (verbatim segments) at the current launch
 step 150 ar_8b_random python3 bench/ar_decode.py --out "$OUT/ar_decode_w12n_8b_random_h200.json" --commit "$C" \
-  --shapes Qwen3-8B --configs 1x512 --steps 40 --w12n --skip-checks --skip-hf
+  --shapes Qwen3-8B --configs 1x512 --steps 40 --w12n --skip-checks --skip-hf --profile
 echo "done at $((SECONDS - START)) s"
