@@ -302,12 +302,36 @@ def check_w12n_gemv(dev, M, N, K):
         # the verbatim pass with its first two listed segments together (opt-in): the same sums in the same order
         res["mma_pair_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, pair=True, rows=r), y)
                                       for r, y in ((16, mma), (8, half)))
+        res.update(_swiglu_agrees(x, t, mma))
         if not (res["mma_batch_invariant"] and res["mma_exact_decode"] and res["mma_rel_rms_err"] < 1e-2
                 and res["mma_pipelines_bitwise"] and res["mma_r8_batch_invariant"] and res["mma_r8_exact_decode"]
-                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"] and res["mma_pair_bitwise"]):
+                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"] and res["mma_pair_bitwise"]
+                and res.get("swiglu_ok", True)):
             res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
     if not (res["asm_equals_tl"] and res["exact_decode"]):
         res["batch_invariant"] = False
+    return res
+
+
+def _swiglu_agrees(x, t, mma) -> dict:
+    """The SwiGLU epilogue (the matrix read as [gate; up]) against torch's silu(gate) * up of the plain kernel's
+    bf16 output, formed in fp32 and rounded once: equal but for the odd last bit (its exp is the fast ex2), and
+    batch invariant bitwise."""
+    import torch
+
+    from specpilot.ops.w12n_gemv.mma import glu_supported, prepare, w12n_swiglu_gemv
+
+    if not glu_supported(t):
+        return {}
+    prepare(t, swiglu=True)
+    fused = w12n_swiglu_gemv(x, t)
+    gate, up = mma.float().chunk(2, dim=1)
+    want = (gate * torch.sigmoid(gate) * up).bfloat16()
+    rel = ((fused.float() - want.float()).abs() / want.float().abs().clamp_min(1e-30)).max().item()
+    res = {"swiglu_mismatch_fraction": (fused != want).float().mean().item(), "swiglu_max_rel_diff": rel,
+           "swiglu_batch_invariant": all(torch.equal(w12n_swiglu_gemv(x[m:m + 1], t), fused[m:m + 1])
+                                         for m in range(x.shape[0]))}
+    res["swiglu_ok"] = res["swiglu_batch_invariant"] and rel <= 2 ** -7 and res["swiglu_mismatch_fraction"] < 0.01
     return res
 
 

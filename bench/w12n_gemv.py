@@ -27,6 +27,7 @@ from bench.ar_decode import copy_bandwidth
 from bench.common import Report, attempt, failed, kernel_crashed, rel_err, run_record
 from bench.gemv import SHAPES, time_fn
 from bench.sass_count import loop_instructions
+from specpilot.layers import pointwise as pw
 from specpilot.ops import gemv as bf16_gemv
 from specpilot.ops.w12n_gemv import mma as mma_kernel
 from specpilot.ops.w12n_gemv import triton as kernels
@@ -163,6 +164,8 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
     if dev == "cuda":  # derived tables built now, not inside the timing's graph capture
         for e in encoded:
             mma_kernel.prepare(e)
+            if args.mma_swiglu and mma_kernel.glu_supported(e):
+                mma_kernel.prepare(e, swiglu=True)
     row = {"N": N, "K": K, "bf16_bytes": N * K * 2, "w12n_bits_per_weight": w12n.bits_per_weight(encoded[0]),
            "segment": encoded[0].segment, "escape_rate": w12n.stats(encoded[0])["escape_rate"],
            "verbatim_fraction": w12n.stats(encoded[0])["verbatim_fraction"],
@@ -199,6 +202,9 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             variants["w12n_mma"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1])
             if args.mma_pair:
                 variants["w12n_mma_pair"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1], pair=True)
+            if args.mma_swiglu and mma_kernel.glu_supported(encoded[0]):  # the matrix read as an MLP's [gate; up]
+                variants["w12n_mma_silu_mul"] = lambda a, wt: pw.silu_mul(mma_kernel.w12n_mma_gemv(a, wt[1]))
+                variants["w12n_mma_swiglu"] = lambda a, wt: mma_kernel.w12n_swiglu_gemv(a, wt[1])
             for depth in (1, 2):  # chunks loaded ahead (the default picks one per shape)
                 variants[f"w12n_mma_depth{depth}"] = lambda a, wt, d=depth: mma_kernel.w12n_mma_gemv(a, wt[1], depth=d)
             for ks in args.mma_warps:
@@ -286,6 +292,8 @@ def main() -> None:
     p.add_argument("--mma-pair", action="store_true",
                    help="also check (bitwise against the default) and time the tensor-core kernel with the verbatim "
                         "pass taking its first two listed segments together")
+    p.add_argument("--mma-swiglu", action="store_true",
+                   help="also time the SwiGLU epilogue (w12n_swiglu_gemv) against the product then silu_mul")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on tiny shapes (needs TRITON_INTERPRET=1)")

@@ -21,7 +21,7 @@ from torch import nn
 
 from specpilot.layers import pointwise as pw
 from specpilot.ops.gemv import MAX_M, gated_gemv, gemv
-from specpilot.ops.w12n_gemv import w12n_linear
+from specpilot.ops.w12n_gemv import fuses_swiglu, w12n_linear, w12n_swiglu
 from specpilot.weights import w12n
 
 _gemv_enabled = False
@@ -55,10 +55,14 @@ def decode_gemv(enabled: bool = True, gated: bool = False):
 
 class Linear(nn.Linear):
     w12n: w12n.W12NTensor | None = None
+    glu: bool = False  # the rows are an MLP's [gate | up]: attach_w12n prepares the SwiGLU GEMV's planes
+
+    def _takes_w12n(self, x: torch.Tensor) -> bool:
+        return (self.w12n is not None and self.bias is None
+                and (self.weight is None or (_w12n_enabled and x.numel() <= 16 * x.shape[-1])))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.w12n is not None and self.bias is None
-                and (self.weight is None or (_w12n_enabled and x.numel() <= 16 * x.shape[-1]))):
+        if self._takes_w12n(x):
             return w12n_linear(x, self.w12n)
         if _gemv_enabled and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
             return gemv(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.out_features)
@@ -70,6 +74,13 @@ class Linear(nn.Linear):
                 and not (_w12n_enabled and self.w12n is not None)):
             return gated_gemv(gate_up.reshape(1, -1), self.weight).view(*gate_up.shape[:-1], self.out_features)
         return self(pw.silu_mul(gate_up))
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of this [gate | up] projection where the W12N GEMV forms it in its epilogue (one kernel,
+        no silu_mul); None elsewhere (the caller then runs the product and silu_mul, or a gated GEMV)."""
+        if self._takes_w12n(x) and fuses_swiglu(x, self.w12n):
+            return w12n_swiglu(x, self.w12n)
+        return None
 
 
 def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",), drop_bf16: bool = False) -> dict:
@@ -89,7 +100,7 @@ def attach_w12n(model: nn.Module, skip: tuple[str, ...] = ("embed_tokens",), dro
             if encoded.a.is_cuda:  # the tensor-core GEMV's tile-major planes, before any graph capture
                 from specpilot.ops.w12n_gemv import mma
 
-                mma.prepare(encoded)
+                mma.prepare(encoded, swiglu=module.glu)
             module.w12n = encoded
             report[name] = w12n.stats(encoded)
             if drop_bf16:  # the caching allocator hands the freed bytes to the next layer's planes

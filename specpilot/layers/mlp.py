@@ -14,6 +14,8 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = PackedLinear(hidden, {"gate_proj": intermediate, "up_proj": intermediate}, bias)
         self.down_proj = Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj.glu = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.gated(self.gate_up_proj(x))
+        h = self.gate_up_proj.swiglu(x)  # W12N: silu(gate) * up in the GEMV's epilogue
+        return self.down_proj.gated(self.gate_up_proj(x)) if h is None else self.down_proj(h)

@@ -371,23 +371,25 @@ def _pool_pairs(words: torch.Tensor, vr: torch.Tensor, col: torch.Tensor) -> tup
     return p02, p13
 
 
-def _emulated_mma_gemv(x: torch.Tensor, t) -> torch.Tensor:
+def _emulated_mma_gemv(x: torch.Tensor, t, swiglu: bool = False) -> torch.Tensor:
     """The tensor-core kernel's data flow on a CPU, one warp per 16-row block (KS = 1): lane registers filled
     from the tile-major planes and the verbatim tables as the kernel loads them, its decode and mma asm text run
-    by tests/ops/ptx.py; the K loop, then the pass over each block's listed verbatim segments."""
+    by tests/ops/ptx.py; the K loop, then the pass over each block's listed verbatim segments. swiglu: the SwiGLU
+    planes (rows in glu_rows order), the fp32 sums returned in that kernel-row order."""
     from specpilot.ops.w12n_gemv import mma
     from tests.ops import ptx
 
     M, blocks, chunks = x.shape[0], -(-t.n // 16), t.padded_k // 64
-    A, B = mma.tiled_planes(t)
+    A, B = mma.tiled_planes(t, swiglu)
     a = A.view(blocks, chunks, 2, 32, 16).view(torch.int32).long() & ptx.M32  # [.., h, lane, word j]
     b = B.view(blocks, chunks, 2, 32, 8).view(torch.int32).long() & ptx.M32  # [.., h, lane, B word]
     lane = torch.arange(32)
     g, tt = lane // 4, lane % 4
     rows = (16 * torch.arange(blocks)[:, None, None] + g + 8 * torch.arange(2)[:, None]).clamp(max=t.n - 1)
     segs = 64 * torch.arange(chunks) // t.segment
-    vt = mma.verbatim_tables(t) if t.verbatim.shape[0] else None
-    xe = (t.xe if vt is None else vt.xe).long()[rows[:, None], segs[None, :, None, None]]  # [blocks, chunks, h, lane]
+    vt = mma.verbatim_tables(t, swiglu) if t.verbatim.shape[0] else None
+    xe = t.xe[mma.glu_rows(t.n)] if swiglu else t.xe  # by kernel row
+    xe = (xe if vt is None else vt.xe).long()[rows[:, None], segs[None, :, None, None]]  # [blocks, chunks, h, lane]
     base = (t.base << 7) | (t.base << 23)
     pairs = []
     for h in range(2):
@@ -431,6 +433,24 @@ def _emulated_mma_gemv(x: torch.Tensor, t) -> torch.Tensor:
         y[2 * tt + dn, 16 * torch.arange(blocks)[:, None] + g + dr] = vals
     return y[:M, :t.n]
 
+
+
+@pytest.mark.parametrize("make", [lambda: make_tensor(48, 300, 128, seed=3), lambda: _sparse_verbatim_tensor()])
+def test_swiglu_planes_emulated(make):
+    """The SwiGLU planes (rows in glu_rows order, verbatim tables by kernel row) give each row the same fp32 sums
+    as the plain planes, bitwise; the epilogue's pairs (c0, c2), (c1, c3) of a lane are then the gate and the up
+    of one output column."""
+    from specpilot.ops.w12n_gemv import mma
+
+    t = make()
+    rows = mma.glu_rows(t.n)
+    assert sorted(rows.tolist()) == list(range(t.n))
+    assert rows[:16].tolist() == list(range(8)) + list(range(24, 32))  # block 0: gate 0..7, then up 0..7 (I = 24)
+    x = make_x(3, t.k, torch.bfloat16)
+    plain, fused = _emulated_mma_gemv(x, t), _emulated_mma_gemv(x, t, swiglu=True)
+    assert torch.equal(fused, plain[:, rows])
+    block, g = torch.arange(t.n // 16)[:, None], torch.arange(8)
+    assert torch.equal(rows[16 * block + g] + t.n // 2, rows[16 * block + g + 8])  # row g + 8 is row g's up
 
 
 def _emulated_mma_half(x: torch.Tensor, t) -> torch.Tensor:

@@ -5,6 +5,8 @@ GEMV of bf16 activations runs the tensor-core kernel (`mma.py`: decode into mma 
 and shapes it does not take run the FMA kernel (`triton.py`).
 `w12n_linear` is what a layer calls: the fused kernel for decode-sized batches on CUDA, otherwise decode to
 bf16 and `F.linear` (on a GPU the decode kernel, `triton.w12n_decode`, then cuBLAS; on CPU the torch decode).
+`w12n_swiglu` is what an MLP calls for its packed [gate; up] matrix where `fuses_swiglu`: silu(gate) * up, formed
+in the tensor-core kernel's epilogue (elsewhere the MLP runs silu_mul on `w12n_linear`'s product).
 """
 
 import torch
@@ -14,8 +16,8 @@ from specpilot.ops.dispatch import use_triton
 from specpilot.ops.w12n_gemv.reference import fp8_dequant_ref, fp8_gemv_ref, w12n_gemv_ref
 from specpilot.weights.w12n import W12NTensor, decode
 
-__all__ = ["w12n_gemv", "fp8_gemv", "w12n_linear", "w12n_gemv_ref", "fp8_gemv_ref", "fp8_dequant_ref",
-           "MAX_FUSED_M"]
+__all__ = ["w12n_gemv", "fp8_gemv", "w12n_linear", "w12n_swiglu", "fuses_swiglu", "w12n_gemv_ref", "fp8_gemv_ref",
+           "fp8_dequant_ref", "MAX_FUSED_M"]
 
 MAX_FUSED_M = 16  # above this many rows the fused FMA kernel loses to decode + cuBLAS (research-weights §0.7)
 
@@ -65,6 +67,29 @@ def w12n_linear(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     else:
         y = F.linear(x2, _decoded(x, t).to(dtype=x.dtype))
     return y.reshape(*lead, t.n)
+
+
+def fuses_swiglu(x: torch.Tensor, t: W12NTensor) -> bool:
+    """Whether w12n_swiglu takes x [..., K] and t: a decode-sized bf16 batch on CUDA that the tensor-core kernel
+    takes, and a [gate; up] matrix of whole 16-row blocks."""
+    if not (x.is_cuda and use_triton(x) and 1 <= x.numel() // x.shape[-1] <= MAX_FUSED_M):
+        return False
+    from specpilot.ops.w12n_gemv import mma
+
+    return mma.supports(x.reshape(-1, x.shape[-1]).contiguous(), t) and mma.glu_supported(t)
+
+
+def w12n_swiglu(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+    """x [..., K], t = W12N of a packed [gate; up] matrix [2 I, K] -> silu(x Wg^T) * (x Wu^T) [..., I] in one
+    kernel (mma.w12n_swiglu_gemv: no silu_mul kernel between the MLP's two projections) where fuses_swiglu; each
+    factor rounded to bf16, the product formed in fp32 and rounded once, as silu_mul forms it."""
+    if not fuses_swiglu(x, t):
+        raise ValueError(f"w12n_swiglu needs a decode-sized bf16 batch on CUDA and a [gate; up] matrix of whole "
+                         f"16-row blocks; got {x.dtype} {list(x.shape)} on {x.device}, {t.n} rows")
+    from specpilot.ops.w12n_gemv import mma
+
+    y = mma.w12n_swiglu_gemv(x.reshape(-1, x.shape[-1]).contiguous(), t)
+    return y.reshape(*x.shape[:-1], t.n // 2)
 
 
 def _decoded(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:

@@ -30,6 +30,13 @@ loop reads an XE table with 0 there, so those weights decode to +0 and add nothi
 list of its block's segments that have a verbatim row, and the warps run the pool's bf16 words (zeros for the
 rows whose segment is inline) through the same mmas. The sums round in a fixed order that M never changes.
 Opt-in, pair: the first two listed segments' loads are issued together (two memory latencies for both, not three).
+
+SwiGLU (`w12n_swiglu_gemv`): for an MLP's packed [gate; up] matrix the kernel forms silu(gate) * up in its
+epilogue, so no separate silu_mul kernel runs between the two projections of a decode step (a kernel that also
+broke the chain of PDL launches). Its tile-major planes take the rows in another order (`glu_rows`): block b's
+rows 0..7 are gate rows 8b..8b+7 and rows 8..15 the matching up rows, so lane (g, t) holds the gate (c0, c1) and
+the up (c2, c3) of the same two outputs. Each is rounded to bf16 as the plain product would be, then
+bf16(gate * sigmoid(gate) * up) in fp32, as the gated GEMVs form it (ops/gemv); M never changes a bit.
 """
 
 from __future__ import annotations
@@ -222,11 +229,36 @@ def _store_half(y_ptr, acc, row0, M, N, stride_ym, KS: gl.constexpr):
 
 
 @gluon.jit
+def _store_swiglu(y_ptr, acc, blk, n0, M, stride_ym, KS: gl.constexpr):
+    """SWIGLU blocks (glu_rows): sum the KS warps' accumulators (fixed order); lane (g, t) holds gate (c0, c1) and
+    up (c2, c3) of output column 8 blk + g at n = n0 + 2t / 2t + 1: store bf16(silu(gate) * up) there, each
+    factor first rounded to bf16 as the plain product's output is."""
+    tot = gl.sum(acc, axis=0)
+    lo: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0]))
+    up = gl.inline_asm_elementwise("mov.b32 $0, $6; mov.b32 $1, $7; mov.b32 $2, $4; mov.b32 $3, $5;",
+                                   "=r,=r,=r,=r,r,r,r,r", [tot.to(gl.uint32, bitcast=True)], dtype=gl.uint32,
+                                   is_pure=True, pack=4).to(gl.float32, bitcast=True)
+    gate = _bf16_float(tot)
+    y = gate * (1.0 / (1.0 + gl.exp(-gate))) * _bf16_float(up)
+    lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(1, lo)), 1)
+    j = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, lo)), 0)
+    n = n0 + 2 * (lane % 4) + j % 2
+    gl.store(y_ptr + n * stride_ym + 8 * blk + lane // 4, _bf16_bits(y), mask=(n < M) & (j < 2))
+
+
+@gluon.jit
+def _bf16_float(y):
+    """y rounded to bf16 (as _bf16_bits), as fp32."""
+    bits = _bf16_bits(y).to(gl.uint16, bitcast=True).to(gl.uint32)
+    return (bits << 16).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
 def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, vcount_ptr, y_ptr, M, N, K, S,
                           BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
-                          HALF: gl.constexpr = False, PAIR: gl.constexpr = False):
+                          HALF: gl.constexpr = False, PAIR: gl.constexpr = False, SWIGLU: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -316,6 +348,10 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                                                x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
     if HALF:
         _store_half(y_ptr, acc_lo, row0, M, N, stride_ym, KS)
+    elif SWIGLU:
+        _store_swiglu(y_ptr, acc_lo, pid, 0, M, stride_ym, KS)
+        if TWO_N:
+            _store_swiglu(y_ptr, acc_hi, pid, 8, M, stride_ym, KS)
     else:
         _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
         if TWO_N:
@@ -476,14 +512,28 @@ class VerbatimTables:
     vq: torch.Tensor
 
 
+def glu_rows(n: int, device=None) -> torch.Tensor:
+    """The SWIGLU planes' row order for a packed [gate; up] matrix of n = 2 I rows (I % 8 == 0): kernel row
+    16 b + 8 h + g holds weight row 8 b + g + h I (h = 0: gate, 1: up)."""
+    r = torch.arange(n, device=device)
+    return 8 * (r // 16) + r % 8 + (r % 16 >= 8) * (n // 2)
+
+
+def _rows(t: W12NTensor, swiglu: bool) -> torch.Tensor | None:
+    return glu_rows(t.n, t.xe.device) if swiglu else None
+
+
 _VERBATIM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def verbatim_tables(t: W12NTensor) -> VerbatimTables:
-    """The tensor's VerbatimTables (cached per tensor)."""
-    if t not in _VERBATIM:
-        is_v = t.xe == VERBATIM
-        pool_row = t.rvb[:, None] + torch.cumsum(is_v.to(torch.int32), dim=1, dtype=torch.int32) - 1
+def verbatim_tables(t: W12NTensor, swiglu: bool = False) -> VerbatimTables:
+    """The tensor's VerbatimTables (cached per tensor), by kernel row: weight rows in glu_rows order if swiglu."""
+    cache = _VERBATIM.setdefault(t, {})
+    if swiglu not in cache:
+        rows = _rows(t, swiglu)
+        xe, rvb = (t.xe, t.rvb) if rows is None else (t.xe[rows], t.rvb[rows])
+        is_v = xe == VERBATIM
+        pool_row = rvb[:, None] + torch.cumsum(is_v.to(torch.int32), dim=1, dtype=torch.int32) - 1
         vrow = torch.where(is_v, pool_row, torch.full_like(pool_row, -1))  # by segment
         blocks, segs = -(-t.n // 16), is_v.shape[1]
         padded = torch.zeros(blocks * 16, segs, dtype=torch.bool, device=is_v.device)
@@ -497,40 +547,49 @@ def verbatim_tables(t: W12NTensor) -> VerbatimTables:
         row_block = torch.arange(t.n, device=is_v.device) // 16
         vq = torch.gather(vrow, 1, order[row_block])
         vq = torch.where(listed[row_block], vq, -1).to(torch.int32).contiguous()
-        xe = torch.where(is_v, 0, t.xe).to(torch.uint8).contiguous()
-        _VERBATIM[t] = VerbatimTables(xe=xe, vseg=vseg, vcount=vcount.contiguous(), vq=vq)
-    return _VERBATIM[t]
+        xe = torch.where(is_v, 0, xe).to(torch.uint8).contiguous()
+        cache[swiglu] = VerbatimTables(xe=xe, vseg=vseg, vcount=vcount.contiguous(), vq=vq)
+    return cache[swiglu]
 
 
 _TILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def tiled_planes(t: W12NTensor) -> tuple[torch.Tensor, torch.Tensor]:
+def tiled_planes(t: W12NTensor, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The A and B planes in the kernel's tile-major order (cached per tensor): for each 16-row block and
     64-column chunk, [h][lane][16 bytes of A] (and [h][lane][8 bytes of B]) where lane (g, t) = 4 g + t holds
     row g + 8 h, columns 16 t .. 16 t + 15 of the chunk, so every warp load is one contiguous 512 (256) bytes
     and a warp's chunks follow each other in memory. Rows are padded to whole blocks with zeros, and verbatim
-    segments hold zeros (the kernel adds them from the pool after its K loop)."""
-    if t not in _TILED:
+    segments hold zeros (the kernel adds them from the pool after its K loop). swiglu: rows in glu_rows order."""
+    cache = _TILED.setdefault(t, {})
+    if swiglu not in cache:
         blocks, chunks, segs = -(-t.n // 16), t.padded_k // CHUNK.value, t.padded_k // t.segment
-        is_v = t.xe == VERBATIM
+        rows = _rows(t, swiglu)
+        is_v = (t.xe if rows is None else t.xe[rows]) == VERBATIM
         out = []
         for plane, width in ((t.a, 16), (t.b, 8)):
             padded = plane.new_zeros(blocks * 16, plane.shape[1])
-            padded[:t.n] = plane
+            padded[:t.n] = plane if rows is None else plane[rows]
             padded[:t.n].view(t.n, segs, -1)[is_v] = 0
             tiled = padded.view(blocks, 2, 8, chunks, 4, width).permute(0, 3, 1, 2, 4, 5).contiguous()
             out.append(tiled.view(blocks * 16, -1))
-        _TILED[t] = (out[0], out[1])
-    return _TILED[t]
+        cache[swiglu] = (out[0], out[1])
+    return cache[swiglu]
 
 
-def prepare(t: W12NTensor) -> None:
+def prepare(t: W12NTensor, swiglu: bool = False) -> None:
     """Builds the tensor's derived tables (tile-major planes, verbatim tables) now, outside any CUDA graph
-    capture: a layer calls this when it attaches W12N planes on a GPU."""
-    tiled_planes(t)
+    capture: a layer calls this when it attaches W12N planes on a GPU. swiglu: those of w12n_swiglu_gemv
+    instead (an MLP's [gate; up] matrix), where its shape allows."""
+    swiglu = swiglu and glu_supported(t)
+    tiled_planes(t, swiglu)
     if t.verbatim.shape[0] > 0:
-        verbatim_tables(t)
+        verbatim_tables(t, swiglu)
+
+
+def glu_supported(t: W12NTensor) -> bool:
+    """w12n_swiglu_gemv takes [gate; up] matrices of whole 16-row blocks (I % 8 == 0)."""
+    return t.n % 16 == 0
 
 
 def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
@@ -555,32 +614,43 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     rows: weight rows per program (16, or 8 with the operands swapped); pair: the verbatim pass takes its first two
     listed segments together (opt-in, not yet timed). Unset: default_launch (resolve_launch says how overrides
     combine with it)."""
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
+    return _launch(x, t, cfg if pair is None else replace(cfg, pair=pair), swiglu=False)
+
+
+def w12n_swiglu_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+    """h = silu(x @ Wg.T) * (x @ Wu.T) for t = W12N of an MLP's packed [gate; up] matrix (2 I rows, I % 8 == 0)
+    and bf16 x [M <= 16, K] on CUDA -> bf16 [M, I], in one kernel: each factor is rounded to bf16 as
+    w12n_mma_gemv's output is, the product formed in fp32 and rounded once (as ops/gemv's gated GEMVs form it)."""
+    if not glu_supported(t):
+        raise ValueError(f"w12n_swiglu_gemv needs a [gate; up] matrix of 2 I rows with I % 8 == 0, got {t.n} rows")
+    return _launch(x, t, default_launch(t, x.shape[0], _sm_count(x.device)), swiglu=True)
+
+
+def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.Tensor:
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
                          f"segment {t.segment}")
-    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
-    if pair is not None:
-        cfg = replace(cfg, pair=pair)
-    if cfg.rows not in (8, 16):
-        raise ValueError(f"rows must be 16 or 8, got {cfg.rows}")
+    if cfg.rows not in (8, 16) or (swiglu and cfg.rows != 16):
+        raise ValueError(f"rows must be 16 or 8 (16 for the SwiGLU epilogue), got {cfg.rows}")
     if cfg.warps < 1 or (t.padded_k // CHUNK.value) % cfg.warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {cfg.warps}")
     if cfg.depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {cfg.depth}")
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
-    if torch.cuda.is_current_stream_capturing() and t not in _TILED:
+    if torch.cuda.is_current_stream_capturing() and swiglu not in _TILED.get(t, {}):
         raise RuntimeError("the W12N tensor's tile-major planes are built on first use, which cannot happen inside "
                            "a CUDA graph capture: call specpilot.ops.w12n_gemv.mma.prepare(t) before capturing")
     M = x.shape[0]
-    y = torch.empty(M, t.n, dtype=torch.bfloat16, device=x.device)
+    y = torch.empty(M, t.n // 2 if swiglu else t.n, dtype=torch.bfloat16, device=x.device)
     on = pdl.active(x)
-    a, b = tiled_planes(t)
+    a, b = tiled_planes(t, swiglu)
     xw, a, b = x.view(torch.int64), a.view(torch.int32), b.view(torch.int16)
     has_verbatim = t.verbatim.shape[0] > 0
     if has_verbatim:
-        vt = verbatim_tables(t)
+        vt = verbatim_tables(t, swiglu)
         xe, pool, vq, vseg, vcount = vt.xe, t.verbatim.view(torch.int64), vt.vq, vt.vseg, vt.vcount
     else:  # never read: any tensors of the right types
         xe, pool, vq, vseg, vcount = t.xe, a.view(torch.int64), t.rvb, t.rvb, t.rvb
@@ -588,7 +658,6 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
         xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, PAIR=cfg.pair and has_verbatim, num_warps=cfg.warps,
-        **pdl.launch_kwargs(on),
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, PAIR=cfg.pair and has_verbatim, SWIGLU=swiglu,
+        num_warps=cfg.warps, **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
