@@ -223,6 +223,8 @@ class EngineConfig:
     # bf16 runs on the same model); "w12n_only": the bf16 copies dropped, every product through the planes (larger
     # ones decode W and call cuBLAS). Both need a bf16 model.
     weight_format: str = "bf16"
+    # W12N: an MLP's gate_up GEMV (up to 16 rows) forms silu(gate) * up in its epilogue; no silu_mul kernel
+    w12n_swiglu: bool = True
     # capture the verify forward per (batch, tree width) (GPU, with the tree-attention op: the SDPA path slices the
     # prefix by a host-side length, which a captured graph cannot follow, so SDPA blocks stay eager). Eager, the zoo
     # dense pair's chain:7 verify took 22 ms per step on an H200 (bench/results/bench_zoo_dense_eager_h200.json)

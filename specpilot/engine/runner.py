@@ -110,6 +110,7 @@ class ModelRunner:
         self.decode_splits = engine.decode_attention_splits
         self.block_kernel, self.use_verify_graphs = block_path(engine, on_gpu)
         self.weight_format = engine.weight_format
+        self.w12n_swiglu = engine.w12n_swiglu
         self.verify_layers_per_graph = engine.verify_layers_per_graph
         self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
         self.gdn_prefill = engine.triton_gdn_prefill and on_gpu
@@ -145,7 +146,7 @@ class ModelRunner:
     @inference
     def forward(self, meta: BatchMetadata, layers: tuple[int, ...] = ()):
         """One multi-token block (verify, prefill chunk) through the model: hidden states (and captured layers)."""
-        with attention.block_kernel(self.block_kernel), linear.weight_format(self.weight_format):
+        with attention.block_kernel(self.block_kernel), linear.weight_format(self.weight_format, self.w12n_swiglu):
             return self.model(meta, self.cache, layers)
 
     @inference
@@ -188,7 +189,7 @@ class ModelRunner:
 
     @inference
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        with linear.weight_format(self.weight_format):
+        with linear.weight_format(self.weight_format, self.w12n_swiglu):
             return self.model.logits(hidden)
 
     @inference
@@ -274,7 +275,7 @@ class ModelRunner:
         input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
         """
         with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv, self.gated_down),
-              linear.weight_format(self.weight_format),
+              linear.weight_format(self.weight_format, self.w12n_swiglu),
               attention.fused_qk_rope_store(self.fused_rope), attention.decode_splits(self.decode_splits),
               pdl.enabled(self.pdl)):
             return self._decode(input_ids, positions)

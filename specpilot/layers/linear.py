@@ -27,16 +27,19 @@ from specpilot.weights import w12n
 _gemv_enabled = False
 _gated_enabled = False
 _w12n_enabled = False
+_swiglu_enabled = True
 
 
 @contextlib.contextmanager
-def weight_format(name: str = "bf16"):
-    global _w12n_enabled
-    previous, _w12n_enabled = _w12n_enabled, name in ("w12n", "w12n_only")
+def weight_format(name: str = "bf16", swiglu: bool = True):
+    """swiglu: an MLP's W12N gate_up GEMV forms silu(gate) * up in its epilogue (EngineConfig.w12n_swiglu)."""
+    global _w12n_enabled, _swiglu_enabled
+    previous = _w12n_enabled, _swiglu_enabled
+    _w12n_enabled, _swiglu_enabled = name in ("w12n", "w12n_only"), swiglu
     try:
         yield
     finally:
-        _w12n_enabled = previous
+        _w12n_enabled, _swiglu_enabled = previous
 
 
 @contextlib.contextmanager
@@ -78,7 +81,7 @@ class Linear(nn.Linear):
     def swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of this [gate | up] projection where the W12N GEMV forms it in its epilogue (one kernel,
         no silu_mul); None elsewhere (the caller then runs the product and silu_mul, or a gated GEMV)."""
-        if self._takes_w12n(x) and fuses_swiglu(x, self.w12n):
+        if _swiglu_enabled and self._takes_w12n(x) and fuses_swiglu(x, self.w12n):
             return w12n_swiglu(x, self.w12n)
         return None
 

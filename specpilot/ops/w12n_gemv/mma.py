@@ -258,7 +258,8 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                           BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
-                          HALF: gl.constexpr = False, PAIR: gl.constexpr = False, SWIGLU: gl.constexpr = False):
+                          HALF: gl.constexpr = False, PAIR: gl.constexpr = False, SWIGLU: gl.constexpr = False,
+                          LATE_TRIGGER: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -296,7 +297,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
     n_iter = n_chunks // KS
     ptrs = (a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K)
-    if PDL:
+    if PDL and not LATE_TRIGGER:
         _gdc("griddepcontrol.launch_dependents; // $0")
     # register pipeline: iteration i issues the loads of i + DEPTH before it decodes its own, so DEPTH + 1 chunks
     # per thread are in flight. Loads past the last chunk wrap to the warp's first chunks on purpose (valid
@@ -346,6 +347,8 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
             s = gl.load(vseg_ptr + blk * S + q)
             acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s, gl.load(vq_g + q), gl.load(vq_h + q), v_ptr,
                                                x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+    if PDL and LATE_TRIGGER:  # the next kernel's programs take SM slots only as this grid's sums are done
+        _gdc("griddepcontrol.launch_dependents; // $0")
     if HALF:
         _store_half(y_ptr, acc_lo, row0, M, N, stride_ym, KS)
     elif SWIGLU:
@@ -618,6 +621,11 @@ def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, d
     return _launch(x, t, cfg if pair is None else replace(cfg, pair=pair), swiglu=False)
 
 
+# Under PDL a SwiGLU launch lets its dependent (the MLP's down GEMV, one wave of few programs) launch only after
+# its K loop, not at its start: launched early, the down GEMV's programs land on whichever SMs free up first
+SWIGLU_LATE_TRIGGER = True
+
+
 def w12n_swiglu_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     """h = silu(x @ Wg.T) * (x @ Wu.T) for t = W12N of an MLP's packed [gate; up] matrix (2 I rows, I % 8 == 0)
     and bf16 x [M <= 16, K] on CUDA -> bf16 [M, I], in one kernel: each factor is rounded to bf16 as
@@ -659,5 +667,6 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, PAIR=cfg.pair and has_verbatim, SWIGLU=swiglu,
-        num_warps=cfg.warps, **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+        LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER, num_warps=cfg.warps, **pdl.launch_kwargs(on),
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
