@@ -299,22 +299,10 @@ def check_w12n_gemv(dev, M, N, K):
         res["mma_r8_exact_decode"] = bool(torch.equal(w12n_mma_gemv(onehot.bfloat16(), t, rows=8),
                                                       decode(t).to(dev)[:, cols].T.contiguous()))
         res["mma_r8_pipelines_bitwise"] = torch.equal(w12n_mma_gemv(x, t, rows=8, depth=2), half)
-        # the verbatim pass with its first two listed segments together (opt-in): the same sums in the same order
-        res["mma_pair_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, pair=True, rows=r), y)
-                                      for r, y in ((16, mma), (8, half)))
         res.update(_swiglu_agrees(x, t, mma))
-        # the verbatim pass before the K loop (opt-in): the same sums in another fixed order
-        first = w12n_mma_gemv(x, t, pass_first=True)
-        res["mma_pass_first_rel_rms_err"] = rel_err(first.float(), w12n_gemv_ref(x, t).float())["rel_rms_err"]
-        res["mma_pass_first_batch_invariant"] = all(torch.equal(w12n_mma_gemv(x[m:m + 1], t, pass_first=True),
-                                                                first[m:m + 1]) for m in range(x.shape[0]))
-        res["mma_pass_first_exact_decode"] = bool(torch.equal(w12n_mma_gemv(onehot.bfloat16(), t, pass_first=True),
-                                                              decode(t).to(dev)[:, cols].T.contiguous()))
         if not (res["mma_batch_invariant"] and res["mma_exact_decode"] and res["mma_rel_rms_err"] < 1e-2
                 and res["mma_pipelines_bitwise"] and res["mma_r8_batch_invariant"] and res["mma_r8_exact_decode"]
-                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"] and res["mma_pair_bitwise"]
-                and res.get("swiglu_ok", True) and res["mma_pass_first_rel_rms_err"] < 1e-2
-                and res["mma_pass_first_batch_invariant"] and res["mma_pass_first_exact_decode"]):
+                and res["mma_r8_rel_rms_err"] < 1e-2 and res["mma_r8_pipelines_bitwise"] and res.get("swiglu_ok", True)):
             res["batch_invariant"] = False  # the child's status rule: any of these marks a mismatch
     if not (res["asm_equals_tl"] and res["exact_decode"]):
         res["batch_invariant"] = False

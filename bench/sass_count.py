@@ -150,17 +150,14 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     # the tensor-core kernel: one iteration is one 64-column chunk of rows g and g + 8 per lane (32 weights)
     # (with verbatim segments: their pass comes after the K loop, which must stay the same code); HALF: 8 weight
     # rows per program, one row (16 weights) per lane and iteration, one mma for all 16 activation rows
-    # (PAIR: the verbatim pass with its first two listed segments together; after the loop, which must not change;
-    # FIRST: the pass before the loop; SWIGLU: the epilogue forming silu(gate) * up)
-    for m, two_n, verbatim, half, pair, first, swiglu in (
-            (1, False, False, False, False, False, False), (16, True, False, False, False, False, False),
-            (1, False, True, False, False, False, False), (1, False, True, False, True, False, False),
-            (1, False, True, False, False, True, False), (1, False, False, False, False, False, True),
-            (1, False, False, True, False, False, False), (16, True, False, True, False, False, False)):
+    # (SWIGLU: the epilogue forming silu(gate) * up, after the loop, which must not change)
+    for m, two_n, verbatim, half, swiglu in ((1, False, False, False, False), (16, True, False, False, False),
+                                             (1, False, True, False, False), (1, False, False, False, True),
+                                             (1, False, False, True, False), (16, True, False, True, False)):
         consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=verbatim, DEPTH=1, PDL=False,
-                      HALF=half, PAIR=pair, PASS_FIRST=first, SWIGLU=swiglu, LATE_TRIGGER=False)
-        name = (f"w12n_mma{'_verbatim' if verbatim else ''}{'_pair' if pair else ''}{'_first' if first else ''}"
-                f"{'_swiglu' if swiglu else ''}{'_half' if half else ''}.M{m}")
+                      HALF=half, SWIGLU=swiglu, LATE_TRIGGER=False)
+        name = (f"w12n_mma{'_verbatim' if verbatim else ''}{'_swiglu' if swiglu else ''}"
+                f"{'_half' if half else ''}.M{m}")
         out.append((name, mma._w12n_mma_gemv_kernel, consts, 4, 16 if half else 32, None))
     return out
 

@@ -98,8 +98,7 @@ def timer(device: str):
     return cpu_time
 
 
-def check(x, t, rows8: bool = False, fp8_launches: dict | None = None, pair: bool = False,
-          pass_first: bool = False) -> dict:
+def check(x, t, rows8: bool = False, fp8_launches: dict | None = None) -> dict:
     """Both kernels against their references, and batch invariance of the exact one (rows8: the HALF launch too;
     fp8_launches: name -> fp8_gemv keywords, each against the reference too)."""
     fp8_ref = fp8_gemv_ref(x, t).float()
@@ -114,11 +113,6 @@ def check(x, t, rows8: bool = False, fp8_launches: dict | None = None, pair: boo
     if x.is_cuda:  # the tensor-core kernel (Gluon) runs on a GPU only
         mma = mma_kernel.w12n_mma_gemv(x, t)
         out["mma"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())
-        if pair:  # the verbatim pass's first two segments together: the same bits
-            out["mma_pair_bitwise"] = bool(torch.equal(mma_kernel.w12n_mma_gemv(x, t, pair=True), mma))
-        if pass_first:  # the verbatim pass before the K loop: another fixed order
-            out["mma_pass_first"] = rel_err(mma_kernel.w12n_mma_gemv(x, t, pass_first=True).float(),
-                                            w12n_gemv_ref(x, t).float())
         out["mma_batch_invariant"] = all(torch.equal(mma_kernel.w12n_mma_gemv(x[m:m + 1], t), mma[m:m + 1])
                                          for m in range(x.shape[0]))
         if rows8:  # the HALF launch: the same checks
@@ -131,9 +125,7 @@ def check(x, t, rows8: bool = False, fp8_launches: dict | None = None, pair: boo
                  and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values())
                  and out.get("mma", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True)
                  and out.get("mma_r8", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2
-                 and out.get("mma_pass_first", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2
-                 and all(e["rel_rms_err"] < 1e-2 for e in out["fp8_launches"].values())
-                 and out.get("mma_pair_bitwise", True))
+                 and all(e["rel_rms_err"] < 1e-2 for e in out["fp8_launches"].values()))
     return out
 
 
@@ -191,7 +183,7 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
     for m in args.ms:
         x = torch.randn(m, K, device=dev).to(torch.bfloat16)
         r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0], args.mma_rows8,
-                                            fp8_launches, args.mma_pair, args.mma_pass_first)}
+                                            fp8_launches)}
         if dev == "cuda":
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             r["mma_launch"] = dataclasses.asdict(mma_kernel.default_launch(encoded[0], m, sms))
@@ -205,10 +197,6 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             variants[f"w12n_bn{bn}"] = lambda a, wt, bn=bn: kernels.w12n_gemv(a, wt[1], block_n=bn)
         if dev == "cuda":  # the tensor-core kernel: decode into mma fragments; K split over `ks` warps
             variants["w12n_mma"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1])
-            if args.mma_pair:
-                variants["w12n_mma_pair"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1], pair=True)
-            if args.mma_pass_first:
-                variants["w12n_mma_pass_first"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1], pass_first=True)
             if args.mma_swiglu and mma_kernel.glu_supported(encoded[0]):  # the matrix read as an MLP's [gate; up]
                 variants["w12n_mma_silu_mul"] = lambda a, wt: pw.silu_mul(mma_kernel.w12n_mma_gemv(a, wt[1]))
                 variants["w12n_mma_swiglu"] = lambda a, wt: mma_kernel.w12n_swiglu_gemv(a, wt[1])
@@ -296,11 +284,6 @@ def main() -> None:
     p.add_argument("--fp8-configs", nargs="*", default=[],
                    help="also time the FP8 view at these launches, e.g. bn16.bk1024.w8.p1 (block_n, block_k, "
                         "warps, prefetch)")
-    p.add_argument("--mma-pair", action="store_true",
-                   help="also check (bitwise against the default) and time the tensor-core kernel with the verbatim "
-                        "pass taking its first two listed segments together")
-    p.add_argument("--mma-pass-first", action="store_true",
-                   help="also time the verbatim pass before the K loop (pass_first=True) and check it")
     p.add_argument("--mma-swiglu", action="store_true",
                    help="also time the SwiGLU epilogue (w12n_swiglu_gemv) against the product then silu_mul")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")

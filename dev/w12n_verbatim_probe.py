@@ -1,6 +1,7 @@
-"""Issue 5 probe: where the W12N tensor-core GEMV loses its time on weights with verbatim segments (random N(0, 0.02)
-weights run 10-20% slower than clean ones on the small shapes, and neither pair=True nor pass_first=True changed
-that). Times, at M = 1, side by side (weights rotated, CUDA-graph replays as bench/w12n_gemv.py times them):
+"""Issue 5 probe: where the W12N tensor-core GEMV loses its time on weights with verbatim segments (random
+N(0, 0.02) weights run 10-20% slower than clean ones on the small shapes; neither issuing the pass's first two
+segments together nor running the pass before the K loop changed that: both tried in the fourteenth session, and
+removed). Times, at M = 1, side by side (weights rotated, CUDA-graph replays as bench/w12n_gemv.py times them):
   clean         clean weights (no escapes, no verbatim segments), encode_best
   clean_s256    the same weights at segment 256 (the segment encode_best picks for random weights)
   clean_vbuild  clean_s256 with a one-row dummy pool: the HAS_VERBATIM build, no segment listed

@@ -29,7 +29,8 @@ Verbatim segments (XE == 255) are added after the K loop, so that loop is the sa
 loop reads an XE table with 0 there, so those weights decode to +0 and add nothing; then each program walks the
 list of its block's segments that have a verbatim row, and the warps run the pool's bf16 words (zeros for the
 rows whose segment is inline) through the same mmas. The sums round in a fixed order that M never changes.
-Opt-in, pair: the first two listed segments' loads are issued together (two memory latencies for both, not three).
+Neither issuing the first two listed segments' loads together nor running the pass before the K loop changed the
+time (H200, README.md): the pass's latency is not what verbatim segments cost.
 
 SwiGLU (`w12n_swiglu_gemv`): for an MLP's packed [gate; up] matrix the kernel forms silu(gate) * up in its
 epilogue, so no separate silu_mul kernel runs between the two projections of a decode step (a kernel that also
@@ -42,7 +43,7 @@ bf16(gate * sigmoid(gate) * up) in fp32, as the gated GEMVs form it (ops/gemv); 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -192,22 +193,13 @@ def _verbatim_segment(acc_lo, acc_hi, s, vr_g, vr_h, v_ptr, x_lo, x_hi, K, w, la
 @gluon.jit
 def _verbatim_pass(acc_lo, acc_hi, n_v, s0, vr0_g, vr0_h, vq_g, vq_h, vseg, v_ptr, x_lo, x_hi, K, w, lane, j,
                    KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-                   HALF: gl.constexpr, PAIR: gl.constexpr):
+                   HALF: gl.constexpr):
     """Adds the block's n_v listed verbatim segments (vseg: the block's list; s0 / vr0_*: its first entry and pool
-    rows, already loaded) in list order."""
+    rows, loaded before the K loop) in list order."""
     if n_v > 0:
-        if PAIR:  # the second listed segment's lookups now, masked (no branch), so that its pool loads can be
-            # issued before the first segment's mmas: two memory latencies for both instead of three
-            two = n_v > 1
-            s1 = gl.load(vseg + 1, mask=two, other=0)
-            vr1_g = gl.load(vq_g + 1, mask=two, other=-1)
-            vr1_h = gl.load(vq_h + 1, mask=two, other=-1)
         acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s0, vr0_g, vr0_h, v_ptr, x_lo, x_hi, K, w, lane, j, KS,
                                            SEGMENT, EVEN_K, TWO_N, HALF)
-        if PAIR:  # pool rows -1 where there is no second segment: zero words, nothing added
-            acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s1, vr1_g, vr1_h, v_ptr, x_lo, x_hi, K, w, lane, j,
-                                               KS, SEGMENT, EVEN_K, TWO_N, HALF)
-    for q in range(2 if PAIR else 1, n_v):
+    for q in range(1, n_v):
         acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, gl.load(vseg + q), gl.load(vq_g + q), gl.load(vq_h + q),
                                            v_ptr, x_lo, x_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
     return acc_lo, acc_hi
@@ -282,8 +274,8 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                           BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
-                          HALF: gl.constexpr = False, PAIR: gl.constexpr = False, SWIGLU: gl.constexpr = False,
-                          LATE_TRIGGER: gl.constexpr = False, PASS_FIRST: gl.constexpr = False):
+                          HALF: gl.constexpr = False, SWIGLU: gl.constexpr = False,
+                          LATE_TRIGGER: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -342,9 +334,6 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
         _gdc("griddepcontrol.wait; // $0")
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
     nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
-    if HAS_VERBATIM and PASS_FIRST:  # the listed segments first: their loads wait beside the first chunks'
-        acc_lo, acc_hi = _verbatim_pass(acc_lo, acc_hi, n_v, s0, vr0_g, vr0_h, vq_g, vq_h, vseg_ptr + blk * S, v_ptr,
-                                        x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF, PAIR)
     for i in range(0, n_iter):
         ahead = (i + DEPTH) % n_iter
         if DEPTH == 2:
@@ -357,9 +346,9 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
             nxt = after
         else:
             cur = nxt
-    if HAS_VERBATIM and not PASS_FIRST:  # the block's listed segments (usually none or one), after the K loop
+    if HAS_VERBATIM:  # the block's listed segments (usually none or a few), after the K loop
         acc_lo, acc_hi = _verbatim_pass(acc_lo, acc_hi, n_v, s0, vr0_g, vr0_h, vq_g, vq_h, vseg_ptr + blk * S, v_ptr,
-                                        x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF, PAIR)
+                                        x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
     if PDL and LATE_TRIGGER:  # the next kernel's programs take SM slots only as this grid's sums are done
         _gdc("griddepcontrol.launch_dependents; // $0")
     if HALF:
@@ -447,14 +436,11 @@ class Launch:
     """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, weight rows
     per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the A
     operand, one row per lane, twice the programs; slower at M = 1 and 8 on an H200, faster at M = 16 only, which
-    must keep the M = 1 K split: opt-in), and pair: the verbatim pass issues its second listed segment's loads with
-    the first's (opt-in, not yet timed)."""
+    must keep the M = 1 K split: opt-in)."""
     warps: int
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
-    pair: bool = False
-    pass_first: bool = False
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -625,15 +611,12 @@ def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, de
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None, pair: bool | None = None,
-                  pass_first: bool | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped); pair: the verbatim pass takes its first two
-    listed segments together (opt-in, not yet timed). Unset: default_launch (resolve_launch says how overrides
-    combine with it)."""
+    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch says
+    how overrides combine with it)."""
     cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
-    cfg = replace(cfg, **{k: v for k, v in (("pair", pair), ("pass_first", pass_first)) if v is not None})
     return _launch(x, t, cfg, swiglu=False)
 
 
@@ -682,7 +665,7 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, PAIR=cfg.pair and has_verbatim, SWIGLU=swiglu,
-        LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER, PASS_FIRST=cfg.pass_first and has_verbatim, num_warps=cfg.warps,
+        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu, LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER,
+        num_warps=cfg.warps,
         **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
