@@ -41,8 +41,8 @@ _INSTRUCTION = re.compile(r"\s*(?:/\*[0-9a-f]+\*/|[0-9a-f-]{2}:[-0-9]:[-0-9]:[-Y
 
 
 def loop_instructions(sass: str) -> tuple[int, dict] | None:
-    """Instructions in the longest backward-branch loop of a SASS listing, and the most common opcodes."""
-    found = _longest_loop(_parse(sass))
+    """Instructions in the main backward-branch loop of a SASS listing (_main_loop), and its commonest opcodes."""
+    found = _main_loop(_parse(sass))
     if found is None:
         return None
     ins, a, b = found
@@ -68,14 +68,17 @@ def _branch_target(op: str, rest: str, labels: dict) -> int | None:
     return labels.get(target.group(1)) if target else None
 
 
-def _longest_loop(parsed) -> tuple[list, int, int] | None:
+def _main_loop(parsed) -> tuple[list, int, int] | None:
+    """The main loop: the first in program order of at least half the longest one's size (the tensor-core kernel
+    runs its last DEPTH iterations in a second, longer copy of the loop, after the main one)."""
     ins, labels = parsed
-    best = None
-    for i, (op, rest) in enumerate(ins):
-        t = _branch_target(op, rest, labels)
-        if t is not None and t < i and (best is None or i - t > best[1] - best[0]):
-            best = (t, i)
-    return None if best is None else (ins, *best)
+    loops = [(t, i) for i, (op, rest) in enumerate(ins)
+             if (t := _branch_target(op, rest, labels)) is not None and t < i]
+    if not loops:
+        return None
+    longest = max(i - t for t, i in loops)
+    t, i = min((t, i) for t, i in loops if 2 * (i - t) >= longest)
+    return ins, t, i
 
 
 def _opcodes(ins) -> dict:
@@ -83,9 +86,9 @@ def _opcodes(ins) -> dict:
 
 
 def loop_breakdown(sass: str) -> dict | None:
-    """The longest loop: its static size, the size of its fast path (minus the largest forward-skipped region,
-    the verbatim fix-up) and the opcodes of that fast path."""
-    found = _longest_loop(_parse(sass))
+    """The main loop (_main_loop): its static size, the size of its fast path (minus the largest
+    forward-skipped region, the verbatim fix-up) and the opcodes of that fast path."""
+    found = _main_loop(_parse(sass))
     if found is None:
         return None
     ins, a, b = found
@@ -159,6 +162,10 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
         name = (f"w12n_mma{'_verbatim' if verbatim else ''}{'_swiglu' if swiglu else ''}"
                 f"{'_half' if half else ''}.M{m}")
         out.append((name, mma._w12n_mma_gemv_kernel, consts, 4, 16 if half else 32, None))
+    # 8 warps (the small-N launch) at segment 256 with verbatim segments: an iteration spans two segments
+    consts = dict(KS=8, SEGMENT=256, EVEN_K=True, TWO_N=False, HAS_VERBATIM=True, DEPTH=1, PDL=False, HALF=False,
+                  SWIGLU=False, LATE_TRIGGER=False)
+    out.append(("w12n_mma_verbatim_ks8.M1", mma._w12n_mma_gemv_kernel, consts, 8, 32, None))
     return out
 
 

@@ -271,7 +271,7 @@ def _bf16_float(y):
 
 @gluon.jit
 def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, vcount_ptr, y_ptr, M, N, K, S,
-                          BASE, stride_xm, stride_xen, stride_ym,
+                          n_iter, BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
                           HALF: gl.constexpr = False, SWIGLU: gl.constexpr = False,
@@ -311,7 +311,10 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     base_lanes = gl.zeros([KS, 32, 4], gl.uint32, L) + ((BASE << 7) | (BASE << 23)).to(gl.uint32)
     acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
-    n_iter = n_chunks // KS
+    # iterations: where an iteration spans several segments (KS > SEGMENT / 64: 8 warps at segment 256) the
+    # host's count; n_chunks // KS there left an unsigned division (the wrap below) in every iteration, 232
+    # instructions against 205 (Triton 3.6, sm_90), while elsewhere the compiler removes it from its own count
+    n_iter = n_chunks // KS if KS <= SEGMENT // CHUNK else n_iter
     ptrs = (a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K)
     if PDL and not LATE_TRIGGER:
         _gdc("griddepcontrol.launch_dependents; // $0")
@@ -662,7 +665,8 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
     else:  # never read: any tensors of the right types
         xe, pool, vq, vseg, vcount = t.xe, a.view(torch.int64), t.rvb, t.rvb, t.rvb
     _w12n_mma_gemv_kernel[(-(-t.n // 16) * (16 // cfg.rows),)](
-        xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment, t.base,
+        xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment,
+        t.padded_k // CHUNK.value // cfg.warps, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu, LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER,
