@@ -10,7 +10,7 @@ step() {  # step SECONDS NAME COMMAND...: run it, keep its log tail in the call'
   timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name rc=$? at $((SECONDS - START)) s"; grep -v "^{" "$OUT/$name.log" | tail -8 | cut -c1-500
 }
-# where verbatim segments cost, per shape: segment 512 against 256, the verbatim build, the pass
+# where verbatim segments cost, per shape: segment 512 against 256, the verbatim build, the pass (after any loop change)
 step 90 probe python3 dev/w12n_verbatim_probe.py "$OUT/w12n_verbatim_probe_h200.json" "$C"
 # the whole Qwen3.5-27B with the SwiGLU epilogue on random weights (verbatim segments, as trained checkpoints have)
 step 460 ar_27b_random python3 bench/ar_decode.py --out "$OUT/ar_decode_w12n_only_27b_random_h200.json" --commit "$C" \
