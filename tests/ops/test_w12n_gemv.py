@@ -295,6 +295,15 @@ def test_rejects_bad_calls():
 
     with pytest.raises(ValueError, match="block_k"):
         w12n_decode(t, block_k=256)
+    from specpilot.ops.w12n_gemv import fuses_swiglu, w12n_swiglu
+    from specpilot.ops.w12n_gemv.mma import glu_supported
+
+    glu = make_tensor(32, 256, 128, seed=30)
+    assert glu_supported(glu) and not glu_supported(t)  # [gate; up] of whole 16-row blocks only
+    x = make_x(1, 256, torch.bfloat16)
+    assert not fuses_swiglu(x, glu)  # the fused kernel is a GPU one: on a CPU the MLP runs silu_mul
+    with pytest.raises(ValueError, match="decode-sized bf16 batch on CUDA"):
+        w12n_swiglu(x, glu)
 
 
 def test_asm_decode_compiles_for_sm90(tmp_path):
