@@ -27,6 +27,7 @@ from bench.ar_decode import copy_bandwidth
 from bench.common import Report, attempt, failed, kernel_crashed, rel_err, run_record
 from bench.gemv import SHAPES, time_fn
 from bench.sass_count import loop_instructions
+from specpilot.bench.shapes import clean
 from specpilot.layers import pointwise as pw
 from specpilot.ops import gemv as bf16_gemv
 from specpilot.ops.w12n_gemv import mma as mma_kernel
@@ -129,14 +130,14 @@ def check(x, t, rows8: bool = False, fp8_launches: dict | None = None) -> dict:
     return out
 
 
-def _weights(N: int, K: int, dev: str, clean: bool) -> torch.Tensor:
+def random_weights(N: int, K: int, dev: str, clean_weights: bool) -> torch.Tensor:
     """N(0, 0.02) bf16 weights. These have verbatim segments (about 0.2% at segment 256: two escape exponents
-    among the values near zero), so the tensor-core kernel runs its verbatim pass after the K loop. clean:
+    among the values near zero), so the tensor-core kernel runs its verbatim pass after the K loop. clean_weights:
     magnitudes below 1e-4 raised to 1e-4, so every exponent lies in the window: no escapes, no verbatim segments,
     as in most tensors of trained checkpoints."""
     w = torch.randn(N, K, device=dev) * 0.02
-    if clean:
-        w = torch.where(w.abs() < 1e-4, torch.where(w < 0, -1e-4, 1e-4), w)
+    if clean_weights:
+        w = clean(w)
     return w.to(torch.bfloat16)
 
 
@@ -155,7 +156,7 @@ def fp8_config(text: str) -> dict:
 def bench_shape(name, N, K, args, bw, time_it) -> dict:
     dev = args.device
     copies = max(2, (512 << 20) // (N * K * 2) + 1) if dev == "cuda" else 2
-    weights = [_weights(N, K, dev, args.clean_weights) for _ in range(copies)]
+    weights = [random_weights(N, K, dev, args.clean_weights) for _ in range(copies)]
     t0 = time.perf_counter()
     encoded = [w12n.encode_best(w) for w in weights]
     if dev == "cuda":  # derived tables built now, not inside the timing's graph capture

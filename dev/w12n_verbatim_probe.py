@@ -19,22 +19,14 @@ import sys
 import torch
 
 from bench.gemv import SHAPES, time_fn
+from bench.w12n_gemv import random_weights
 from specpilot.ops.w12n_gemv import mma
 from specpilot.weights import w12n
 
 
-def weights(n, k, clean, copies):
-    out = []
-    for _ in range(copies):
-        w = torch.randn(n, k, device="cuda") * 0.02
-        if clean:
-            w = torch.where(w.abs() < 1e-4, torch.where(w < 0, -1e-4, 1e-4), w)
-        out.append(w.to(torch.bfloat16))
-    return out
-
-
 def variants(n, k, copies):
-    clean, rand = weights(n, k, True, copies), weights(n, k, False, copies)
+    clean = [random_weights(n, k, "cuda", True) for _ in range(copies)]
+    rand = [random_weights(n, k, "cuda", False) for _ in range(copies)]
     out = {"clean": [w12n.encode_best(w) for w in clean], "clean_s256": [w12n.encode(w, segment=256) for w in clean]}
     out["clean_vbuild"] = [copy.copy(t) for t in out["clean_s256"]]
     for t in out["clean_vbuild"]:  # past the planes' checks on purpose: a pool row no segment points at

@@ -43,6 +43,12 @@ def hf_config(shape: str, **overrides):
     return config_cls(**{**kw, **overrides})
 
 
+def clean(w: torch.Tensor, floor: float = 1e-4) -> torch.Tensor:
+    """w with magnitudes below floor raised to floor, signs kept: no weight escapes the W12N exponent window, so
+    the encoding has no escapes and no verbatim segments."""
+    return torch.where(w.abs() < floor, torch.where(w < 0, -floor, floor).to(w.dtype), w)
+
+
 def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                  clean_weights: bool = False):
     """N(0, 0.02) matrices, identity norms. clean_weights: matrix magnitudes below 1e-4 raised to 1e-4, so that
@@ -64,7 +70,7 @@ def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat
             else:
                 p.normal_(0, 0.02, generator=gen)
                 if clean_weights:
-                    p.copy_(torch.where(p.abs() < 1e-4, torch.where(p < 0, -1e-4, 1e-4).to(p.dtype), p))
+                    p.copy_(clean(p))
     return model
 
 
