@@ -210,12 +210,6 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
                         for d in (1, 2):
                             variants[f"w12n_mma_ks{ks}_d{d}_r{cap}"] = lambda a, wt, ks=ks, cap=cap, d=d: (
                                 mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, maxnreg=cap))
-            for pf in args.mma_prefetch:  # L2 prefetches pf iterations ahead, on the default launch and the sweep's
-                variants[f"w12n_mma_pf{pf}"] = lambda a, wt, pf=pf: mma_kernel.w12n_mma_gemv(a, wt[1], prefetch=pf)
-                for ks in (k for k in args.mma_warps if (encoded[0].padded_k // 64) % k == 0):
-                    for cap in args.mma_regs:
-                        variants[f"w12n_mma_ks{ks}_r{cap}_pf{pf}"] = lambda a, wt, ks=ks, cap=cap, pf=pf: (
-                            mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=1, maxnreg=cap, prefetch=pf))
             for seg in args.segments:
                 variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
             if args.mma_rows8:  # 8 weight rows per program, operands swapped: twice the programs
@@ -291,9 +285,6 @@ def main() -> None:
     p.add_argument("--fp8-configs", nargs="*", default=[],
                    help="also time the FP8 view at these launches, e.g. bn16.bk1024.w8.p1 (block_n, block_k, "
                         "warps, prefetch)")
-    p.add_argument("--mma-prefetch", type=int, nargs="*", default=[],
-                   help="also time the tensor-core kernel with L2 prefetches this many iterations ahead (>= 2): the "
-                        "default launch, and each --mma-warps config at each --mma-regs cap (depth 1)")
     p.add_argument("--mma-swiglu", action="store_true",
                    help="also time the SwiGLU epilogue (w12n_swiglu_gemv) against the product then silu_mul")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")

@@ -343,8 +343,6 @@ def test_asm_decode_compiles_for_sm90(tmp_path):
     assert verbatim["ops_fast"].get("HMMA", 0) == 4 and verbatim["loop"] <= 1.15 * plain["loop"], (plain, verbatim)
     ks8 = res["w12n_mma_verbatim_ks8.M1"]  # 8 warps at segment 256: no division left in the loop (232 before)
     assert ks8["ops_fast"].get("HMMA", 0) == 4 and ks8["loop"] <= 1.1 * plain["loop"], (plain, ks8)
-    pf = res["w12n_mma_verbatim_ks8_prefetch.M1"]  # L2 prefetches: 4 prefetch instructions, about 30 in all
-    assert pf["ops_fast"].get("CCTL", 0) == 4 and pf["loop"] <= ks8["loop"] + 40, (ks8, pf)
     swiglu = res["w12n_mma_swiglu.M1"]  # the SwiGLU epilogue changes what follows the loop only
     assert swiglu["ops_fast"].get("HMMA", 0) == 4 and abs(swiglu["loop"] - plain["loop"]) <= 4, (plain, swiglu)
     for name in ("w12n_mma_half.M1", "w12n_mma_half.M16"):  # 8 rows per program: 4 mmas per 16 weights, any M
@@ -580,13 +578,12 @@ def test_mma_kernel_asm_emulated_sparse_verbatim():
     assert torch.equal(_emulated_mma_half(onehot, t), decode(t).float()[:, cols].T)
     check("w12n mma half (emulated)", w12n_gemv_ref, x, t, _emulated_mma_half(x, t).to(torch.bfloat16))
 
-def test_mma_launch_rules(monkeypatch):
+def test_mma_launch_rules():
     """The K split always divides the chunk count (no masked chunks) and never depends on M (batch invariance);
     small N takes 8 warps, at M <= 8 under an 80-register cap (the H200 sweep's best); the rest 4 warps, the
     compiler's registers."""
     from types import SimpleNamespace
 
-    from specpilot.ops.w12n_gemv import mma
     from specpilot.ops.w12n_gemv.mma import Launch, default_launch, default_warps, resolve_launch
 
     for n, k in [(6144, 4096), (4096, 4096), (5120, 17408), (248320, 5120), (40, 320), (16, 192)]:
@@ -617,29 +614,6 @@ def test_mma_launch_rules(monkeypatch):
     assert resolve_launch(o_proj, 1, 132, rows=8) == Launch(warps=8, rows=8)  # HALF: opt-in only
     assert all(default_launch(SimpleNamespace(n=n, padded_k=4096), m).rows == 16 for n in (64, 4096, 151936)
                for m in (1, 8, 16))
-    # L2 prefetches: opt-in, per call or for every default launch; they leave the K split (and the sums) alone
-    assert default_launch(o_proj, 1).prefetch == 0
-    assert resolve_launch(o_proj, 1, 132, prefetch=4) == Launch(warps=8, depth=1, maxnreg=80, prefetch=4)
-    assert resolve_launch(o_proj, 1, 132, warps=4, prefetch=3) == Launch(warps=4, prefetch=3)
-    monkeypatch.setattr(mma, "PREFETCH_AHEAD", 3)
-    assert default_launch(o_proj, 1) == Launch(warps=8, depth=1, maxnreg=80, prefetch=3)
-    assert default_launch(lm_head, 16) == Launch(warps=4, prefetch=3)
-
-
-def test_prefetch_asm_covers_each_chunk_line_once():
-    """The L2 prefetch's four addresses per lane ($4: the lane's A words of row g, $8: its B words as int32) cover
-    every 128-byte line of the warp's chunk, A (1 KB: [h][lane][16 B]) and B (512 B: [h][lane][8 B]), and no line
-    outside it."""
-    import re
-
-    from specpilot.ops.w12n_gemv.mma import _PREFETCH_L2
-
-    ops = re.findall(r"prefetch\.global\.L2 \[\$(\d+)(?:\+(\d+))?\]", _PREFETCH_L2.value)
-    a0, b0 = 1 << 20, 1 << 24  # the chunk's A and B bases (any aligned addresses)
-    lanes = {4: [a0 + 16 * lane for lane in range(32)], 8: [b0 + 8 * lane for lane in range(32)]}
-    lines = {(addr + int(off or 0)) // 128 for reg, off in ops for addr in lanes[int(reg)]}
-    want = {(a0 + i) // 128 for i in range(0, 1024, 128)} | {(b0 + i) // 128 for i in range(0, 512, 128)}
-    assert len(ops) == 4 and lines == want
 
 
 def test_fma_kernel_asm_emulated():

@@ -42,7 +42,6 @@ bf16(gate * sigmoid(gate) * up) in fp32, as the gated GEMVs form it (ops/gemv); 
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from dataclasses import dataclass
 
@@ -128,23 +127,6 @@ _MMA_CHUNK = gl.constexpr(_mma_chunk_asm())
 _MMA_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 16 + ["l"] * 4 + ["f"] * 4))
 _MMA_HALF = gl.constexpr(_mma_chunk_asm(half=True))
 _MMA_HALF_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 8 + ["l"] * 8 + ["f"] * 4))
-
-
-# a warp's chunk into L2, lane by lane (the lanes' 16-byte A words of rows g / g + 8 and 8-byte B words): the
-# warp's addresses cover each of the chunk's 128-byte lines, so every line is asked for once per warp
-_PREFETCH_L2 = gl.constexpr("prefetch.global.L2 [$4]; prefetch.global.L2 [$4+512]; prefetch.global.L2 [$8]; "
-                            "prefetch.global.L2 [$8+256]; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;")
-
-
-@gluon.jit
-def _prefetch(ptrs, q, KS: gl.constexpr):
-    """This lane's part of its warp's chunk of iteration q into L2: the warp's register loads of it then wait on
-    L2, not on HBM, and no register holds it meanwhile."""
-    a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
-    step = q * (256 * KS)
-    b = (b_g + step).to(gl.pointer_type(gl.int32), bitcast=True)
-    gl.inline_asm_elementwise(_PREFETCH_L2, "=r,=r,=r,=r,l,l,l,l,l,l,l,l", [a_g + step, b], dtype=gl.int32,
-                              is_pure=False, pack=4)
 
 
 @gluon.jit
@@ -293,7 +275,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
                           HALF: gl.constexpr = False, SWIGLU: gl.constexpr = False,
-                          LATE_TRIGGER: gl.constexpr = False, PREFETCH: gl.constexpr = 0):
+                          LATE_TRIGGER: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -343,11 +325,6 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
     cur = _weights(ptrs, 0, KS, SEGMENT, HALF)
     nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT, HALF)
-    if PREFETCH > 0:  # L2 prefetches PREFETCH iterations ahead (16-row programs): more bytes in flight per SM
-        # than the registers hold, where few programs per SM leave each warp's chain of loads the limit
-        for q in gl.static_range(2, PREFETCH):
-            if q < n_iter:
-                _prefetch(ptrs, q, KS)
     if HAS_VERBATIM:  # the first listed segment's lookups (no load's address depends on another's value: a warp
         # stalls at the first use only, after the loop)
         vq_g = vq_ptr + row_g * S
@@ -361,9 +338,6 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
     nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
     for i in range(0, n_iter):
-        if PREFETCH > 0:
-            if i + PREFETCH < n_iter:
-                _prefetch(ptrs, i + PREFETCH, KS)
         ahead = (i + DEPTH) % n_iter
         if DEPTH == 2:
             after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
@@ -465,13 +439,11 @@ class Launch:
     """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, weight rows
     per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the A
     operand, one row per lane, twice the programs; slower at M = 1 and 8 on an H200, faster at M = 16 only, which
-    must keep the M = 1 K split: opt-in); prefetch: iterations ahead whose chunks each warp asks into L2 (0: none;
-    16-row programs only)."""
+    must keep the M = 1 K split: opt-in)."""
     warps: int
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
-    prefetch: int = 0
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -488,18 +460,7 @@ def _small_n(t: W12NTensor, sms: int) -> bool:
     return -(-t.n // 16) * 4 < 16 * sms
 
 
-# L2 prefetch distance (iterations) of every default launch; 0 (none) until measured (bench/ar_decode.py --w12n-ab
-# --w12n-prefetch sets it per variant)
-PREFETCH_AHEAD = 0
-
-
 def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
-    """_default_launch with PREFETCH_AHEAD's L2 prefetch."""
-    launch = _default_launch(t, m, sms)
-    return dataclasses.replace(launch, prefetch=PREFETCH_AHEAD) if PREFETCH_AHEAD else launch
-
-
-def _default_launch(t: W12NTensor, m: int, sms: int) -> Launch:
     """Small N: 8 warps, depth 1, and at M <= 8 at most 80 registers, so that 3 programs (24 warps) fit an SM.
     Elsewhere default_warps, depth 1, the compiler's registers. The K split depends on the shape alone, never on
     M: it fixes the order of the sums, and row m of an M-row call must equal the M = 1 call bitwise.
@@ -638,15 +599,10 @@ def glu_supported(t: W12NTensor) -> bool:
 
 
 def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
-                   maxnreg: int | None = None, rows: int | None = None, prefetch: int | None = None) -> Launch:
+                   maxnreg: int | None = None, rows: int | None = None) -> Launch:
     """The launch for explicit overrides: default_launch where warps is None or the default's; another warps
     count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given;
-    rows (16 or 8) is taken as given; prefetch replaces the result's."""
-    launch = _resolve(t, m, sms, warps, depth, maxnreg, rows)
-    return launch if prefetch is None else dataclasses.replace(launch, prefetch=prefetch)
-
-
-def _resolve(t, m, sms, warps, depth, maxnreg, rows) -> Launch:
+    rows (16 or 8) is taken as given."""
     d = default_launch(t, m, sms)
     if rows is not None and rows != d.rows:
         return Launch(d.warps if warps is None else warps, 1 if depth is None else depth, maxnreg, rows)
@@ -658,12 +614,12 @@ def _resolve(t, m, sms, warps, depth, maxnreg, rows) -> Launch:
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None, prefetch: int | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped); prefetch: iterations ahead asked into L2
-    (0 or >= 2). Unset: default_launch (resolve_launch says how overrides combine with it)."""
-    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows, prefetch)
+    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch says
+    how overrides combine with it)."""
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
     return _launch(x, t, cfg, swiglu=False)
 
 
@@ -692,9 +648,6 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {cfg.warps}")
     if cfg.depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {cfg.depth}")
-    if cfg.prefetch == 1 or cfg.prefetch < 0 or (cfg.prefetch and cfg.rows != 16):
-        raise ValueError(f"prefetch must be 0 or >= 2 iterations ahead, with 16-row programs; got {cfg.prefetch} "
-                         f"with rows={cfg.rows}")
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
     if torch.cuda.is_current_stream_capturing() and swiglu not in _TILED.get(t, {}):
@@ -717,7 +670,6 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu, LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER,
-        PREFETCH=cfg.prefetch,
         num_warps=cfg.warps,
         **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
