@@ -42,6 +42,7 @@ bf16(gate * sigmoid(gate) * up) in fp32, as the gated GEMVs form it (ops/gemv); 
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 
@@ -275,7 +276,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
                           HALF: gl.constexpr = False, SWIGLU: gl.constexpr = False,
-                          LATE_TRIGGER: gl.constexpr = False):
+                          LATE_TRIGGER: gl.constexpr = False, WRAP: gl.constexpr = True):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -340,9 +341,15 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     for i in range(0, n_iter):
         ahead = (i + DEPTH) % n_iter
         if DEPTH == 2:
-            after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+            if WRAP:
+                after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+            else:
+                after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF, i + DEPTH < n_iter, False)
         else:
-            nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+            if WRAP:
+                nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+            else:  # the loads past the warp's last chunk masked off
+                nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF, i + DEPTH < n_iter, False)
         acc_lo, acc_hi = _step(cur, acc_lo, acc_hi, base_lanes, TWO_N, HALF)
         if DEPTH == 2:
             cur = nxt
@@ -368,8 +375,8 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
 
 @gluon.jit
 def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-           HALF: gl.constexpr):
-    return _weights(ptrs, i, KS, SEGMENT, HALF) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
+           HALF: gl.constexpr, live=True, WRAP: gl.constexpr = True):
+    return _weights(ptrs, i, KS, SEGMENT, HALF, live, WRAP) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
 
 
 @gluon.jit
@@ -390,16 +397,19 @@ def _step(cur, acc_lo, acc_hi, base_lanes, TWO_N: gl.constexpr, HALF: gl.constex
 
 
 @gluon.jit
-def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, HALF: gl.constexpr):
-    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 (HALF: row g) and the chunk segment's XE."""
+def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, HALF: gl.constexpr, live=True,
+             WRAP: gl.constexpr = True):
+    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 (HALF: row g) and the chunk segment's XE;
+    WRAP False: the weight words only where live (zeros elsewhere)."""
     a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
     step = i * (256 * KS)
     s = (i * KS + w) // (SEGMENT // CHUNK)
     # weights are read once: evict first, so x and the small tables stay in cache
     if HALF:
-        return (_stream(a_g + step), _stream(b_g + step), gl.load(xe_g + s).to(gl.uint32))
+        return (_stream(a_g + step, live, WRAP), _stream(b_g + step, live, WRAP), gl.load(xe_g + s).to(gl.uint32))
     else:
-        return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
+        return (_stream(a_g + step, live, WRAP), _stream(a_g + step + 128, live, WRAP),
+                _stream(b_g + step, live, WRAP), _stream(b_g + step + 128, live, WRAP),
                 gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
 
 
@@ -420,8 +430,11 @@ def _gdc(instruction: gl.constexpr):
 
 
 @gluon.jit
-def _stream(ptrs):
-    return gl.load(ptrs, eviction_policy="evict_first")
+def _stream(ptrs, live, WRAP: gl.constexpr):
+    if WRAP:
+        return gl.load(ptrs, eviction_policy="evict_first")
+    else:  # the words past a warp's last chunk are not read (their wrapped addresses stay valid)
+        return gl.load(ptrs, mask=live, other=0, eviction_policy="evict_first")
 
 
 @gluon.jit
@@ -439,11 +452,13 @@ class Launch:
     """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, weight rows
     per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the A
     operand, one row per lane, twice the programs; slower at M = 1 and 8 on an H200, faster at M = 16 only, which
-    must keep the M = 1 K split: opt-in)."""
+    must keep the M = 1 K split: opt-in); wrap: the loads ahead of a warp's last chunks read its first chunks again
+    (False: masked off instead)."""
     warps: int
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
+    wrap: bool = True
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -460,7 +475,18 @@ def _small_n(t: W12NTensor, sms: int) -> bool:
     return -(-t.n // 16) * 4 < 16 * sms
 
 
+# whether the default launches' loads ahead of the last chunks wrap (True) or are masked off (bench/ar_decode.py
+# --w12n-ab --w12n-nowrap times the step both ways)
+WRAP_AHEAD = True
+
+
 def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
+    """_default_launch, with WRAP_AHEAD."""
+    launch = _default_launch(t, m, sms)
+    return launch if WRAP_AHEAD else dataclasses.replace(launch, wrap=False)
+
+
+def _default_launch(t: W12NTensor, m: int, sms: int) -> Launch:
     """Small N: 8 warps, depth 1, and at M <= 8 at most 80 registers, so that 3 programs (24 warps) fit an SM.
     Elsewhere default_warps, depth 1, the compiler's registers. The K split depends on the shape alone, never on
     M: it fixes the order of the sums, and row m of an M-row call must equal the M = 1 call bitwise.
@@ -599,10 +625,15 @@ def glu_supported(t: W12NTensor) -> bool:
 
 
 def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
-                   maxnreg: int | None = None, rows: int | None = None) -> Launch:
+                   maxnreg: int | None = None, rows: int | None = None, wrap: bool | None = None) -> Launch:
     """The launch for explicit overrides: default_launch where warps is None or the default's; another warps
     count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given;
-    rows (16 or 8) is taken as given."""
+    rows (16 or 8) is taken as given; wrap replaces the result's."""
+    launch = _resolve(t, m, sms, warps, depth, maxnreg, rows)
+    return launch if wrap is None else dataclasses.replace(launch, wrap=wrap)
+
+
+def _resolve(t, m, sms, warps, depth, maxnreg, rows) -> Launch:
     d = default_launch(t, m, sms)
     if rows is not None and rows != d.rows:
         return Launch(d.warps if warps is None else warps, 1 if depth is None else depth, maxnreg, rows)
@@ -614,12 +645,12 @@ def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, de
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None, wrap: bool | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch says
-    how overrides combine with it)."""
-    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
+    rows: weight rows per program (16, or 8 with the operands swapped); wrap: False masks the loads past a warp's
+    last chunk. Unset: default_launch (resolve_launch says how overrides combine with it)."""
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows, wrap)
     return _launch(x, t, cfg, swiglu=False)
 
 
@@ -670,6 +701,7 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu, LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER,
+        WRAP=cfg.wrap,
         num_warps=cfg.warps,
         **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
