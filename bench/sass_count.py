@@ -158,16 +158,14 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
                                              (1, False, True, False, False), (1, False, False, False, True),
                                              (1, False, False, True, False), (16, True, False, True, False)):
         consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=verbatim, DEPTH=1, PDL=False,
-                      HALF=half, SWIGLU=swiglu, LATE_TRIGGER=False, WRAP=True)
+                      HALF=half, SWIGLU=swiglu, LATE_TRIGGER=False)
         name = (f"w12n_mma{'_verbatim' if verbatim else ''}{'_swiglu' if swiglu else ''}"
                 f"{'_half' if half else ''}.M{m}")
         out.append((name, mma._w12n_mma_gemv_kernel, consts, 4, 16 if half else 32, None))
     # 8 warps (the small-N launch) at segment 256 with verbatim segments: an iteration spans two segments
     consts = dict(KS=8, SEGMENT=256, EVEN_K=True, TWO_N=False, HAS_VERBATIM=True, DEPTH=1, PDL=False, HALF=False,
-                  SWIGLU=False, LATE_TRIGGER=False, WRAP=True)
+                  SWIGLU=False, LATE_TRIGGER=False)
     out.append(("w12n_mma_verbatim_ks8.M1", mma._w12n_mma_gemv_kernel, consts, 8, 32, None))
-    # the same with the loads past each warp's last chunk masked off (opt-in)
-    out.append(("w12n_mma_verbatim_ks8_nowrap.M1", mma._w12n_mma_gemv_kernel, dict(consts, WRAP=False), 8, 32, None))
     return out
 
 

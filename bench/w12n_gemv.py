@@ -210,8 +210,6 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
                         for d in (1, 2):
                             variants[f"w12n_mma_ks{ks}_d{d}_r{cap}"] = lambda a, wt, ks=ks, cap=cap, d=d: (
                                 mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, maxnreg=cap))
-            if args.mma_nowrap:  # the loads past each warp's last chunk masked off instead of wrapping
-                variants["w12n_mma_nowrap"] = lambda a, wt: mma_kernel.w12n_mma_gemv(a, wt[1], wrap=False)
             for seg in args.segments:
                 variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
             if args.mma_rows8:  # 8 weight rows per program, operands swapped: twice the programs
@@ -287,8 +285,6 @@ def main() -> None:
     p.add_argument("--fp8-configs", nargs="*", default=[],
                    help="also time the FP8 view at these launches, e.g. bn16.bk1024.w8.p1 (block_n, block_k, "
                         "warps, prefetch)")
-    p.add_argument("--mma-nowrap", action="store_true",
-                   help="also time the tensor-core kernel with its loads past each warp's last chunk masked off")
     p.add_argument("--mma-swiglu", action="store_true",
                    help="also time the SwiGLU epilogue (w12n_swiglu_gemv) against the product then silu_mul")
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")

@@ -343,8 +343,6 @@ def test_asm_decode_compiles_for_sm90(tmp_path):
     assert verbatim["ops_fast"].get("HMMA", 0) == 4 and verbatim["loop"] <= 1.15 * plain["loop"], (plain, verbatim)
     ks8 = res["w12n_mma_verbatim_ks8.M1"]  # 8 warps at segment 256: no division left in the loop (232 before)
     assert ks8["ops_fast"].get("HMMA", 0) == 4 and ks8["loop"] <= 1.1 * plain["loop"], (plain, ks8)
-    nowrap = res["w12n_mma_verbatim_ks8_nowrap.M1"]  # masked loads ahead: a predicate per load, the same mmas
-    assert nowrap["ops_fast"].get("HMMA", 0) == 4 and nowrap["loop"] <= ks8["loop"] + 20, (ks8, nowrap)
     swiglu = res["w12n_mma_swiglu.M1"]  # the SwiGLU epilogue changes what follows the loop only
     assert swiglu["ops_fast"].get("HMMA", 0) == 4 and abs(swiglu["loop"] - plain["loop"]) <= 4, (plain, swiglu)
     for name in ("w12n_mma_half.M1", "w12n_mma_half.M16"):  # 8 rows per program: 4 mmas per 16 weights, any M
@@ -617,11 +615,11 @@ def test_mma_launch_rules(monkeypatch):
     assert resolve_launch(o_proj, 1, 132, rows=8) == Launch(warps=8, rows=8)  # HALF: opt-in only
     assert all(default_launch(SimpleNamespace(n=n, padded_k=4096), m).rows == 16 for n in (64, 4096, 151936)
                for m in (1, 8, 16))
-    # masked loads past each warp's last chunk: opt-in, per call or for every default launch
-    assert default_launch(o_proj, 1).wrap and not resolve_launch(o_proj, 1, 132, wrap=False).wrap
-    assert resolve_launch(o_proj, 1, 132, warps=4, wrap=False) == Launch(warps=4, wrap=False)
-    monkeypatch.setattr(mma, "WRAP_AHEAD", False)
-    assert default_launch(o_proj, 1) == Launch(warps=8, depth=1, maxnreg=80, wrap=False)
+    # the PDL trigger after the K loop: opt-in, per call or for every default launch; the sums do not change
+    assert not default_launch(o_proj, 1).late_trigger and resolve_launch(o_proj, 1, 132, late_trigger=True).late_trigger
+    assert resolve_launch(o_proj, 1, 132, warps=4, late_trigger=True) == Launch(warps=4, late_trigger=True)
+    monkeypatch.setattr(mma, "LATE_TRIGGER", True)
+    assert default_launch(o_proj, 1) == Launch(warps=8, depth=1, maxnreg=80, late_trigger=True)
 
 
 def test_fma_kernel_asm_emulated():

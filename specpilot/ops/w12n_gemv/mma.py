@@ -276,7 +276,7 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
                           HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
                           HALF: gl.constexpr = False, SWIGLU: gl.constexpr = False,
-                          LATE_TRIGGER: gl.constexpr = False, WRAP: gl.constexpr = True):
+                          LATE_TRIGGER: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -341,15 +341,9 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     for i in range(0, n_iter):
         ahead = (i + DEPTH) % n_iter
         if DEPTH == 2:
-            if WRAP:
-                after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
-            else:
-                after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF, i + DEPTH < n_iter, False)
+            after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
         else:
-            if WRAP:
-                nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
-            else:  # the loads past the warp's last chunk masked off
-                nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF, i + DEPTH < n_iter, False)
+            nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
         acc_lo, acc_hi = _step(cur, acc_lo, acc_hi, base_lanes, TWO_N, HALF)
         if DEPTH == 2:
             cur = nxt
@@ -375,8 +369,8 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
 
 @gluon.jit
 def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-           HALF: gl.constexpr, live=True, WRAP: gl.constexpr = True):
-    return _weights(ptrs, i, KS, SEGMENT, HALF, live, WRAP) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
+           HALF: gl.constexpr):
+    return _weights(ptrs, i, KS, SEGMENT, HALF) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
 
 
 @gluon.jit
@@ -397,19 +391,16 @@ def _step(cur, acc_lo, acc_hi, base_lanes, TWO_N: gl.constexpr, HALF: gl.constex
 
 
 @gluon.jit
-def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, HALF: gl.constexpr, live=True,
-             WRAP: gl.constexpr = True):
-    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 (HALF: row g) and the chunk segment's XE;
-    WRAP False: the weight words only where live (zeros elsewhere)."""
+def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, HALF: gl.constexpr):
+    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 (HALF: row g) and the chunk segment's XE."""
     a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
     step = i * (256 * KS)
     s = (i * KS + w) // (SEGMENT // CHUNK)
     # weights are read once: evict first, so x and the small tables stay in cache
     if HALF:
-        return (_stream(a_g + step, live, WRAP), _stream(b_g + step, live, WRAP), gl.load(xe_g + s).to(gl.uint32))
+        return (_stream(a_g + step), _stream(b_g + step), gl.load(xe_g + s).to(gl.uint32))
     else:
-        return (_stream(a_g + step, live, WRAP), _stream(a_g + step + 128, live, WRAP),
-                _stream(b_g + step, live, WRAP), _stream(b_g + step + 128, live, WRAP),
+        return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
                 gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
 
 
@@ -430,11 +421,8 @@ def _gdc(instruction: gl.constexpr):
 
 
 @gluon.jit
-def _stream(ptrs, live, WRAP: gl.constexpr):
-    if WRAP:
-        return gl.load(ptrs, eviction_policy="evict_first")
-    else:  # the words past a warp's last chunk are not read (their wrapped addresses stay valid)
-        return gl.load(ptrs, mask=live, other=0, eviction_policy="evict_first")
+def _stream(ptrs):
+    return gl.load(ptrs, eviction_policy="evict_first")
 
 
 @gluon.jit
@@ -452,13 +440,13 @@ class Launch:
     """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, weight rows
     per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the A
     operand, one row per lane, twice the programs; slower at M = 1 and 8 on an H200, faster at M = 16 only, which
-    must keep the M = 1 K split: opt-in); wrap: the loads ahead of a warp's last chunks read its first chunks again
-    (False: masked off instead)."""
+    must keep the M = 1 K split: opt-in); late_trigger: under PDL, let the next kernel launch only after the K
+    loop (as the SwiGLU launch does), not at the start."""
     warps: int
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
-    wrap: bool = True
+    late_trigger: bool = False
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -475,15 +463,15 @@ def _small_n(t: W12NTensor, sms: int) -> bool:
     return -(-t.n // 16) * 4 < 16 * sms
 
 
-# whether the default launches' loads ahead of the last chunks wrap (True) or are masked off (bench/ar_decode.py
-# --w12n-ab --w12n-nowrap times the step both ways)
-WRAP_AHEAD = True
+# whether every default launch triggers its PDL dependents after its K loop (bench/ar_decode.py --w12n-ab
+# --w12n-late-trigger times the step both ways)
+LATE_TRIGGER = False
 
 
 def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
-    """_default_launch, with WRAP_AHEAD."""
+    """_default_launch, with LATE_TRIGGER."""
     launch = _default_launch(t, m, sms)
-    return launch if WRAP_AHEAD else dataclasses.replace(launch, wrap=False)
+    return dataclasses.replace(launch, late_trigger=True) if LATE_TRIGGER else launch
 
 
 def _default_launch(t: W12NTensor, m: int, sms: int) -> Launch:
@@ -625,12 +613,12 @@ def glu_supported(t: W12NTensor) -> bool:
 
 
 def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
-                   maxnreg: int | None = None, rows: int | None = None, wrap: bool | None = None) -> Launch:
+                   maxnreg: int | None = None, rows: int | None = None, late_trigger: bool | None = None) -> Launch:
     """The launch for explicit overrides: default_launch where warps is None or the default's; another warps
     count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given;
-    rows (16 or 8) is taken as given; wrap replaces the result's."""
+    rows (16 or 8) is taken as given; late_trigger replaces the result's."""
     launch = _resolve(t, m, sms, warps, depth, maxnreg, rows)
-    return launch if wrap is None else dataclasses.replace(launch, wrap=wrap)
+    return launch if late_trigger is None else dataclasses.replace(launch, late_trigger=late_trigger)
 
 
 def _resolve(t, m, sms, warps, depth, maxnreg, rows) -> Launch:
@@ -645,12 +633,13 @@ def _resolve(t, m, sms, warps, depth, maxnreg, rows) -> Launch:
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None, wrap: bool | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None,
+                  late_trigger: bool | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped); wrap: False masks the loads past a warp's
-    last chunk. Unset: default_launch (resolve_launch says how overrides combine with it)."""
-    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows, wrap)
+    rows: weight rows per program (16, or 8 with the operands swapped); late_trigger: PDL dependents launch after
+    the K loop. Unset: default_launch (resolve_launch says how overrides combine with it)."""
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows, late_trigger)
     return _launch(x, t, cfg, swiglu=False)
 
 
@@ -700,8 +689,8 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         t.padded_k // CHUNK.value // cfg.warps, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu, LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER,
-        WRAP=cfg.wrap,
+        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu,
+        LATE_TRIGGER=(swiglu and SWIGLU_LATE_TRIGGER) or cfg.late_trigger,
         num_warps=cfg.warps,
         **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
