@@ -297,23 +297,21 @@ def _release(runner) -> None:
     _empty_cache()
 
 
-def w12n_ab(model, batch: int, ctx: int, steps: int, vocab: int, late: bool = False) -> dict:
-    """--w12n-ab: the W12N step (planes already attached) with every W12N launch's PDL trigger after its K loop
-    (mma.LATE_TRIGGER) if late; else without the SwiGLU epilogue (product, then silu_mul), and with it but its PDL
-    trigger at the kernel's start (mma.SWIGLU_LATE_TRIGGER off). Each timed as the main W12N step is; then the
-    default again (drift)."""
+def w12n_ab(model, batch: int, ctx: int, steps: int, vocab: int) -> dict:
+    """--w12n-ab: the W12N step (planes already attached) without the SwiGLU epilogue (product, then silu_mul),
+    and with it but its PDL trigger at the kernel's start (mma.SWIGLU_LATE_TRIGGER off), each timed as the main
+    W12N step is; then the default again (drift)."""
     from specpilot.ops.w12n_gemv import mma
 
-    runs = [("late_trigger", {}, True, True)] if late else [
-        ("no_swiglu", {"w12n_swiglu": False}, True, False), ("swiglu_early_trigger", {}, False, False)]
     out = {}
-    for name, fields, swiglu_late, all_late in runs + [("default_again", {}, True, False)]:
-        mma.SWIGLU_LATE_TRIGGER, mma.LATE_TRIGGER = swiglu_late, all_late  # read when the graph is captured
+    for name, fields, late in (("no_swiglu", {"w12n_swiglu": False}, True), ("swiglu_early_trigger", {}, False),
+                               ("default_again", {}, True)):
         runner = ModelRunner(model, EngineConfig(**{**BASE, "weight_format": "w12n", **fields}))
+        mma.SWIGLU_LATE_TRIGGER = late
         try:
             out[name] = time_ours(runner, batch, ctx, steps, vocab)
         finally:
-            mma.SWIGLU_LATE_TRIGGER, mma.LATE_TRIGGER = True, False
+            mma.SWIGLU_LATE_TRIGGER = True
             _release(runner)
     return out
 
@@ -517,7 +515,7 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
                 r["w12n_speedup_vs_bf16"] = r["step_ms_median"] / r["w12n_variant"]["step_ms_median"]
             if args.w12n_ab:
                 r["w12n_ab"] = attempt(f"{name} {batch}x{ctx} W12N A/B", w12n_ab, ours, batch, ctx, args.steps,
-                                       cfg.vocab_size, args.w12n_late_trigger)
+                                       cfg.vocab_size)
         moved = weight_bytes + batch * (ctx * kv_per_token + state_bytes)
         r["roofline_ms_weights"] = weight_bytes / bandwidth * 1e3
         r["roofline_ms_all_bytes"] = moved / bandwidth * 1e3
@@ -567,9 +565,7 @@ def main() -> None:
                    help="last, time the step with the bf16 copies dropped (weight_format w12n_only; batch <= 16): "
                         "the model holds W12N planes alone, so a whole Qwen3.5-27B fits one GPU")
     p.add_argument("--w12n-ab", action="store_true",
-                   help="with --w12n: also time the W12N step without the SwiGLU epilogue, and with its early "
-                        "trigger; or, with --w12n-late-trigger, with every W12N launch's PDL trigger after its K loop")
-    p.add_argument("--w12n-late-trigger", action="store_true", help="see --w12n-ab")
+                   help="with --w12n: also time the W12N step without the SwiGLU epilogue, and with its early trigger")
     p.add_argument("--no-fused-prologue", action="store_true",
                    help="every runner with EngineConfig(fused_qk_rope_store=False) (if the fused kernel fails)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE[,...]",

@@ -290,8 +290,7 @@ def check_w12n_gemv(dev, M, N, K):
         res["mma_warps_agree"] = {ks: rel_err(w12n_mma_gemv(x, t, warps=ks).float(), mma.float())["rel_rms_err"]
                                   for ks in (1, 2, 4) if (t.padded_k // 64) % ks == 0}
         # both depths: the same chunks in the same order
-        res["mma_pipelines_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, depth=d, late_trigger=late), mma)
-                                           for d in (1, 2) for late in (False, True))  # PDL's trigger: no bit
+        res["mma_pipelines_bitwise"] = all(torch.equal(w12n_mma_gemv(x, t, depth=d), mma) for d in (1, 2))
         # the HALF launch (8 weight rows per program, operands swapped; opt-in, rows=8): the same properties
         half = w12n_mma_gemv(x, t, rows=8)
         res["mma_r8_rel_rms_err"] = rel_err(half.float(), w12n_gemv_ref(x, t).float())["rel_rms_err"]

@@ -3,8 +3,6 @@
 and on (on: each launch overlaps its predecessor's tail, as in a decode step), and fits t = fixed + bytes / rate
 per kernel: the fixed microseconds per launch and the streaming rate. Kernels:
   w12n         the tensor-core W12N GEMV at its default launch
-  w12n_late    the same with its PDL trigger after the K loop (opt-in late_trigger=True)
-  w12n_nocap   the same without the 80-register cap (two programs per SM, not three)
   ours_bf16    our bf16 GEMV at one config for every K (16 rows, 1024 columns, 8 warps: the 8B down's)
   cublas       F.linear
 on clean weights (no verbatim segments) and on random ones.
@@ -29,8 +27,6 @@ from specpilot.weights import w12n
 N, KS = 4096, (2048, 4096, 8192, 12288, 16384)
 KERNELS = {
     "w12n": lambda x, p: mma.w12n_mma_gemv(x, p[1]),
-    "w12n_late": lambda x, p: mma.w12n_mma_gemv(x, p[1], late_trigger=True),
-    "w12n_nocap": lambda x, p: mma.w12n_mma_gemv(x, p[1], depth=1),
     "ours_bf16": lambda x, p: bf16_gemv.gemv(x, p[0], block_n=16, block_k=1024, num_warps=8),
     "cublas": lambda x, p: F.linear(x, p[0]),
 }

@@ -578,13 +578,12 @@ def test_mma_kernel_asm_emulated_sparse_verbatim():
     assert torch.equal(_emulated_mma_half(onehot, t), decode(t).float()[:, cols].T)
     check("w12n mma half (emulated)", w12n_gemv_ref, x, t, _emulated_mma_half(x, t).to(torch.bfloat16))
 
-def test_mma_launch_rules(monkeypatch):
+def test_mma_launch_rules():
     """The K split always divides the chunk count (no masked chunks) and never depends on M (batch invariance);
     small N takes 8 warps, at M <= 8 under an 80-register cap (the H200 sweep's best); the rest 4 warps, the
     compiler's registers."""
     from types import SimpleNamespace
 
-    from specpilot.ops.w12n_gemv import mma
     from specpilot.ops.w12n_gemv.mma import Launch, default_launch, default_warps, resolve_launch
 
     for n, k in [(6144, 4096), (4096, 4096), (5120, 17408), (248320, 5120), (40, 320), (16, 192)]:
@@ -615,11 +614,6 @@ def test_mma_launch_rules(monkeypatch):
     assert resolve_launch(o_proj, 1, 132, rows=8) == Launch(warps=8, rows=8)  # HALF: opt-in only
     assert all(default_launch(SimpleNamespace(n=n, padded_k=4096), m).rows == 16 for n in (64, 4096, 151936)
                for m in (1, 8, 16))
-    # the PDL trigger after the K loop: opt-in, per call or for every default launch; the sums do not change
-    assert not default_launch(o_proj, 1).late_trigger and resolve_launch(o_proj, 1, 132, late_trigger=True).late_trigger
-    assert resolve_launch(o_proj, 1, 132, warps=4, late_trigger=True) == Launch(warps=4, late_trigger=True)
-    monkeypatch.setattr(mma, "LATE_TRIGGER", True)
-    assert default_launch(o_proj, 1) == Launch(warps=8, depth=1, maxnreg=80, late_trigger=True)
 
 
 def test_fma_kernel_asm_emulated():

@@ -42,7 +42,6 @@ bf16(gate * sigmoid(gate) * up) in fp32, as the gated GEMVs form it (ops/gemv); 
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from dataclasses import dataclass
 
@@ -440,13 +439,11 @@ class Launch:
     """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, weight rows
     per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the A
     operand, one row per lane, twice the programs; slower at M = 1 and 8 on an H200, faster at M = 16 only, which
-    must keep the M = 1 K split: opt-in); late_trigger: under PDL, let the next kernel launch only after the K
-    loop (as the SwiGLU launch does), not at the start."""
+    must keep the M = 1 K split: opt-in)."""
     warps: int
     depth: int = 1
     maxnreg: int | None = None
     rows: int = 16
-    late_trigger: bool = False
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -463,18 +460,7 @@ def _small_n(t: W12NTensor, sms: int) -> bool:
     return -(-t.n // 16) * 4 < 16 * sms
 
 
-# whether every default launch triggers its PDL dependents after its K loop (bench/ar_decode.py --w12n-ab
-# --w12n-late-trigger times the step both ways)
-LATE_TRIGGER = False
-
-
 def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
-    """_default_launch, with LATE_TRIGGER."""
-    launch = _default_launch(t, m, sms)
-    return dataclasses.replace(launch, late_trigger=True) if LATE_TRIGGER else launch
-
-
-def _default_launch(t: W12NTensor, m: int, sms: int) -> Launch:
     """Small N: 8 warps, depth 1, and at M <= 8 at most 80 registers, so that 3 programs (24 warps) fit an SM.
     Elsewhere default_warps, depth 1, the compiler's registers. The K split depends on the shape alone, never on
     M: it fixes the order of the sums, and row m of an M-row call must equal the M = 1 call bitwise.
@@ -613,15 +599,10 @@ def glu_supported(t: W12NTensor) -> bool:
 
 
 def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
-                   maxnreg: int | None = None, rows: int | None = None, late_trigger: bool | None = None) -> Launch:
+                   maxnreg: int | None = None, rows: int | None = None) -> Launch:
     """The launch for explicit overrides: default_launch where warps is None or the default's; another warps
     count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given;
-    rows (16 or 8) is taken as given; late_trigger replaces the result's."""
-    launch = _resolve(t, m, sms, warps, depth, maxnreg, rows)
-    return launch if late_trigger is None else dataclasses.replace(launch, late_trigger=late_trigger)
-
-
-def _resolve(t, m, sms, warps, depth, maxnreg, rows) -> Launch:
+    rows (16 or 8) is taken as given."""
     d = default_launch(t, m, sms)
     if rows is not None and rows != d.rows:
         return Launch(d.warps if warps is None else warps, 1 if depth is None else depth, maxnreg, rows)
@@ -633,13 +614,12 @@ def _resolve(t, m, sms, warps, depth, maxnreg, rows) -> Launch:
 
 
 def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None,
-                  late_trigger: bool | None = None) -> torch.Tensor:
+                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped); late_trigger: PDL dependents launch after
-    the K loop. Unset: default_launch (resolve_launch says how overrides combine with it)."""
-    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows, late_trigger)
+    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch says
+    how overrides combine with it)."""
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
     return _launch(x, t, cfg, swiglu=False)
 
 
@@ -689,8 +669,7 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         t.padded_k // CHUNK.value // cfg.warps, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu,
-        LATE_TRIGGER=(swiglu and SWIGLU_LATE_TRIGGER) or cfg.late_trigger,
+        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu, LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER,
         num_warps=cfg.warps,
         **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
