@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5, the next H200 session's W12N measurements in one call (dev/LOG.md, fourteenth session, "Next"), each
+# W12N measurements not yet run, in one call (dev/LOG.md, fifteenth session, "Not run"), each
 # step under its own timeout so that one slow step leaves the others' JSON. Writes OUT/*.json.
 #   bash dev/w12n_next.sh OUT COMMIT          (at most about 560 s; run from the repository root, PYTHONPATH=.)
 set -u
