@@ -11,6 +11,7 @@ on clean weights (no verbatim segments) and on random ones.
 """
 
 import json
+import statistics
 import sys
 
 import torch
@@ -33,11 +34,9 @@ KERNELS = {
 
 
 def fit(points: list[tuple[float, float]]) -> dict:
-    """Least squares t = a + b * bytes over (bytes, seconds): a in us, 1 / b in TB/s."""
-    n = len(points)
-    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
-    b = sum((p[0] - mx) * (p[1] - my) for p in points) / sum((p[0] - mx) ** 2 for p in points)
-    return {"fixed_us": (my - b * mx) * 1e6, "rate_tb_s": 1 / b / 1e12}
+    """Least squares t = fixed + bytes / rate over (bytes, seconds): fixed in us, rate in TB/s."""
+    slope, intercept = statistics.linear_regression(*zip(*points))
+    return {"fixed_us": intercept * 1e6, "rate_tb_s": 1 / slope / 1e12}
 
 
 def main():
