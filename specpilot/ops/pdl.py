@@ -4,8 +4,9 @@ A decode step is a chain of short kernels; between two of them the GPU drains on
 With PDL a kernel launched with the attribute may be scheduled while its predecessor is still running: it
 signals its own dependents at once (gdc_launch_dependents) and waits (gdc_wait) before its first load, so its
 launch overlaps the predecessor's tail while every read still sees the predecessor's writes. Kernels take a
-`PDL` constexpr; wrappers pass `launch_kwargs()` when `active()`. Off on the CPU (the interpreter cannot run
-the griddepcontrol instructions). The runner opens `enabled()` for decode steps (EngineConfig.decode_pdl).
+`PDL` constexpr and call pdl_wait.wait_for_inputs first; wrappers pass `launch_kwargs()` when `active()`. Off on
+the CPU (the interpreter cannot run the griddepcontrol instructions). The runner opens `enabled()` for decode
+steps (EngineConfig.decode_pdl). This module imports no triton: CPU-only installs (no triton) import it too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import triton
-import triton.language as tl
 
 _enabled = False
 
@@ -30,16 +29,13 @@ def enabled(on: bool = True):
 
 
 def active(x: torch.Tensor) -> bool:
-    return _enabled and x.is_cuda and not triton.knobs.runtime.interpret
+    if not (_enabled and x.is_cuda):
+        return False
+    import triton  # only for a CUDA tensor, whose ops run Triton kernels
+
+    return not triton.knobs.runtime.interpret
 
 
 def launch_kwargs(on: bool) -> dict:
     return {"launch_pdl": True} if on else {}
 
-
-@triton.jit
-def wait_for_inputs(PDL: tl.constexpr):
-    """Let the next kernel launch, then wait until the previous one's writes are visible (no-op without PDL)."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()

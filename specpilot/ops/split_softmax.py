@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.ops.pdl import wait_for_inputs
+from specpilot.ops.pdl_wait import wait_for_inputs
 
 FALLBACK_SM_COUNT = 132  # H200; used when there is no CUDA device (interpreter runs)
 

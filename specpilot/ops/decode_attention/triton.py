@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from specpilot.ops import pdl
-from specpilot.ops.pdl import wait_for_inputs
+from specpilot.ops.pdl_wait import wait_for_inputs
 from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
 
 _LOG2E = math.log2(math.e)  # kernels work in base 2: exp2 is the native instruction

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from specpilot.ops import pdl
-from specpilot.ops.pdl import wait_for_inputs
+from specpilot.ops.pdl_wait import wait_for_inputs
 
 
 @triton.jit
