@@ -2,7 +2,8 @@
 
 Owns the mapping from on-disk prompt files (FastChat question JSONL as used by MT-Bench, Spec-Bench and EAGLE;
 HumanEval JSONL.gz; GSM8K JSONL; MATH-500 JSONL; MBPP JSON list; plain text, one prompt a line) to a single
-record type, and the short names of the sets kept in the data directory (SPECPILOT_DATA_DIR). It does not
+record type, and the short names of the sets shipped in specpilot/data/prompts/ (each under its own license:
+see the README there; SPECPILOT_DATA_DIR or an explicit data directory replaces that folder). It does not
 tokenize or apply chat templates: a Prompt holds the user turns as text.
 """
 
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DATA_DIR_ENV = "SPECPILOT_DATA_DIR"
+SHIPPED_DIR = Path(__file__).parent / "data" / "prompts"
 
-# short name -> file inside the data directory
+# short name -> file inside the data directory (eagle-alpaca is CC BY-NC 4.0, non-commercial)
 PROMPT_SETS: dict[str, str] = {
     "humaneval": "HumanEval.jsonl.gz",
     "gsm8k": "gsm8k_test.jsonl",
@@ -71,7 +73,8 @@ def load_prompts(path: str | Path, limit: int | None = None, category: str | Non
 
 
 def resolve_prompt_set(name_or_path: str, data_dir: str | Path | None = None) -> Path:
-    """A shipped set name (see PROMPT_SETS) -> its file in data_dir or $SPECPILOT_DATA_DIR; else an existing path.
+    """A shipped set name (see PROMPT_SETS) -> its file in data_dir, else $SPECPILOT_DATA_DIR, else the shipped
+    folder; anything else must be an existing file.
 
     Names win over same-named files in the working directory; write ./gsm8k to mean the file.
     """
@@ -86,14 +89,25 @@ def resolve_prompt_set(name_or_path: str, data_dir: str | Path | None = None) ->
 
 
 def _shipped_path(name: str, data_dir: str | Path | None) -> Path:
-    root = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV) or None
-    if root is None:
-        raise ValueError(f"prompt set {name!r} needs a data directory: pass a path to a prompt file, or set "
-                         f"{DATA_DIR_ENV} to the directory holding the shipped sets ({', '.join(PROMPT_SETS)})")
-    path = Path(root).expanduser() / PROMPT_SETS[name]
+    root = _data_root(data_dir)
+    path = root / PROMPT_SETS[name]
     if not path.is_file():
         raise ValueError(f"prompt set {name!r}: {path} does not exist (data directory {root})")
     return path
+
+
+def _data_root(data_dir: str | Path | None) -> Path:
+    """The folder holding the named sets: data_dir, else $SPECPILOT_DATA_DIR, else the shipped one."""
+    env = os.environ.get(DATA_DIR_ENV) or None
+    if data_dir:
+        root, source = Path(data_dir).expanduser(), f"data directory {data_dir}"
+    elif env:
+        root, source = Path(env).expanduser(), f"{DATA_DIR_ENV}={env}"
+    else:
+        root, source = SHIPPED_DIR, f"the shipped prompt folder {SHIPPED_DIR} (a broken install?)"
+    if not root.is_dir():
+        raise ValueError(f"{source}: {'not a directory' if root.exists() else 'no such directory'}")
+    return root
 
 
 def _read_text(path: Path) -> str:

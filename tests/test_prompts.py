@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specpilot.prompts import DATA_DIR_ENV, PROMPT_SETS, Prompt, load_prompts, resolve_prompt_set
-
-# the repo is <X>/main and the shared data is <X>/shared
-SHARED_PROMPTS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompts"
+from specpilot.prompts import DATA_DIR_ENV, PROMPT_SETS, SHIPPED_DIR, Prompt, load_prompts, resolve_prompt_set
 
 MT_BENCH = [
     {"question_id": 81, "category": "writing", "turns": ["Write a blog post about Hawaii.", "Rewrite it with A."]},
@@ -330,14 +327,36 @@ def test_resolve_name_from_env(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("env", [None, ""])
-def test_resolve_name_without_data_dir(monkeypatch, env):
+def test_resolve_name_without_data_dir_finds_the_shipped_sets(monkeypatch, tmp_path, env):
     if env is None:
         monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     else:
         monkeypatch.setenv(DATA_DIR_ENV, env)
-    with pytest.raises(ValueError, match=r"'humaneval' needs a data directory: pass a path .* set SPECPILOT_DATA_DIR"
-                                         r".*humaneval, gsm8k, math500, mbpp, mt-bench, spec-bench, eagle-alpaca"):
-        resolve_prompt_set("humaneval")
+    monkeypatch.chdir(tmp_path)  # found next to the package, not through the working directory
+    for name, file in PROMPT_SETS.items():
+        assert resolve_prompt_set(name) == SHIPPED_DIR / file
+    assert SHIPPED_DIR.parent.parent == Path(__import__("specpilot").__file__).parent
+
+
+def test_env_var_overrides_the_shipped_sets(tmp_path, monkeypatch):
+    write_jsonl(tmp_path / "mt_bench_question.jsonl", MT_BENCH)
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    assert resolve_prompt_set("mt-bench") == tmp_path / "mt_bench_question.jsonl"
+    assert len(load_prompts(resolve_prompt_set("mt-bench"))) == len(MT_BENCH)  # not the shipped 80
+    with pytest.raises(ValueError, match=r"prompt set 'gsm8k': .*gsm8k_test\.jsonl does not exist"):
+        resolve_prompt_set("gsm8k")  # the override replaces the shipped folder, it does not fall back to it
+
+
+@pytest.mark.parametrize("where", ["env", "argument"])
+def test_missing_data_directory(tmp_path, monkeypatch, where):
+    missing = tmp_path / "nowhere"
+    if where == "env":
+        monkeypatch.setenv(DATA_DIR_ENV, str(missing))
+        with pytest.raises(ValueError, match=rf"^SPECPILOT_DATA_DIR={missing}: no such directory$"):
+            resolve_prompt_set("gsm8k")
+    else:
+        with pytest.raises(ValueError, match=rf"^data directory {missing}: no such directory$"):
+            resolve_prompt_set("gsm8k", data_dir=missing)
 
 
 def test_resolve_name_missing_from_data_dir(tmp_path):
@@ -361,23 +380,39 @@ def test_resolve_unknown(tmp_path):
         resolve_prompt_set("nope.jsonl", data_dir=tmp_path)
 
 
-# ---- the real shipped sets -----------------------------------------------------------------------------------
+# ---- the shipped sets ----------------------------------------------------------------------------------------
 
 REAL_ROWS = {"humaneval": 164, "gsm8k": 1319, "math500": 500, "mbpp": 427, "mt-bench": 80, "spec-bench": 480,
              "eagle-alpaca": 80, "eagle-gsm8k": 80, "eagle-humaneval": 80, "eagle-qa": 80, "eagle-sum": 80}
 
 
-@pytest.mark.skipif(not SHARED_PROMPTS.is_dir(), reason=f"no shared prompt data at {SHARED_PROMPTS}")
-def test_real_prompt_sets():
+def test_real_prompt_sets(monkeypatch):
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     assert set(REAL_ROWS) == set(PROMPT_SETS)
     for name, rows in REAL_ROWS.items():
-        prompts = load_prompts(resolve_prompt_set(name, data_dir=SHARED_PROMPTS))
+        prompts = load_prompts(resolve_prompt_set(name))
         assert len(prompts) == rows, name
         assert all(t.strip() for p in prompts for t in p.turns), name
         assert len({p.id for p in prompts}) == rows, f"{name}: duplicate ids"
-    mt = load_prompts(resolve_prompt_set("mt-bench", data_dir=SHARED_PROMPTS))
+    mt = load_prompts(resolve_prompt_set("mt-bench"))
     assert all(len(p.turns) == 2 for p in mt)
-    spec = resolve_prompt_set("spec-bench", data_dir=SHARED_PROMPTS)
+    spec = resolve_prompt_set("spec-bench")
     for category in ("translation", "summarization", "qa", "math_reasoning", "rag"):
         assert len(load_prompts(spec, category=category)) == 80, category
     assert len(load_prompts(spec, category="writing")) == 10
+
+
+def test_shipped_files_match_their_readme_hashes_and_licenses():
+    """Every shipped set is byte for byte the attributed source (sha256 in the folder's README), and the
+    non-commercial Alpaca subset carries its own notice."""
+    import hashlib
+    import re
+
+    readme = (SHIPPED_DIR / "README.md").read_text(encoding="utf-8")
+    listed = dict((file, digest) for digest, file in re.findall(r"^([0-9a-f]{64})  (\S+)$", readme, re.M))
+    assert set(listed) == set(PROMPT_SETS.values())
+    for file, digest in listed.items():
+        assert hashlib.sha256((SHIPPED_DIR / file).read_bytes()).hexdigest() == digest, file
+    notice = (SHIPPED_DIR / "eagle" / "NOTICE-alpaca.md").read_text(encoding="utf-8")
+    assert "CC BY-NC 4.0" in notice and "non-commercial" in notice and listed["eagle/alpaca_question.jsonl"] in notice
+    assert "CC BY-NC 4.0" in readme
