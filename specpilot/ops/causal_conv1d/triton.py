@@ -62,6 +62,14 @@ def _causal_conv1d_update_kernel(
              new_state.to(pool_ptr.dtype.element_ty), mask=mask_c[:, None] & keep[None, :])
 
 
+MAX_WIDTH = 8  # the window a program holds per channel tile
+
+
+def supports(weight: torch.Tensor) -> bool:
+    """The kernel takes conv widths 2..MAX_WIDTH (a width of 1 keeps no state columns to update)."""
+    return 2 <= weight.shape[1] <= MAX_WIDTH
+
+
 def causal_conv1d_update(
     x: torch.Tensor,
     conv_state_pool: torch.Tensor,
@@ -73,12 +81,12 @@ def causal_conv1d_update(
 ) -> torch.Tensor:
     """Same contract as reference.causal_conv1d_update_ref.
 
-    x [B,T,C]; conv_state_pool [N,C,W-1] updated in place; state_idx [B] int (distinct slots); weight [C,W], W <= 8.
+    x [B,T,C]; conv_state_pool [N,C,W-1] updated in place; state_idx [B] int (distinct slots); weight [C,W], 2 <= W <= MAX_WIDTH.
     Returns y [B,T,C] in x.dtype.
     """
     B, T, C = x.shape
     W = weight.shape[1]
-    assert 2 <= W <= 8, f"conv width {W} must be in [2, 8]"
+    assert supports(weight), f"conv width {W} must be in [2, {MAX_WIDTH}] (see supports)"
     assert weight.shape == (C, W), f"weight must be [C,W]={C, W}"
     assert conv_state_pool.shape[1:] == (C, W - 1), f"conv_state_pool must be [N,C,W-1]=[N,{C},{W - 1}]"
     assert state_idx.shape == (B,) and state_idx.is_contiguous(), "state_idx must be a contiguous [B]"

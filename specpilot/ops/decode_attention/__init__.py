@@ -3,7 +3,7 @@
 import torch
 
 from specpilot.ops.decode_attention.reference import decode_attention_ref
-from specpilot.ops.dispatch import use_triton
+from specpilot.ops.dispatch import takes, use_triton
 
 __all__ = ["decode_attention", "decode_attention_ref"]
 
@@ -22,6 +22,8 @@ def decode_attention(
     if use_triton(q):
         # Imported lazily so CPU-only installs without triton can still use the reference.
         from specpilot.ops.decode_attention.triton import decode_attention as decode_attention_triton
+        from specpilot.ops.decode_attention.triton import supports
 
-        return decode_attention_triton(q, k_cache, v_cache, slot, kv_len, scale, num_splits=num_splits)
+        if takes("decode_attention", supports(q)):
+            return decode_attention_triton(q, k_cache, v_cache, slot, kv_len, scale, num_splits=num_splits)
     return decode_attention_ref(q, k_cache, v_cache, slot, kv_len, scale)

@@ -4,7 +4,8 @@ Two kernels: _split_kernel splits each request's sequence into num_splits chunks
 (request, kv head, chunk), and writes fp32 partial outputs plus their log2-sum-exp; combine_kernel
 (ops/split_softmax.py) merges the chunks per (request, query head). With one split the split kernel writes the
 output itself and there is no combine launch (short contexts, where the step is a chain of short kernels).
-The grid depends only on shapes, so the op is CUDA-graph safe.
+The grid depends only on shapes, so the op is CUDA-graph safe. A head dim that is not a power of two is padded
+to one (BLOCK_D, masked); the combine then runs on padded partials (supports: what the kernels take).
 """
 
 import math
@@ -14,6 +15,7 @@ import triton
 import triton.language as tl
 
 from specpilot.ops import pdl
+from specpilot.ops.dispatch import fits_tile, tile_width
 from specpilot.ops.pdl_wait import wait_for_inputs
 from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
 
@@ -37,6 +39,7 @@ def _split_kernel(
     KVH: tl.constexpr,
     G: tl.constexpr,
     D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
@@ -56,25 +59,26 @@ def _split_kernel(
     hi = tl.minimum(lo + chunk, n_live)
 
     offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
     g_mask = offs_g < G
     rows = b.to(tl.int64) * H + kvh * G + offs_g  # [BLOCK_G] flat (request, head) index
-    q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=g_mask[:, None] & d_ok[None, :], other=0.0)
 
     slot = tl.load(slot_ptr + b).to(tl.int64)
     kv_base = (slot * KVH + kvh) * cache_len * D
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < hi
         kv_offs = kv_base + pos.to(tl.int64)[:, None] * D + offs_d[None, :]
         # Masked loads: positions past kv_len may hold NaN and must never reach an FMA.
-        k = tl.load(k_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
+        k = tl.load(k_ptr + kv_offs, mask=n_mask[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=n_mask[:, None] & d_ok[None, :], other=0.0)
         s = dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
         s = tl.where(n_mask[None, :], s, float("-inf"))
         # Every tile has >= 1 live position, so m_new is finite and exp2 never sees -inf - -inf.
@@ -87,14 +91,15 @@ def _split_kernel(
 
     if DIRECT:  # a single split: the chunk is the whole sequence (kv_len >= 1, so l_i > 0)
         tl.store(part_o_ptr + rows[:, None] * D + offs_d[None, :], (acc / l_i[:, None]).to(part_o_ptr.dtype.element_ty),
-                 mask=g_mask[:, None])
+                 mask=g_mask[:, None] & d_ok[None, :])
         return
     # An empty chunk (lo >= kv_len) leaves l_i = 0: write lse = -inf and zeros so the combine weights it 0.
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    # partials are BLOCK_D wide (padding columns hold zeros): the combine runs on the power-of-two width
     part_rows = rows * num_splits + split
-    tl.store(part_o_ptr + part_rows[:, None] * D + offs_d[None, :], out, mask=g_mask[:, None])
+    tl.store(part_o_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], out, mask=g_mask[:, None])
     tl.store(part_lse_ptr + part_rows, lse, mask=g_mask)
 
 
@@ -107,6 +112,11 @@ def default_num_splits(batch: int, kv_heads: int, cache_len: int, block_n: int, 
     return max(1, min(want, triton.cdiv(cache_len, block_n), _MAX_SPLITS))
 
 
+def supports(q: torch.Tensor) -> bool:
+    """The kernels take a head dim of up to MAX_TILE (padded to a power of two) in bf16, fp16 or fp32."""
+    return fits_tile(q.shape[-1]) and q.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
 def _check_inputs(q, k_cache, v_cache, slot, kv_len) -> None:
     assert q.dim() == 3 and k_cache.dim() == 4, f"q [B, H, D], cache [N, KVH, S, D]; got {q.shape}, {k_cache.shape}"
     assert k_cache.shape == v_cache.shape, f"k_cache {k_cache.shape} != v_cache {v_cache.shape}"
@@ -114,8 +124,7 @@ def _check_inputs(q, k_cache, v_cache, slot, kv_len) -> None:
     KVH = k_cache.shape[1]
     assert k_cache.shape[3] == D, f"head dim: q {D} vs cache {k_cache.shape[3]}"
     assert H % KVH == 0, f"H={H} not a multiple of KVH={KVH}"
-    assert D >= 16 and D & (D - 1) == 0 and D <= 256, f"D={D} must be a power of two in [16, 256]"
-    assert q.dtype in (torch.bfloat16, torch.float16, torch.float32), f"unsupported dtype {q.dtype}"
+    assert supports(q), f"head dim {D} ({q.dtype}): the kernel does not take it (see supports)"
     assert k_cache.dtype == v_cache.dtype == q.dtype, f"dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
     assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous(), "q and caches must be contiguous"
     for name, t in (("slot", slot), ("kv_len", kv_len)):
@@ -156,18 +165,23 @@ def decode_attention(
     assert num_splits >= 1, f"num_splits={num_splits}"
 
     o = torch.empty_like(q)
+    block_d = tile_width(D)
     direct = num_splits == 1  # the split kernel writes o itself: no partials, no combine launch
-    part_o = o if direct else torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
+    part_o = o if direct else torch.empty(B, H, num_splits, block_d, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
     on = pdl.active(q)
     _split_kernel[(B, KVH, num_splits)](
         q, k_cache, v_cache, slot, kv_len, part_o, part_lse, scale * _LOG2E, S, num_splits,
-        H=H, KVH=KVH, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
+        H=H, KVH=KVH, G=G, D=D, BLOCK_D=block_d, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
         UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), DIRECT=direct, num_warps=num_warps, num_stages=num_stages,
         PDL=on, **pdl.launch_kwargs(on),
     )  # fmt: skip
     if direct:
         return o
-    combine_kernel[(B, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps,
+    # the combine's rows are block_d wide: a padded head dim combines into a padded buffer, then drops the padding
+    wide = o if block_d == D else torch.empty(B, H, block_d, device=q.device, dtype=q.dtype)
+    combine_kernel[(B, H)](part_o, part_lse, wide, num_splits, H, D=block_d, BLOCK_S=split_block, num_warps=num_warps,
                            PDL=on, **pdl.launch_kwargs(on))
+    if wide is not o:
+        o.copy_(wide[..., :D])
     return o

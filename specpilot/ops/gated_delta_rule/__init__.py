@@ -3,15 +3,16 @@ and the fused recurrent decode op (Triton on CUDA, torch reference elsewhere).""
 
 import torch
 
-from ..dispatch import use_triton
+from ..dispatch import takes, use_triton
 from . import chunk as _chunk
 from .reference import fused_recurrent_gated_delta_rule_ref, gdn_gating, recurrent_gated_delta_rule
 
 try:
     from .triton import chunk_gated_delta_rule as _chunk_triton
     from .triton import fused_recurrent_gated_delta_rule as _fused_recurrent_triton
+    from .triton import supports as _supports
 except ImportError:  # CPU-only installs may lack triton; they always take the reference path.
-    _chunk_triton = _fused_recurrent_triton = None
+    _chunk_triton = _fused_recurrent_triton = _supports = None
 
 __all__ = [
     "chunk_gated_delta_rule",
@@ -41,7 +42,8 @@ def chunk_gated_delta_rule(
     """
     if kernel and use_triton(v):
         assert _chunk_triton is not None, "CUDA tensors need triton installed"
-        return _chunk_triton(q, k, v, g, beta, initial_state, scale, chunk_size)
+        if takes("chunk_gated_delta_rule", _supports(q)):
+            return _chunk_triton(q, k, v, g, beta, initial_state, scale, chunk_size)
     return _chunk.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
 
 
@@ -63,5 +65,6 @@ def fused_recurrent_gated_delta_rule(
     """
     if use_triton(q):
         assert _fused_recurrent_triton is not None, "CUDA tensors need triton installed"
-        return _fused_recurrent_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)
+        if takes("fused_recurrent_gated_delta_rule", _supports(q)):
+            return _fused_recurrent_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)
     return fused_recurrent_gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)

@@ -1,10 +1,13 @@
 """Fused recurrent gated delta rule for decode and short verify runs: one Triton kernel does the gating,
-q/k L2 norm, the per-token state update and the output, reading and writing the state in place in a slot pool."""
+q/k L2 norm, the per-token state update and the output, reading and writing the state in place in a slot pool.
+Also the chunked prefill form in one launch. A key head dim that is not a power of two is padded to one (masked);
+supports says what the kernels take."""
 
 import torch
 import triton
 import triton.language as tl
 
+from ..dispatch import fits_tile, tile_width
 from .reference import L2NORM_EPS
 
 _EPS = tl.constexpr(L2NORM_EPS)
@@ -21,21 +24,24 @@ def _fused_recurrent_gdn_kernel(
     sb_b, sb_t,
     GROUP: tl.constexpr,
     K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """Program (i_v, b * HV + hv) owns the state tile [K, BLOCK_V] of value head hv of request b."""
+    """Program (i_v, b * HV + hv) owns the state tile [K, BLOCK_V] of value head hv of request b (K padded to
+    BLOCK_K: the padding rows hold zeros and are never stored)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = (i_bh // HV).to(tl.int64)
     i_hv = i_bh % HV
     i_h = i_hv // GROUP
-    offs_k = tl.arange(0, K)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K
     offs_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_v = offs_v < V
 
     slot = tl.load(idx_ptr + i_b).to(tl.int64)
     state_off = ((slot * HV + i_hv) * K + offs_k[:, None]) * V + offs_v[None, :]
-    state_mask = (offs_k[:, None] < K) & mask_v[None, :]
+    state_mask = mask_k[:, None] & mask_v[None, :]
     S = tl.load(pool_ptr + state_off, mask=state_mask, other=0.0).to(tl.float32)
 
     neg_A = -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
@@ -46,8 +52,8 @@ def _fused_recurrent_gdn_kernel(
     v_base = v_ptr + i_b * sv_b + i_hv * sv_h
     o_base = o_ptr + ((i_b * T) * HV + i_hv) * V
     for t in range(T):
-        q = tl.load(q_base + t * sq_t + offs_k).to(tl.float32)
-        k = tl.load(k_base + t * sk_t + offs_k).to(tl.float32)
+        q = tl.load(q_base + t * sq_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        k = tl.load(k_base + t * sk_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         v = tl.load(v_base + t * sv_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + i_b * sa_b + t * sa_t + i_hv).to(tl.float32)
         b = tl.load(b_ptr + i_b * sb_b + t * sb_t + i_hv).to(tl.float32)
@@ -67,6 +73,12 @@ def _fused_recurrent_gdn_kernel(
         tl.store(o_base + t * HV * V + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
     tl.store(pool_ptr + state_off, S.to(pool_ptr.dtype.element_ty), mask=state_mask)
+
+
+def supports(q: torch.Tensor) -> bool:
+    """Both kernels take a key head dim of up to MAX_TILE (padded to a power of two) and any value head dim
+    (tiled)."""
+    return fits_tile(q.shape[-1])
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +111,7 @@ def fused_recurrent_gated_delta_rule(
     assert k.shape == q.shape and v.shape[:2] == (B, T), "q, k, v shapes disagree"
     assert a.shape == b.shape == (B, T, HV), f"a, b must be [B,T,HV]={B, T, HV}"
     assert HV % H == 0, f"value heads {HV} not a multiple of key heads {H}"
-    assert K & (K - 1) == 0 and K <= 256, f"K={K} must be a power of two <= 256"
+    assert supports(q), f"K={K}: the kernel does not take it (see supports)"
     assert state_pool.is_contiguous() and state_pool.shape[1:] == (HV, K, V), "state_pool must be [N,HV,K,V]"
     assert state_pool.dtype == torch.float32, "state_pool must be fp32"
     assert state_idx.shape == (B,), "state_idx must be [B]"
@@ -117,7 +129,7 @@ def fused_recurrent_gated_delta_rule(
         v.stride(0), v.stride(1), v.stride(2),
         a.stride(0), a.stride(1),
         b.stride(0), b.stride(1),
-        GROUP=HV // H, K=K, BLOCK_V=block_v,
+        GROUP=HV // H, K=K, BLOCK_K=tile_width(K, least=1), BLOCK_V=block_v,
         num_warps=num_warps,
     )
     return o
@@ -129,17 +141,33 @@ def _dot(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
+def slice_mask(ok, offs_c, c0, K: tl.constexpr, EVEN_K: tl.constexpr, rows: tl.constexpr = False):
+    """The mask of a K slice [c0, c0 + BK): `ok` (per token or tree node, or with rows=True per value column of a
+    [BK, BV] state tile) and, without EVEN_K, the slice's columns (rows) inside K. Shared with ops/gdn_tree."""
+    if rows:
+        m = ok[None, :]
+        if not EVEN_K:
+            m = m & (c0 + offs_c < K)[:, None]
+    else:
+        m = ok[:, None]
+        if not EVEN_K:
+            m = m & (c0 + offs_c < K)[None, :]
+    return m
+
+
+@triton.jit
 def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
                       T, HV, V, scale,
                       sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, ws_n,
                       GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-                      PREC: tl.constexpr):
+                      PREC: tl.constexpr, EVEN_K: tl.constexpr):
     """Program (i_v, b * HV + hv) runs the chunks of request b, value head hv, value columns of tile i_v in order.
 
     The [K, BV] state lives in the two halves of the workspace ws: chunk c reads half (c + 1) % 2 (the initial
     state is in half 1) and writes half c % 2, so that no location is read and written in one chunk (a replicated
     element could otherwise be rewritten before another thread has read it); a barrier per chunk publishes the
-    writes to the next chunk."""
+    writes to the next chunk. K goes in BK-wide slices; without EVEN_K the last slice is masked (its padding
+    columns load as zeros and are never stored)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
@@ -166,8 +194,9 @@ def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
         q_ss = tl.zeros([BT], dtype=tl.float32)
         k_ss = tl.zeros([BT], dtype=tl.float32)
         for kc0 in tl.static_range(0, K, BK):
-            qc = tl.load(q_rows + kc0 * sq_k, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            kc = tl.load(k_rows + kc0 * sk_k, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            qk_ok = slice_mask(row_ok, offs_c, kc0, K, EVEN_K)
+            qc = tl.load(q_rows + kc0 * sq_k, mask=qk_ok, other=0.0).to(tl.float32)
+            kc = tl.load(k_rows + kc0 * sk_k, mask=qk_ok, other=0.0).to(tl.float32)
             q_ss += tl.sum(qc * qc, axis=1)
             k_ss += tl.sum(kc * kc, axis=1)
         q_scale = tl.rsqrt(q_ss + _EPS) * scale
@@ -177,9 +206,10 @@ def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
         ks = tl.zeros([BT, BV], dtype=tl.float32)
         qs = tl.zeros([BT, BV], dtype=tl.float32)
         for kc0 in tl.static_range(0, K, BK):
-            qc = tl.load(q_rows + kc0 * sq_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * q_scale[:, None]
-            kc = tl.load(k_rows + kc0 * sk_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * k_scale[:, None]
-            sc = tl.load(src + kc0 * V, mask=v_ok[None, :], other=0.0)
+            qk_ok = slice_mask(row_ok, offs_c, kc0, K, EVEN_K)
+            qc = tl.load(q_rows + kc0 * sq_k, mask=qk_ok, other=0.0).to(tl.float32) * q_scale[:, None]
+            kc = tl.load(k_rows + kc0 * sk_k, mask=qk_ok, other=0.0).to(tl.float32) * k_scale[:, None]
+            sc = tl.load(src + kc0 * V, mask=slice_mask(v_ok, offs_c, kc0, K, EVEN_K, rows=True), other=0.0)
             kk += _dot(kc, tl.trans(kc), PREC)
             qk += _dot(qc, tl.trans(kc), PREC)
             ks += _dot(kc, sc, PREC)
@@ -207,9 +237,11 @@ def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
                  mask=row_ok[:, None] & v_ok[None, :])
         w = tl.exp(G_last - G) * k_scale  # [BT] each write's decay to the chunk's end, with k's norm
         for kc0 in tl.static_range(0, K, BK):
-            kc = tl.load(k_rows + kc0 * sk_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * w[:, None]
-            sc = tl.load(src + kc0 * V, mask=v_ok[None, :], other=0.0)
-            tl.store(dst + kc0 * V, tl.exp(G_last) * sc + _dot(tl.trans(kc), u, PREC), mask=v_ok[None, :])
+            kc = tl.load(k_rows + kc0 * sk_k, mask=slice_mask(row_ok, offs_c, kc0, K, EVEN_K), other=0.0)
+            kc = kc.to(tl.float32) * w[:, None]
+            s_ok = slice_mask(v_ok, offs_c, kc0, K, EVEN_K, rows=True)
+            sc = tl.load(src + kc0 * V, mask=s_ok, other=0.0)
+            tl.store(dst + kc0 * V, tl.exp(G_last) * sc + _dot(tl.trans(kc), u, PREC), mask=s_ok)
         # the next chunk reads state columns that other threads of this program wrote
         tl.debug_barrier()
 
@@ -228,7 +260,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     HV, V = v.shape[-2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0, "q, k, v shapes disagree"
     assert g.shape == beta.shape == (B, T, HV), f"g, beta must be [B,T,HV]={B, T, HV}"
-    assert K & (K - 1) == 0 and 16 <= K <= 256, f"K={K} must be a power of two in [16, 256]"
+    assert supports(q), f"K={K}: the kernel does not take it (see supports)"
     assert chunk_size & (chunk_size - 1) == 0 and 16 <= chunk_size <= 64, f"chunk_size={chunk_size}"
     assert T > 0, "an empty block has no chunk"
     g, beta = g.float().contiguous(), beta.float().contiguous()
@@ -239,10 +271,11 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         ws[1].copy_(initial_state)
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
     BT = min(chunk_size, max(16, triton.next_power_of_2(T)))
-    block_v = min(block_v, max(16, triton.next_power_of_2(V)))
+    block_v = min(block_v, tile_width(V))
+    block_k = min(block_k, tile_width(K))  # K slices of at least 16 (tl.dot), masked where K is not a multiple
     grid = (triton.cdiv(V, block_v), B * HV)
     _chunk_gdn_kernel[grid](q, k, v, g, beta, ws, o, T, HV, V, K**-0.5 if scale is None else scale,
                             *q.stride(), *k.stride(), *v.stride(), ws.stride(0),
-                            GROUP=HV // H, K=K, BT=BT, BV=block_v, BK=min(K, block_k), PREC=precision,
-                            num_warps=num_warps)
+                            GROUP=HV // H, K=K, BT=BT, BV=block_v, BK=block_k, PREC=precision,
+                            EVEN_K=K % block_k == 0, num_warps=num_warps)
     return o, ws[(triton.cdiv(T, BT) - 1) % 2]

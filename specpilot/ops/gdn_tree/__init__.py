@@ -4,7 +4,7 @@
 the torch forms (chunk.py) elsewhere; reference.py holds the per-path truth both are tested against.
 """
 
-from specpilot.ops.dispatch import use_triton
+from specpilot.ops.dispatch import takes, use_triton
 from specpilot.ops.gdn_tree import chunk
 from specpilot.ops.gdn_tree.chunk import ancestor_mask
 from specpilot.ops.path_index import PathIndex
@@ -41,9 +41,11 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     (o [B,T,HV,V], fold stash (k [B,T,H,K] per key head, u [B,T,HV,V], G [B,T,HV])), the stash written into
     `out` (three contiguous fp32 tensors of those shapes) if given."""
     if use_triton(v) and q.shape[1] <= TRITON_MAX_NODES:
+        from specpilot.ops.gdn_tree.triton import supports
         from specpilot.ops.gdn_tree.triton import tree_gated_delta_rule as kernel
 
-        return kernel(q, k, v, g, beta, mask, initial_state, scale, out, state_slots)
+        if takes("tree_gated_delta_rule", supports(q)):
+            return kernel(q, k, v, g, beta, mask, initial_state, scale, out, state_slots)
     return chunk.tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale, out, state_slots)
 
 

@@ -10,13 +10,17 @@ Value columns are independent in the solve, so the [K, V] committed state is rea
 The fold runs one program per (layer * request * value head, value tile): it walks the request's path (up to the
 longest, masked) accumulating exp(G_leaf - G_j) k_j u_j^T into a [K, BV] tile, then rewrites that tile of the
 state in place. The conv commit runs one program per (layer * request, channel tile).
+A key head dim that is not a multiple of the K slice is masked in its last slice; supports says what the tree
+kernel takes (the commit kernels take any shape).
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops.dispatch import fits_tile, tile_width
 from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
+from specpilot.ops.gated_delta_rule.triton import slice_mask
 from specpilot.ops.path_index import NODES, PathIndex
 
 
@@ -37,7 +41,8 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
                      T, HV, V, scale,
                      sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
                      GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                     EPS: tl.constexpr, HAS_SLOTS: tl.constexpr, PREC: tl.constexpr, BK: tl.constexpr):
+                     EPS: tl.constexpr, HAS_SLOTS: tl.constexpr, PREC: tl.constexpr, BK: tl.constexpr,
+                     EVEN_K: tl.constexpr):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
@@ -63,8 +68,9 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     q_ss = tl.zeros([BT], dtype=tl.float32)
     k_ss = tl.zeros([BT], dtype=tl.float32)
     for c in tl.static_range(0, K, BK):
-        qc = tl.load(q_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        kc = tl.load(k_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        qk_ok = slice_mask(row_ok, offs_c, c, K, EVEN_K)
+        qc = tl.load(q_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32)
+        kc = tl.load(k_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32)
         q_ss += tl.sum(qc * qc, axis=1)
         k_ss += tl.sum(kc * kc, axis=1)
     q_scale = tl.rsqrt(q_ss + EPS) * scale
@@ -74,15 +80,17 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     ks = tl.zeros([BT, BV], dtype=tl.float32)
     qs = tl.zeros([BT, BV], dtype=tl.float32)
     for c in tl.static_range(0, K, BK):
-        qc = tl.load(q_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32) * q_scale[:, None]
-        kc = tl.load(k_rows + c + offs_c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32) * k_scale[:, None]
-        sc = tl.load(s0_rows + (c + offs_c[:, None]) * V, mask=v_ok[None, :], other=0.0)
+        qk_ok = slice_mask(row_ok, offs_c, c, K, EVEN_K)
+        qc = tl.load(q_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32) * q_scale[:, None]
+        kc = tl.load(k_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32) * k_scale[:, None]
+        sc = tl.load(s0_rows + (c + offs_c[:, None]) * V, mask=slice_mask(v_ok, offs_c, c, K, EVEN_K, rows=True),
+                     other=0.0)
         kk += _dot(kc, tl.trans(kc), PREC)
         qk += _dot(qc, tl.trans(kc), PREC)
         ks += _dot(kc, sc, PREC)
         qs += _dot(qc, sc, PREC)
         if write_k:
-            tl.store(kn_ptr + key_rows[:, None] * K + c + offs_c[None, :], kc, mask=row_ok[:, None])
+            tl.store(kn_ptr + key_rows[:, None] * K + c + offs_c[None, :], kc, mask=qk_ok)
 
     vals = tl.load(v_ptr + b * sv_b + rows[:, None] * sv_t + hv * sv_h + offs_v[None, :],
                    mask=row_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
@@ -115,6 +123,12 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
         tl.store(G_ptr + out_rows, G, mask=row_ok)
 
 
+def supports(q: torch.Tensor) -> bool:
+    """The tree kernel takes up to 256 nodes (one tile) and a key head dim of up to MAX_TILE (K slices of at least
+    16, the last one masked); any value head dim (tiled)."""
+    return q.shape[1] <= 256 and fits_tile(q.shape[-1])
+
+
 def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out=None, state_slots=None, *,
                           block_v: int = 32, block_k: int = 32, num_warps: int | None = None,
                           precision: str | None = None):
@@ -125,9 +139,8 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     B, T, H, K = q.shape
     HV, V = v.shape[-2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0
-    assert K & (K - 1) == 0 and 16 <= K <= 256, f"K={K} must be a power of two in [16, 256]"
+    assert supports(q), f"{T} nodes, K={K}: the kernel does not take them (see supports)"
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "head dims must be dense"
-    assert T <= 256, f"trees of up to 256 nodes fit one tile; got {T}"
     BT = max(16, triton.next_power_of_2(T))
     default_warps, default_precision = TREE_GDN_CONFIG.get(BT, (4, "tf32x3"))
     num_warps = num_warps or default_warps
@@ -147,15 +160,16 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
     kn, u, G = out
     assert kn.shape == (B, T, H, K) and u.shape == (B, T, HV, V) and G.shape == (B, T, HV)
     assert all(t.is_contiguous() and t.dtype == torch.float32 for t in out), "the stash is written densely in fp32"
-    block_v = min(block_v, max(16, triton.next_power_of_2(V)))
+    block_v = min(block_v, tile_width(V))
+    block_k = min(block_k, tile_width(K))  # K slices of at least 16 (tl.dot), masked where K is not a multiple
     grid = (triton.cdiv(V, block_v), B * HV)
     _tree_gdn_kernel[grid](q, k, v, g, beta, mask, s0, slots, o, kn, u, G, T, HV, V,
                            K**-0.5 if scale is None else scale,
                            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                            v.stride(0), v.stride(1), v.stride(2),
                            GROUP=HV // H, K=K, BT=BT, BV=block_v, EPS=L2NORM_EPS,
-                           HAS_SLOTS=state_slots is not None, PREC=precision, BK=min(K, block_k),
-                           num_warps=num_warps)
+                           HAS_SLOTS=state_slots is not None, PREC=precision, BK=block_k,
+                           EVEN_K=K % block_k == 0, num_warps=num_warps)
     return o, (kn, u, G)
 
 

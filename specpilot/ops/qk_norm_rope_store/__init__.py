@@ -2,7 +2,7 @@
 
 import torch
 
-from specpilot.ops.dispatch import use_triton
+from specpilot.ops.dispatch import takes, use_triton
 from specpilot.ops.qk_norm_rope_store.reference import qk_norm_rope_store_ref
 
 __all__ = ["qk_norm_rope_store", "qk_norm_rope_store_ref"]
@@ -14,8 +14,10 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_c
     (contiguous); the rotated k and the v are written into the cache. Contract: qk_norm_rope_store_ref."""
     if use_triton(q):
         from specpilot.ops.qk_norm_rope_store.triton import qk_norm_rope_store as qk_norm_rope_store_triton
+        from specpilot.ops.qk_norm_rope_store.triton import supports
 
-        return qk_norm_rope_store_triton(q, k, v, q_weight, k_weight, cos, sin, eps, zero_centered,
-                                         k_cache, v_cache, slots, loc)
+        if takes("qk_norm_rope_store", supports(q, k, q_weight, k_weight, cos)):
+            return qk_norm_rope_store_triton(q, k, v, q_weight, k_weight, cos, sin, eps, zero_centered,
+                                             k_cache, v_cache, slots, loc)
     return qk_norm_rope_store_ref(q, k, v, q_weight, k_weight, cos, sin, eps, zero_centered,
                                   k_cache, v_cache, slots, loc)

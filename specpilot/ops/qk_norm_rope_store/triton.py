@@ -92,6 +92,16 @@ def _qk_norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, slo
         tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
+def supports(q, k, q_weight, k_weight, cos) -> bool:
+    """Any head dim (padded to a power of two, masked); rotary dims an even number of at most the head dim (the
+    rotate-half partner of each dim is R / 2 away); norm weights of the activations' dtype, as the kernel rounds
+    in that dtype."""
+    D, R = q.shape[-1], cos.shape[-1]
+    norms_ok = q_weight is None or (q_weight.dtype == k_weight.dtype == q.dtype == k.dtype
+                                    and q_weight.shape == k_weight.shape == (D,))
+    return R % 2 == 0 and R <= D and norms_ok
+
+
 def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_centered: bool,
                        k_cache, v_cache, slots, loc) -> torch.Tensor:
     """Same contract as qk_norm_rope_store_ref."""
@@ -101,12 +111,9 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_c
     assert k.shape == v.shape == (B, T, KVH, D) and k_cache.shape == v_cache.shape == (N, KVH, S, D)
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous [N, KVH, S, D]"
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "head dim must be dense"
-    assert cos.shape == sin.shape == (B, T, R) and R % 2 == 0 and R <= D
-    assert slots.shape == (B,) and loc.shape == (B, T)
+    assert cos.shape == sin.shape == (B, T, R) and slots.shape == (B,) and loc.shape == (B, T)
+    assert supports(q, k, q_weight, k_weight, cos), f"R={R}, D={D}: the kernel does not take them (see supports)"
     has_norm = q_weight is not None
-    if has_norm:
-        # the kernel rounds in the activation dtype, as eager torch does when weight and activation agree
-        assert q_weight.dtype == k_weight.dtype == q.dtype == k.dtype and q_weight.shape == k_weight.shape == (D,)
     cos, sin, loc = cos.contiguous(), sin.contiguous(), loc.contiguous()
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     block_d = triton.next_power_of_2(D)

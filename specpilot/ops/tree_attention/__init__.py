@@ -3,7 +3,7 @@ committed KV prefix plus the block itself under a per-request block mask; slotte
 
 import torch
 
-from specpilot.ops.dispatch import use_triton
+from specpilot.ops.dispatch import takes, use_triton
 from specpilot.ops.tree_attention.reference import tree_attention_ref
 
 __all__ = ["tree_attention", "tree_attention_ref"]
@@ -23,7 +23,9 @@ def tree_attention(
     block_mask [B, T, T] bool or None (causal) -> o [B, T, H, D]. The block's K/V must already be in the cache."""
     if use_triton(q):
         # Imported lazily so CPU-only installs without triton can still use the reference.
+        from specpilot.ops.tree_attention.triton import supports
         from specpilot.ops.tree_attention.triton import tree_attention as tree_attention_triton
 
-        return tree_attention_triton(q, k_cache, v_cache, slots, prefix_len, cache_loc, block_mask, scale)
+        if takes("tree_attention", supports(q)):
+            return tree_attention_triton(q, k_cache, v_cache, slots, prefix_len, cache_loc, block_mask, scale)
     return tree_attention_ref(q, k_cache, v_cache, slots, prefix_len, cache_loc, block_mask, scale)

@@ -7,7 +7,8 @@ The last chunk's program then gathers the block's own K/V rows by cache_loc and 
 
 With num_splits > 1 (few programs for the SMs: small batch, short block) the prefix is split across programs
 that write fp32 partials and their log2-sum-exp, and combine_kernel (ops/split_softmax.py) merges them, as in decode_attention.
-The grid depends only on shapes, so the op is CUDA-graph safe.
+The grid depends only on shapes, so the op is CUDA-graph safe. A head dim that is not a power of two is padded
+to one (BLOCK_D, masked); the combine then runs on padded partials (supports: what the kernel takes).
 """
 
 import math
@@ -16,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops.dispatch import fits_tile, tile_width
 from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
 
 _LOG2E = math.log2(math.e)  # kernels work in base 2: exp2 is the native instruction
@@ -66,6 +68,7 @@ def _tree_kernel(
     KVH: tl.constexpr,
     G: tl.constexpr,
     D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     TOK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -83,18 +86,19 @@ def _tree_kernel(
     # Row r of the tile is block token tb*TOK + r // G, query head kvh*G + r % G; rows past TOK*G are padding.
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
     t = tb * TOK + offs_m // G
     h = kvh * G + offs_m % G
     row_ok = (offs_m < TOK * G) & (t < T)
     q_rows = b.to(tl.int64) * stride_qb + t.to(tl.int64) * stride_qt + h.to(tl.int64) * stride_qh
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     slot = tl.load(slots_ptr + b).to(tl.int64)
     kv_base = (slot * KVH + kvh) * cache_len * D
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     # Prefix: every row sees positions 0..prefix_len-1. Chunks are sized from prefix_len, not S, so a short
     # prefix in a long cache still uses every split; a chunk starting at or past prefix_len is empty.
@@ -107,8 +111,8 @@ def _tree_kernel(
         n_ok = pos < hi
         kv_offs = kv_base + pos.to(tl.int64)[:, None] * D + offs_d[None, :]
         # Masked loads: positions past prefix_len may hold NaN and must never reach an FMA.
-        k = tl.load(k_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+        k = tl.load(k_ptr + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, n_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST_DOT)
 
     # Block: token j's K/V sits at cache_loc[b, j]. Causal rows never see past the tile's last token; an
@@ -123,8 +127,8 @@ def _tree_kernel(
         j_ok = j < j_hi
         loc = tl.load(loc_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_lt, mask=j_ok, other=0)
         kv_offs = kv_base + loc.to(tl.int64)[:, None] * D + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=j_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=j_ok[:, None], other=0.0)
+        k = tl.load(k_ptr + kv_offs, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
         if HAS_MASK:
             m_rows = b.to(tl.int64) * stride_mb + t.to(tl.int64) * stride_mi  # [BLOCK_M]
             m_offs = m_rows[:, None] + j.to(tl.int64)[None, :] * stride_mj
@@ -140,11 +144,13 @@ def _tree_kernel(
     o_rows = (b.to(tl.int64) * T + t) * H + h  # [BLOCK_M] flat (request, token, head) index
     if SPLIT:
         lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        # partials are BLOCK_D wide (padding columns hold zeros): the combine runs on the power-of-two width
         part_rows = o_rows * num_splits + split
-        tl.store(part_o_ptr + part_rows[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None])
+        tl.store(part_o_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
     else:
-        tl.store(o_ptr + o_rows[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(o_ptr + o_rows[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
 
 
 def default_num_splits(row_programs: int, cache_len: int, block_n: int, sm_count: int) -> int:
@@ -155,6 +161,11 @@ def default_num_splits(row_programs: int, cache_len: int, block_n: int, sm_count
     return max(1, min(want, triton.cdiv(cache_len, block_n), _MAX_SPLITS))
 
 
+def supports(q: torch.Tensor) -> bool:
+    """The kernel takes a head dim of up to MAX_TILE (padded to a power of two) in bf16, fp16 or fp32."""
+    return fits_tile(q.shape[-1]) and q.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
 def _check_inputs(q, k_cache, v_cache, slots, prefix_len, cache_loc, block_mask) -> None:
     assert q.dim() == 4 and k_cache.dim() == 4, f"q [B, T, H, D], cache [N, KVH, S, D]; got {q.shape}, {k_cache.shape}"
     assert k_cache.shape == v_cache.shape, f"k_cache {k_cache.shape} != v_cache {v_cache.shape}"
@@ -162,8 +173,7 @@ def _check_inputs(q, k_cache, v_cache, slots, prefix_len, cache_loc, block_mask)
     KVH = k_cache.shape[1]
     assert k_cache.shape[3] == D, f"head dim: q {D} vs cache {k_cache.shape[3]}"
     assert H % KVH == 0, f"H={H} not a multiple of KVH={KVH}"
-    assert D >= 16 and D & (D - 1) == 0 and D <= 256, f"D={D} must be a power of two in [16, 256]"
-    assert q.dtype in (torch.bfloat16, torch.float16, torch.float32), f"unsupported dtype {q.dtype}"
+    assert supports(q), f"head dim {D} ({q.dtype}): the kernel does not take it (see supports)"
     assert k_cache.dtype == v_cache.dtype == q.dtype, f"dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
     for name, t, shape in (("slots", slots, (B,)), ("prefix_len", prefix_len, (B,)), ("cache_loc", cache_loc, (B, T))):
@@ -221,8 +231,9 @@ def tree_attention(
     assert num_splits >= 1, f"num_splits={num_splits}"
 
     o = torch.empty(B, T, H, D, device=q.device, dtype=q.dtype)
+    block_d = tile_width(D)
     if num_splits > 1:
-        part_o = torch.empty(B, T, H, num_splits, D, device=q.device, dtype=torch.float32)
+        part_o = torch.empty(B, T, H, num_splits, block_d, device=q.device, dtype=torch.float32)
         part_lse = torch.empty(B, T, H, num_splits, device=q.device, dtype=torch.float32)
     else:
         part_o = part_lse = o  # unused (SPLIT=False)
@@ -233,10 +244,15 @@ def tree_attention(
         q, k_cache, v_cache, slots, prefix_len, cache_loc, mask, o, part_o, part_lse,
         q.stride(0), q.stride(1), q.stride(2), cache_loc.stride(0), cache_loc.stride(1), *mask_strides,
         scale * _LOG2E, T, S, num_splits,
-        H=H, KVH=KVH, G=G, D=D, TOK=tok, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=block_mask is not None,
+        H=H, KVH=KVH, G=G, D=D, BLOCK_D=block_d, TOK=tok, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=block_mask is not None,
         SPLIT=num_splits > 1, UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
-        combine_kernel[(B * T, H)](part_o, part_lse, o, num_splits, H, D=D, BLOCK_S=split_block, num_warps=num_warps)
+        # the combine's rows are block_d wide: a padded head dim combines into a padded buffer, then drops the padding
+        wide = o if block_d == D else torch.empty(B, T, H, block_d, device=q.device, dtype=q.dtype)
+        combine_kernel[(B * T, H)](part_o, part_lse, wide, num_splits, H, D=block_d, BLOCK_S=split_block,
+                                   num_warps=num_warps)
+        if wide is not o:
+            o.copy_(wide[..., :D])
     return o

@@ -12,7 +12,7 @@ in the tensor-core kernel's epilogue (elsewhere the MLP runs silu_mul on `w12n_l
 import torch
 import torch.nn.functional as F
 
-from specpilot.ops.dispatch import use_triton
+from specpilot.ops.dispatch import takes, use_triton
 from specpilot.ops.w12n_gemv.reference import fp8_dequant_ref, fp8_gemv_ref, w12n_gemv_ref
 from specpilot.weights.w12n import W12NTensor, decode
 
@@ -30,23 +30,28 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
 
 
 def _fused(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
-    """The GPU kernel for x [M <= 16, K]: tensor cores where the shapes allow, else the FMA kernel."""
+    """The GPU kernel for x [M <= 16, K]: tensor cores where the shapes allow, else the FMA kernel, else (a
+    segment the FMA kernel does not take) the reference."""
     if x.is_cuda:
         from specpilot.ops.w12n_gemv import mma
 
         if mma.supports(x, t):
             return mma.w12n_mma_gemv(x, t)
-    from specpilot.ops.w12n_gemv.triton import w12n_gemv as w12n_gemv_triton
+    from specpilot.ops.w12n_gemv import triton
 
-    return w12n_gemv_triton(x, t)
+    if takes("w12n_gemv", triton.supports(x, t)):
+        return triton.w12n_gemv(x, t)
+    return w12n_gemv_ref(x, t)
 
 
 def fp8_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     """x [M, K], t -> y = x @ (fp8_view(t) * scale).T [M, N] in x.dtype: the 8-bit verification scan."""
     if use_triton(x) and x.shape[0] <= MAX_FUSED_M:
-        from specpilot.ops.w12n_gemv.triton import fp8_gemv as fp8_gemv_triton
+        from specpilot.ops.w12n_gemv import triton
 
-        return fp8_gemv_triton(x.contiguous(), t)
+        x = x.contiguous()
+        if takes("fp8_gemv", triton.fp8_supports(x, t)):
+            return triton.fp8_gemv(x, t)
     return fp8_gemv_ref(x, t)
 
 
@@ -96,7 +101,8 @@ def _decoded(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     """W as bf16 on x's device for one product: the decode kernel on CUDA (one launch, no host sync, so a captured
     graph can hold it), the torch decode elsewhere."""
     if use_triton(x):
-        from specpilot.ops.w12n_gemv.triton import w12n_decode
+        from specpilot.ops.w12n_gemv import triton
 
-        return w12n_decode(t)
+        if takes("w12n_decode", triton.decode_supports(t)):
+            return triton.w12n_decode(t)
     return decode(t).to(x.device)

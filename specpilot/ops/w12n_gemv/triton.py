@@ -366,6 +366,24 @@ def _x_view(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return (x.view(torch.int64), True) if ok else (x, False)
 
 
+def supports(x: torch.Tensor, t: W12NTensor) -> bool:
+    """The FMA GEMV's default launch takes x fp32 / bf16 [M <= MAX_M, K] with a dense last dim, and a segment
+    holding whole 4-weight words (its largest power-of-two factor >= 4: every segment encode_best searches)."""
+    return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype in (torch.float32, torch.bfloat16)
+            and x.stride(1) == 1 and decode_supports(t))
+
+
+def decode_supports(t: W12NTensor) -> bool:
+    """w12n_decode's default launch takes segments of whole 4-weight words (see supports)."""
+    return default_block_k(t.segment) >= 4
+
+
+def fp8_supports(x: torch.Tensor, t: W12NTensor) -> bool:
+    """fp8_gemv's default launch takes x as supports says and a padded K of whole 4-weight words."""
+    return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype in (torch.float32, torch.bfloat16)
+            and x.stride(1) == 1 and fp8_launch(t, x.shape[0])["block_k"] >= 4)
+
+
 def _check(x: torch.Tensor, t: W12NTensor, block_n: int, block_k: int, span: str = "segment") -> None:
     if x.dim() != 2 or x.shape[1] != t.k or not 1 <= x.shape[0] <= MAX_M:
         raise ValueError(f"x must be [M <= {MAX_M}, K={t.k}] for a {t.n}x{t.k} W12N weight, got {list(x.shape)}")
