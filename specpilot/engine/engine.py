@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specpilot.engine.generator import GenerationResult, append_token
+from specpilot.engine.detokenizer import Detokenizer, decode_text
+from specpilot.engine.generator import GenerationResult, append_token, stop_detokenizer
 from specpilot.engine.runner import ModelRunner, inference
 from specpilot.engine.sampling import SamplingParams
 from specpilot.spec.drafters.base import Drafter
@@ -70,13 +71,14 @@ class _Request:
     committed: int = 0  # tokens whose K/V and state the target cache holds
     root: int = -1  # last emitted token, not yet seen by the target
     done: bool = False
+    detok: Detokenizer | None = None  # stop-string matcher (stop_detokenizer)
 
 
 class SpecEngine:
     def __init__(self, runner: ModelRunner, drafter: Drafter, tree: TreeSpec, eos_ids: tuple[int, ...] = (),
-                 detokenize: Callable | None = None):
+                 tokenizer=None):
         self.runner, self.drafter, self.tree = runner, drafter, tree
-        self.eos_ids, self.detokenize = set(eos_ids), detokenize
+        self.eos_ids, self.tokenizer = set(eos_ids), tokenizer
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[tuple[GenerationResult, SpecStats]]:
@@ -99,8 +101,8 @@ class SpecEngine:
         total = time.perf_counter() - start
         for r in reqs:
             r.result.total_s = total
-            if self.detokenize is not None and r.result.text is None:
-                r.result.text = self.detokenize(r.result.token_ids)
+            if self.tokenizer is not None and r.result.text is None:
+                r.result.text = decode_text(self.tokenizer, r.result.token_ids)
         return [(r.result, r.stats) for r in reqs]
 
     def _start(self, prompts, params, on_token, start) -> list[_Request]:
@@ -109,13 +111,15 @@ class SpecEngine:
         if longest + params.max_new_tokens > limit:
             raise ValueError(f"prompt of {longest} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
                              f"model's context of {limit} tokens")
-        size = longest + params.max_new_tokens + self.tree.max_tree_nodes + 1
-        self.runner.allocate(len(prompts), size)
-        self.drafter.allocate(len(prompts), size)
+        detoks = [stop_detokenizer(self.tokenizer, params) for _ in prompts]
+        committed = longest + params.max_new_tokens + 1
+        self.runner.allocate(len(prompts), committed + self.tree.max_tree_nodes)
+        # a drafter may store its tree as it grows, past the committed tokens: larger than the tree it proposes
+        self.drafter.allocate(len(prompts), committed + self.tree.max_grown_nodes)
         reqs = []
         for i, (prompt, (logits, features, seconds)) in enumerate(zip(prompts, self._prefill(prompts))):
             t0 = time.perf_counter()
-            r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats())
+            r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats(), detok=detoks[i])
             self.drafter.start(r.slot, r.prompt, features)
             r.committed = len(prompt)
             self._emit_tokens(r, [int(logits.argmax())], params, on_token, time.perf_counter() - start)
@@ -227,7 +231,7 @@ class SpecEngine:
         for tok in tokens:
             if on_token is not None:
                 on_token(r.index, tok)
-            if append_token(r.result, tok, params, self.eos_ids, self.detokenize, elapsed):
+            if append_token(r.result, tok, params, self.eos_ids, r.detok, elapsed):
                 r.done = True
                 return
         r.root = tokens[-1]

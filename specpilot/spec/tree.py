@@ -11,7 +11,10 @@ Tree shapes (TreeSpec, parsed from the CLI's --tree):
 - chain:D              D draft tokens in a line;
 - static:C1,C2,...     every node at depth d-1 gets C_d children (Sequoia / EAGLE static trees);
 - dynamic:K,D,N        EAGLE-2: expand the frontier's top-K by cumulative draft log-probability for D levels,
-                       then keep the best N draft nodes.
+                       then keep the best N draft nodes (all, when N >= K * D).
+A drafter that runs its model over the growing tree stores the tree so far as scratch past the committed tokens:
+a dynamic tree holds every level's top-K (1 + K * D nodes) before it keeps the best N. The parser refuses trees
+that grow past MAX_TREE_NODES: every node is a row of the verify block.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from operator import itemgetter
 
 import numpy as np
 import torch
+
+MAX_TREE_NODES = 256  # root included, while the tree grows
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,14 +177,20 @@ class TreeSpec:
             nums = tuple(int(x) for x in arg.split(",")) if arg else ()
         except ValueError:
             nums = None
+        spec = None
         if kind == "chain" and nums and len(nums) == 1 and nums[0] >= 1:
-            return TreeSpec("chain", nums[0], (1,) * nums[0])
-        if kind == "static" and nums and all(n >= 1 for n in nums):
-            return TreeSpec("static", len(nums), nums)
-        if kind == "dynamic" and nums and len(nums) == 3 and all(n >= 1 for n in nums):
-            return TreeSpec("dynamic", nums[1], (), top_k=nums[0], max_nodes=nums[2])
-        raise ValueError(f"--tree {text!r}: use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES "
-                         "with positive integers")
+            spec = TreeSpec("chain", nums[0], (1,) * nums[0])
+        elif kind == "static" and nums and all(n >= 1 for n in nums):
+            spec = TreeSpec("static", len(nums), nums)
+        elif kind == "dynamic" and nums and len(nums) == 3 and all(n >= 1 for n in nums):
+            spec = TreeSpec("dynamic", nums[1], (), top_k=nums[0], max_nodes=nums[2])
+        if spec is None:
+            raise ValueError(f"--tree {text!r}: use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES "
+                             "with positive integers")
+        if spec.max_grown_nodes > MAX_TREE_NODES:
+            raise ValueError(f"--tree {text!r}: the tree grows to {spec.max_grown_nodes} nodes per step (root "
+                             f"included); at most {MAX_TREE_NODES}: use a smaller tree")
+        return spec
 
     def __str__(self) -> str:
         if self.kind == "chain":
@@ -190,14 +201,34 @@ class TreeSpec:
 
     @property
     def max_tree_nodes(self) -> int:
-        """Upper bound on nodes (root included), for sizing caches."""
+        """Upper bound on the nodes of a proposed tree (root included): the verify block's rows."""
         if self.kind == "dynamic":
-            return 1 + self.max_nodes
-        total, width = 1, 1
-        for c in self.branching:
-            width *= c
-            total += width
-        return total
+            return 1 + min(self.max_nodes, self.top_k * self.depth)
+        return _static_nodes(self.branching)
+
+    @property
+    def max_grown_nodes(self) -> int:
+        """Upper bound on the nodes of the tree while it grows (root included): the scratch a drafter that runs its
+        model over the tree so far stores past the committed tokens. A dynamic tree holds every level's top-K
+        candidates before it keeps the best max_nodes."""
+        if self.kind == "dynamic":
+            return 1 + self.top_k * self.depth
+        return self.max_tree_nodes
+
+    def capped(self, depth: int) -> TreeSpec:
+        """The same shape no deeper than `depth` (a drafter that drafts at most `depth` tokens ahead)."""
+        if self.depth <= depth:
+            return self
+        return TreeSpec(self.kind, depth, self.branching[:depth], self.top_k, min(self.max_nodes, self.top_k * depth))
+
+
+def _static_nodes(branching: tuple[int, ...]) -> int:
+    """Nodes of a static tree, root included."""
+    total, width = 1, 1
+    for c in branching:
+        width *= c
+        total += width
+    return total
 
 
 def grow(spec: TreeSpec, root: int, score_children) -> DraftTree:

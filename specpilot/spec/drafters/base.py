@@ -22,8 +22,11 @@ from specpilot.spec.tree import DraftTree, TreeSpec
 class Drafter(Protocol):
     name: str
     target_layers: tuple[int, ...]  # empty: the drafter needs no target features
+    max_depth: int | None  # the deepest it drafts (a deeper TreeSpec is cut to it), or None: any depth
 
-    def allocate(self, num_slots: int, max_seq_len: int) -> None: ...
+    def allocate(self, num_slots: int, max_seq_len: int) -> None:
+        """Room for num_slots requests of max_seq_len positions: the committed tokens plus the largest tree the
+        drafter grows (TreeSpec.max_grown_nodes)."""
 
     def start(self, slot: int, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         """features [P, len(target_layers) * hidden] for the P prompt tokens, or None."""

@@ -145,6 +145,7 @@ class DFlashDrafter:
                  mask_token_id: int, use_graphs: bool | None = None):
         self.model, self.target = model, target
         self.target_layers, self.block_size, self.mask_token_id = tuple(target_layers), block_size, mask_token_id
+        self.max_depth = block_size - 1  # a block is the root and the positions it predicts
         self.device = next(model.parameters()).device
         self.on_gpu = self.device.type == "cuda"
         self.use_graphs = self.on_gpu if use_graphs is None else use_graphs
@@ -212,13 +213,14 @@ class DFlashDrafter:
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
-        depth = min(spec.depth, self.block_size - 1)
+        capped = spec.capped(self.max_depth)
+        depth = capped.depth
         if spec.kind == "chain":
             return [DraftTree.chain([root] + row) for root, row in zip(roots, self._draft(slots, roots, depth, 0))]
-        width = max(max(spec.branching, default=1), spec.top_k)
+        # no wider than the vocabulary: a node has at most that many distinct children
+        width = min(max(max(spec.branching, default=1), spec.top_k), self.target.config.vocab_size)
         packed = self._draft(slots, roots, depth, width)  # [2, n, depth, width] int32: ids, log-prob bits
         ids, logps = packed[0].tolist(), packed[1].view(torch.float32).tolist()
-        capped = TreeSpec(spec.kind, depth, spec.branching[:depth], spec.top_k, spec.max_nodes)
         # positions in a block are predicted independently: a node's children are its depth's top tokens
         return [grow(capped, root, lambda tree, frontier, t=t, lp=lp: [(t[tree.depths[f]], lp[tree.depths[f]])
                                                                         for f in frontier])

@@ -21,6 +21,7 @@ from specpilot.spec.tree import DraftTree, TreeSpec, grow
 class DraftLMDrafter:
     name = "draft-lm"
     target_layers: tuple[int, ...] = ()
+    max_depth = None
 
     def __init__(self, model: CausalLM):
         self.model = model
@@ -78,7 +79,7 @@ class DraftLMDrafter:
         else:
             rows = self._tree_logits(slot, tree)[[i - 1 for i in frontier]]
         logp = torch.log_softmax(rows, dim=-1)
-        top = logp.topk(max(max(spec.branching, default=1), spec.top_k), dim=-1)
+        top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         return [(t.tolist(), v.tolist()) for t, v in zip(top.indices, top.values)]
 
     def _tree_logits(self, slot: int, tree: DraftTree) -> torch.Tensor:

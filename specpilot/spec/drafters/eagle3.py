@@ -28,7 +28,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from specpilot.config import ConfigError, ModelConfig
@@ -41,7 +40,8 @@ from specpilot.layers.norm import RMSNorm
 from specpilot.layers.packed import PackedLinear
 from specpilot.layers.rotary import RotaryEmbedding
 from specpilot.models.causal_lm import CausalLM
-from specpilot.models.loader import CheckpointError, load_weights, resolve_dtype, safetensors_files
+from specpilot.models.loader import CheckpointError, CheckpointFile, load_weights, resolve_dtype, \
+    safetensors_files
 from specpilot.spec.tree import DraftTree, TreeSpec, grow
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -138,8 +138,8 @@ def load_eagle3_head(model_dir: Path, target: CausalLM, dtype) -> tuple[Eagle3He
     files = safetensors_files(model_dir)
     keys = set()
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            keys |= set(f.keys())
+        with CheckpointFile(file) as f:
+            keys |= set(f.names)
     own_embedding = "embed_tokens.weight" in keys
     if not own_embedding and cfg.hidden_size != tcfg.hidden_size:
         raise CheckpointError(f"{model_dir}: no embed_tokens.weight and hidden_size {cfg.hidden_size} differs from "
@@ -163,6 +163,7 @@ def load_eagle3_head(model_dir: Path, target: CausalLM, dtype) -> tuple[Eagle3He
 
 class Eagle3Drafter:
     name = "eagle3"
+    max_depth = None
 
     def __init__(self, head: Eagle3Head, target: CausalLM, target_layers: tuple[int, ...], chunk: int = 2048):
         self.head, self.target_layers, self.chunk = head, tuple(target_layers), chunk

@@ -12,6 +12,7 @@ from specpilot.spec.tree import DraftTree, TreeSpec
 class NgramDrafter:
     name = "ngram"
     target_layers: tuple[int, ...] = ()
+    max_depth = None
 
     def __init__(self, max_n: int = 3):
         self.max_n = max_n
