@@ -52,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--target", required=True, help="model directory or Hub repo id (org/name)")
     v.add_argument("--prompts", required=True,
                    help="a text file (one prompt per line), a prompt-set file, or a shipped set name (humaneval, "
-                        "gsm8k, mt-bench, spec-bench, ...; looked up in SPECPILOT_DATA_DIR)")
-    v.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+                        "gsm8k, mt-bench, spec-bench, ...; SPECPILOT_DATA_DIR replaces the shipped folder)")
+    v.add_argument("--limit", type=int, default=None, help="use the first N prompts (N >= 1)")
     v.add_argument("--max-new-tokens", type=int, default=128)
     v.add_argument("--tie-tolerance", type=float, default=1e-3,
                    help="a mismatch whose stock logit margin is at most this counts as a tie (default 1e-3)")
@@ -231,6 +231,9 @@ def cmd_verify(args) -> int:
     from specpilot.prompts import load_prompts, resolve_prompt_set
     from specpilot.spec.forcing import ForcingReport, force_check
 
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} {value}: must be >= 1")
     prompts = load_prompts(resolve_prompt_set(args.prompts), limit=args.limit)
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.target, args.cache_dir)

@@ -78,7 +78,7 @@ def resolve_prompt_set(name_or_path: str, data_dir: str | Path | None = None) ->
 
     Names win over same-named files in the working directory; write ./gsm8k to mean the file.
     """
-    name = name_or_path.strip().lower().replace("_", "-")
+    name = set_name(name_or_path)
     if name in PROMPT_SETS:
         return _shipped_path(name, data_dir)
     path = Path(name_or_path).expanduser()
@@ -86,6 +86,11 @@ def resolve_prompt_set(name_or_path: str, data_dir: str | Path | None = None) ->
         return path
     raise ValueError(f"{name_or_path!r} is neither an existing prompt file nor a shipped prompt set "
                      f"({', '.join(PROMPT_SETS)})")
+
+
+def set_name(text: str) -> str:
+    """The canonical spelling of a set name: MT_Bench and mt-bench are one set."""
+    return text.strip().lower().replace("_", "-")
 
 
 def _shipped_path(name: str, data_dir: str | Path | None) -> Path:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from rich.console import Console
 
 from specpilot.cli_util import err, pick_device
@@ -15,9 +18,12 @@ def add_parsers(sub) -> None:
     b.add_argument("--drafter", default="ngram",
                    help="draft model / DFlash / EAGLE-3 checkpoint, ngram, or random-dflash (random targets)")
     b.add_argument("--workloads", nargs="+", default=["mt-bench", "humaneval", "gsm8k", "alpaca", "cnndm"],
-                   help="mt-bench humaneval gsm8k alpaca cnndm spec-bench")
-    b.add_argument("--data-dir", default=None, help="prompt data directory (default: SPECPILOT_DATA_DIR)")
-    b.add_argument("--limit", type=int, default=None, help="first N prompts of each workload")
+                   help="mt-bench humaneval gsm8k alpaca cnndm spec-bench (humaneval, gsm8k, alpaca, cnndm: EAGLE's "
+                        "80-prompt sets; alpaca is CC BY-NC 4.0 data, non-commercial), any other shipped prompt set "
+                        "(math500, mbpp, eagle-qa, ...) or a prompt file")
+    b.add_argument("--data-dir", default=None,
+                   help="folder holding the named prompt sets (default: SPECPILOT_DATA_DIR, else the shipped sets)")
+    b.add_argument("--limit", type=int, default=None, help="first N prompts of each workload (N >= 1)")
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     b.add_argument("--max-new-tokens", type=int, default=2048)
     b.add_argument("--stock-tree", default="chain:7", help="the stock configuration's fixed chain")
@@ -39,16 +45,16 @@ def add_parsers(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    from pathlib import Path
-
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specpilot.bench.harness import BenchConfig, bench
+    from specpilot.bench.harness import BenchConfig, bench, load_workloads
     from specpilot.bench.report import plot, table, write_json
     from specpilot.bench.synthetic import AcceptanceProfile
     from specpilot.config import EngineConfig
 
+    _check_flags(args)
+    workloads = load_workloads(args.workloads, args.data_dir, args.limit)
     kind, _, name = args.acceptance.partition(":")
     if kind not in ("real", "synthetic") or (kind == "synthetic" and not name):
         raise ValueError(f"--acceptance {args.acceptance!r}: use real or synthetic:PROFILE")
@@ -62,6 +68,9 @@ def cmd_bench(args) -> int:
     device = pick_device(args.device)
     model, tokenizer, make_drafter = _bench_models(args, device, profile)
     make_drafter()  # fail fast on a bad drafter, before any timing
+    for path in (args.out, args.plot):  # checked writable up front; created only once a row can be measured
+        if path:
+            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     extra = {"target": args.target, "drafter": args.drafter, "acceptance": args.acceptance,
              "max_new_tokens": args.max_new_tokens, "limit": args.limit, "workloads": args.workloads,
              "batch_sizes": args.batch_sizes, "stock_tree": args.stock_tree, "configs": args.configs,
@@ -71,7 +80,7 @@ def cmd_bench(args) -> int:
     per_group = 2 + len(configs)  # AR, stock and each configuration per workload x batch size
     bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"), TimeElapsedColumn(),
                    TextColumn("{task.description}"), console=err)
-    task = bar.add_task("", total=len(args.workloads) * len(args.batch_sizes) * per_group)
+    task = bar.add_task("", total=len(workloads) * len(args.batch_sizes) * per_group)
 
     def progress(r):
         # the report is rewritten after every row: a run cut short (timeout, crash) keeps what it measured
@@ -87,8 +96,8 @@ def cmd_bench(args) -> int:
 
     half = next(model.parameters()).dtype != torch.float32  # two correct half-precision kernels round apart
     with bar:
-        rows = bench(model, tokenizer, make_drafter, args.workloads,
-                     args.batch_sizes, configs, args.stock_tree, args.max_new_tokens, args.data_dir, args.limit,
+        rows = bench(model, tokenizer, make_drafter, workloads,
+                     args.batch_sizes, configs, args.stock_tree, args.max_new_tokens,
                      profile, chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress,
                      base_engine=base.engine, calibrate_tolerance=args.target.startswith("random:") or half)
     write_json(rows, args.out, extra)
@@ -101,6 +110,46 @@ def cmd_bench(args) -> int:
     err.print(f"wrote {args.out} and {plot_path}")
     ok = all("error" not in r and r.get("forcing", {"passed": True})["passed"] for r in rows)
     return 0 if ok else 1
+
+
+def _check_flags(args) -> None:
+    """The flags that need no file read: a bad one fails here, before any model loads or row is measured."""
+    from specpilot.spec.tree import TreeSpec
+
+    counts = [("--max-new-tokens", args.max_new_tokens)] + [("--batch-sizes", b) for b in args.batch_sizes]
+    if args.limit is not None:
+        counts.append(("--limit", args.limit))
+    for flag, value in counts:
+        if value < 1:
+            raise ValueError(f"{flag} {value}: must be >= 1")
+    try:
+        TreeSpec.parse(args.stock_tree)
+    except ValueError:
+        raise ValueError(f"--stock-tree {args.stock_tree!r}: use chain:D with D >= 1, e.g. chain:7") from None
+    names = []
+    for text in args.configs:
+        name, sep, _ = text.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--configs {text!r}: use NAME=tree:SPEC;FIELD:VALUE, e.g. 'tree16=tree:dynamic:4,5,16'")
+        if name in ("ar", "stock") or name in names:
+            raise ValueError(f"--configs {text!r}: the name {name!r} is "
+                             f"{'a built-in row' if name in ('ar', 'stock') else 'given twice'}; pick another NAME")
+        names.append(name)
+    _check_writable("--out", args.out)
+    if args.plot:
+        _check_writable("--plot", args.plot)
+
+
+def _check_writable(flag: str, text: str) -> None:
+    """The file can be written: not a directory, and its nearest existing folder takes new entries."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{flag} {text}: is a directory; give a file path in it")
+    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {text}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {text}: cannot write in {folder} (permission denied)")
 
 
 def _bench_models(args, device: str, profile):

@@ -20,6 +20,7 @@ import itertools
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -30,10 +31,11 @@ from specpilot.engine.generator import Generator
 from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
 from specpilot.layers.metadata import BatchMetadata
-from specpilot.prompts import load_prompts, resolve_prompt_set
+from specpilot.prompts import PROMPT_SETS, Prompt, load_prompts, resolve_prompt_set, set_name
 from specpilot.spec.forcing import ForcingReport, force_check
 from specpilot.spec.tree import TreeSpec
 
+# bench workload -> prompt set: EAGLE's 80-prompt subsets (alpaca is CC BY-NC 4.0 data, non-commercial)
 WORKLOADS = {"mt-bench": "mt-bench", "humaneval": "eagle-humaneval", "gsm8k": "eagle-gsm8k",
              "alpaca": "eagle-alpaca", "cnndm": "eagle-sum", "spec-bench": "spec-bench"}
 
@@ -204,11 +206,32 @@ def calibrate(runner: ModelRunner, prompts, outputs, stated: float, samples: int
     return Tolerance(max(stated, 2 * noise), source, stated)
 
 
-def bench(model, tokenizer, make_drafter, workloads: list[str], batch_sizes: list[int], configs: list[BenchConfig],
-          stock_tree: str, max_new_tokens: int, data_dir, limit: int | None, profile: AcceptanceProfile | None,
+def load_workloads(names: list[str], data_dir=None, limit: int | None = None) -> dict[str, list[Prompt]]:
+    """Workload -> its first `limit` conversations. A workload is a name in WORKLOADS, any other shipped prompt
+    set (math500, eagle-qa, ...) or a prompt file; names resolve in data_dir, $SPECPILOT_DATA_DIR or the
+    shipped folder."""
+    return {name: load_prompts(_workload_path(name, data_dir), limit=limit) for name in names}
+
+
+def _workload_path(name: str, data_dir):
+    key = set_name(name)
+    if key in WORKLOADS or key in PROMPT_SETS:
+        return resolve_prompt_set(WORKLOADS.get(key, key), data_dir)
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    if path.exists() or "/" in name or "." in name:  # names never hold either: the user meant a file
+        raise ValueError(f"workload {name!r}: {'not a file' if path.exists() else 'no such prompt file'}")
+    raise ValueError(f"workload {name!r}: unknown; use a workload ({', '.join(WORKLOADS)}), another shipped "
+                     f"prompt set ({', '.join(k for k in PROMPT_SETS if k not in WORKLOADS)}) or a prompt file")
+
+
+def bench(model, tokenizer, make_drafter, workloads: dict[str, list[Prompt]], batch_sizes: list[int],
+          configs: list[BenchConfig], stock_tree: str, max_new_tokens: int, profile: AcceptanceProfile | None,
           chat: bool = True, tie_tolerance: float = 1e-3, progress=None, base_engine: tuple = (),
           calibrate_tolerance: bool = False) -> list[dict]:
     """All rows of the report: one per workload x batch size x configuration (AR and stock included).
+    workloads: name -> conversations, from load_workloads.
     base_engine: EngineConfig fields under AR, stock and every configuration (a configuration's own win).
     calibrate_tolerance (random targets only): forcing's tolerance from the target's own path noise."""
     device = next(model.parameters()).device
@@ -219,10 +242,7 @@ def bench(model, tokenizer, make_drafter, workloads: list[str], batch_sizes: lis
         configs = [dataclasses.replace(c, engine=tuple({**dict(base_engine), **dict(c.engine)}.items()))
                    for c in configs]
     rows = []
-    for workload in workloads:
-        if workload not in WORKLOADS:
-            raise ValueError(f"workload {workload!r}: use one of {', '.join(WORKLOADS)}")
-        conversations = load_prompts(resolve_prompt_set(WORKLOADS[workload], data_dir), limit=limit)
+    for workload, conversations in workloads.items():
         for batch in batch_sizes:
             try:
                 rows += _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs,

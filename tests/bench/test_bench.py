@@ -102,7 +102,7 @@ def test_bench_random_real_shape_target(data_dir, tmp_path):
 
 def test_multi_turn_conversations_keep_answers_in_context(checkpoint_factory, tmp_path):
     """MT-Bench style: turn 2 is generated after turn 1's answer, and every configuration replays those turns."""
-    from specpilot.bench.harness import bench
+    from specpilot.bench.harness import bench, load_workloads
     from specpilot.models.loader import load_model, load_tokenizer
     from specpilot.spec.drafters.ngram import NgramDrafter
 
@@ -113,7 +113,7 @@ def test_multi_turn_conversations_keep_answers_in_context(checkpoint_factory, tm
             {"question_id": 82, "category": "math", "turns": ["the quick brown fox"]}]
     (root / "mt_bench_question.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     model, tok = load_model(str(path), "cpu", "float32"), load_tokenizer(str(path))
-    out = bench(model, tok, NgramDrafter, ["mt-bench"], [1], [], "chain:3", 6, root, None, None)
+    out = bench(model, tok, NgramDrafter, load_workloads(["mt-bench"], root), [1], [], "chain:3", 6, None)
     assert all(r["prompts"] == 2 and r["turns"] == 3 for r in out)
     assert {r["config"] for r in out} == {"ar", "stock"} and all(r["tokens"] == out[0]["tokens"] for r in out)
     assert out[1]["forcing"]["passed"]
@@ -426,3 +426,114 @@ def test_random_model_clean_weights_never_escape_w12n():
         assert (escapes == 0) == clean, (clean, escapes)
         if clean:
             assert all(m.abs().min() >= 1e-4 * 0.99 for m in mats)
+
+
+# ---- workloads and bad inputs ----------------------------------------------------------------------------------
+
+
+def test_every_workload_resolves_from_the_shipped_data(monkeypatch, tmp_path):
+    """No SPECPILOT_DATA_DIR, no --data-dir, another working directory: every workload name loads."""
+    from specpilot.bench.harness import WORKLOADS, load_workloads
+    from specpilot.prompts import DATA_DIR_ENV
+
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    loaded = load_workloads(list(WORKLOADS) + ["math500", "Eagle_QA"], limit=2)
+    assert list(loaded) == list(WORKLOADS) + ["math500", "Eagle_QA"]
+    assert all(len(conversations) == 2 for conversations in loaded.values())
+    # humaneval and gsm8k are EAGLE's 80-prompt subsets, whatever the spelling
+    assert len(load_workloads(["HumanEval", "gsm8k"])["HumanEval"]) == 80
+    assert len(load_workloads(["gsm8k"])["gsm8k"]) == 80
+
+
+def test_a_workload_given_as_a_prompt_file(tmp_path, capsys):
+    """--workloads takes a prompt file; --out into a missing directory creates it once rows can be measured."""
+    prompts = tmp_path / "mine.txt"
+    prompts.write_text("def add(a, b):\nthe quick brown fox\nfor i in range(10):\n")
+    out = tmp_path / "new" / "dir" / "r.json"
+    rc = main(["bench", "--target", "random:tiny-dense", "--drafter", "random-dflash", "--workloads", str(prompts),
+               "--limit", "2", "--max-new-tokens", "6", "--stock-tree", "chain:3", "--out", str(out), "--device",
+               "cpu", "--acceptance", "synthetic:dflash2-mixed", "--no-chat"])
+    assert rc == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {r["workload"] for r in rows} == {str(prompts)} and all(r["prompts"] == 2 for r in rows if "prompts" in r)
+    assert (out.parent / "r.png").exists()
+
+
+def _bad_bench_cases(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    out = ["--out", str(tmp_path / "r.json")]
+    return {
+        "limit 0": (["--limit", "0"] + out, "--limit 0: must be >= 1"),
+        "limit negative": (["--limit", "-3"] + out, "--limit -3: must be >= 1"),
+        "batch size 0": (["--batch-sizes", "1", "0"] + out, "--batch-sizes 0: must be >= 1"),
+        "max-new-tokens 0": (["--max-new-tokens", "0"] + out, "--max-new-tokens 0: must be >= 1"),
+        "max-new-tokens negative": (["--max-new-tokens", "-5"] + out, "--max-new-tokens -5: must be >= 1"),
+        "stock tree": (["--stock-tree", "chain"] + out, "--stock-tree 'chain': use chain:D with D >= 1, e.g. chain:7"),
+        "config without =": (["--configs", "garbage"] + out,
+                             "--configs 'garbage': use NAME=tree:SPEC;FIELD:VALUE, e.g. 'tree16=tree:dynamic:4,5,16'"),
+        "config without name": (["--configs", "=tree:chain:3"] + out, "--configs '=tree:chain:3': use NAME=tree:SPEC"),
+        "config named stock": (["--configs", "stock=tree:chain:2"] + out,
+                               "--configs 'stock=tree:chain:2': the name 'stock' is a built-in row; pick another NAME"),
+        "config named twice": (["--configs", "a=tree:chain:2", "a=tree:chain:3"] + out,
+                               "--configs 'a=tree:chain:3': the name 'a' is given twice; pick another NAME"),
+        "unknown workload": (["--workloads", "gsm8k", "nope"] + out,
+                             "workload 'nope': unknown; use a workload (mt-bench, humaneval, gsm8k, alpaca, cnndm, "
+                             "spec-bench), another shipped prompt set (math500, mbpp"),
+        "missing workload file": (["--workloads", str(tmp_path / "q.jsonl")] + out,
+                                  f"workload '{tmp_path / 'q.jsonl'}': no such prompt file"),
+        "workload directory": (["--workloads", str(tmp_path / "adir")] + out,
+                               f"workload '{tmp_path / 'adir'}': not a file"),
+        "missing data dir": (["--data-dir", str(tmp_path / "none")] + out,
+                             f"data directory {tmp_path / 'none'}: no such directory"),
+        "out under a file": (["--out", str(tmp_path / "afile" / "sub" / "r.json")],
+                             f"--out {tmp_path / 'afile' / 'sub' / 'r.json'}: {tmp_path / 'afile'} is not a directory"),
+        "out is a directory": (["--out", str(tmp_path / "adir")],
+                               f"--out {tmp_path / 'adir'}: is a directory; give a file path in it"),
+        "plot under a file": (["--plot", str(tmp_path / "afile" / "p.png")] + out,
+                              f"--plot {tmp_path / 'afile' / 'p.png'}: {tmp_path / 'afile'} is not a directory"),
+    }
+
+
+BAD_BENCH = ["limit 0", "limit negative", "batch size 0", "max-new-tokens 0", "max-new-tokens negative",
+             "stock tree", "config without =", "config without name", "config named stock", "config named twice", "unknown workload",
+             "missing workload file", "workload directory", "missing data dir", "out under a file",
+             "out is a directory", "plot under a file"]
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("a model was loaded before the bad flag was refused")
+
+
+@pytest.mark.parametrize("case", BAD_BENCH)
+def test_bench_bad_input_fails_up_front_with_one_line(case, tmp_path, capsys, monkeypatch):
+    """Each bad flag: exit 2, one `error:` line on stderr naming it, before any model loads or file is written."""
+    from specpilot.bench import commands
+
+    monkeypatch.setattr(commands, "_bench_models", _no_model)
+    flags, message = _bad_bench_cases(tmp_path)[case]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    rc = main(["bench", "--target", "random:tiny-dense", "--drafter", "random-dflash", "--device", "cpu",
+               "--acceptance", "synthetic:dflash2-mixed", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no report, no plot, no folder
+
+
+def test_bench_out_in_a_read_only_folder_fails_up_front(tmp_path, capsys, monkeypatch):
+    import os
+    from pathlib import Path
+
+    from specpilot.bench import commands
+
+    monkeypatch.setattr(commands, "_bench_models", _no_model)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    if os.geteuid() == 0:  # root writes anywhere: the folder denies writes as it would to a user
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and Path(path) != locked)
+    rc = main(["bench", "--target", "random:tiny-dense", "--acceptance", "synthetic:dflash2-mixed",
+               "--out", str(locked / "sub" / "r.json")])
+    assert rc == 2 and f"cannot write in {locked} (permission denied)" in capsys.readouterr().err
