@@ -216,12 +216,11 @@ def _generator(args, runner, tokenizer):
     from specpilot.spec.drafters.registry import build_drafter
     from specpilot.spec.tree import TreeSpec
 
-    detok = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     tree = TreeSpec.parse(args.tree)
     drafter = build_drafter(args.drafter, runner.model, tokenizer, cache_dir=getattr(args, "cache_dir", None))
     if drafter is None:
-        return Generator(runner, _eos(runner.model, tokenizer), detok)
-    return SpecEngine(runner, drafter, tree, _eos(runner.model, tokenizer), detok)
+        return Generator(runner, _eos(runner.model, tokenizer), tokenizer)
+    return SpecEngine(runner, drafter, tree, _eos(runner.model, tokenizer), tokenizer)
 
 
 def cmd_verify(args) -> int:
@@ -295,21 +294,16 @@ def _stats(r, load_s: float, arch: str) -> dict:
 
 
 class _Streamer:
-    """Prints the new part of the detokenised text as tokens arrive.
-
-    Holds back incomplete UTF-8 and the last characters that could still begin a stop string, so a stop
-    string is never shown.
-    """
+    """Prints the text as tokens arrive: what the Detokenizer releases (complete characters, never a stop string,
+    nothing after one), then the rest of the final text at the end."""
 
     def __init__(self, tokenizer, stop: tuple[str, ...]):
-        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
-        self.hold = max((len(s) for s in stop), default=1) - 1
+        from specpilot.engine.detokenizer import Detokenizer
+
+        self.detok, self.printed = Detokenizer(tokenizer, stop), 0
 
     def push(self, index: int, token: int) -> None:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):
-            self._write(text[self.printed:len(text) - self.hold])
+        self._write(self.detok.push(token))
 
     def finish(self, final_text: str | None) -> None:
         self._write((final_text or "")[self.printed:] + "\n")

@@ -2,7 +2,7 @@
 
 The host reads each step's tokens one step late: step n+1 is already queued on the GPU when the host copies
 and checks the tokens of step n, so the device never waits for Python. Stops: EOS, max_new_tokens, and stop
-strings (checked on the detokenised text; the text is cut before the stop string).
+strings (matched by a Detokenizer per request in O(1) per token; the text is cut before the stop string).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specpilot.engine.detokenizer import Detokenizer, decode_text
 from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams, make_generator, sample
 
@@ -28,13 +29,14 @@ class GenerationResult:
 
 
 class Generator:
-    def __init__(self, runner: ModelRunner, eos_ids: tuple[int, ...] = (), detokenize: Callable | None = None):
-        self.runner, self.eos_ids, self.detokenize = runner, set(eos_ids), detokenize
+    def __init__(self, runner: ModelRunner, eos_ids: tuple[int, ...] = (), tokenizer=None):
+        self.runner, self.eos_ids, self.tokenizer = runner, set(eos_ids), tokenizer
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[GenerationResult]:
         """prompts: token ids per request. on_token(request_index, token_id) is called as tokens arrive."""
         self._check(prompts, params)
+        detoks = [stop_detokenizer(self.tokenizer, params) for _ in prompts]
         runner, dev = self.runner, self.runner.device
         start = time.perf_counter()
         B = len(prompts)
@@ -57,7 +59,7 @@ class Generator:
             now = time.perf_counter()
             for i, tok in enumerate(host):
                 if not finished[i]:
-                    finished[i] = self._append(results[i], tok, params, now - start, on_token, i)
+                    finished[i] = self._append(results[i], tok, params, now - start, on_token, i, detoks[i])
             if all(finished) or not more:
                 break
             tokens = next_tokens
@@ -65,8 +67,8 @@ class Generator:
         total = time.perf_counter() - start
         for r in results:
             r.total_s = total
-            if self.detokenize is not None and r.text is None:
-                r.text = self.detokenize(r.token_ids)
+            if self.tokenizer is not None and r.text is None:
+                r.text = decode_text(self.tokenizer, r.token_ids)
         return results
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
@@ -77,29 +79,35 @@ class Generator:
         if longest + params.max_new_tokens > limit:
             raise ValueError(f"prompt of {longest} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
                              f"model's context of {limit} tokens; shorten the prompt or lower max_new_tokens")
-        if params.stop and self.detokenize is None:
-            raise ValueError("stop strings need a tokenizer to detokenise the output")
 
-    def _append(self, r: GenerationResult, tok: int, params: SamplingParams, elapsed: float, on_token, index) -> bool:
+    def _append(self, r: GenerationResult, tok: int, params: SamplingParams, elapsed: float, on_token, index,
+                detok: Detokenizer | None) -> bool:
         if on_token is not None:
             on_token(index, tok)
-        return append_token(r, tok, params, self.eos_ids, self.detokenize, elapsed)
+        return append_token(r, tok, params, self.eos_ids, detok, elapsed)
 
 
-def append_token(r: GenerationResult, tok: int, params: SamplingParams, eos_ids: set[int], detokenize,
-                 elapsed: float) -> bool:
+def stop_detokenizer(tokenizer, params: SamplingParams) -> Detokenizer | None:
+    """A request's stop-string matcher, or None when there are no stop strings."""
+    if params.stop and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer to detokenise the output")
+    return Detokenizer(tokenizer, params.stop) if params.stop else None
+
+
+def append_token(r: GenerationResult, tok: int, params: SamplingParams, eos_ids: set[int],
+                 detok: Detokenizer | None, elapsed: float) -> bool:
     """Appends one emitted token and applies the stop rules (EOS, stop strings, max_new_tokens); returns True when
-    the request is finished. Shared by the AR generator and the speculative engine."""
+    the request is finished. Shared by the AR generator and the speculative engine; detok is the request's
+    stop_detokenizer and sees every token of the request in order."""
     if not r.token_ids:
         r.ttft_s = elapsed
     r.token_ids.append(tok)
     if tok in eos_ids and not params.ignore_eos:
         r.finish_reason = "eos"
-    elif params.stop:
-        text = detokenize(r.token_ids)
-        hits = [text.find(s) for s in params.stop if s in text]
-        if hits:
-            r.text, r.finish_reason = text[:min(hits)], "stop"
+    elif detok is not None:
+        detok.push(tok)
+        if detok.stopped:
+            r.text, r.finish_reason = detok.text, "stop"
     return r.finish_reason != "length" or len(r.token_ids) >= params.max_new_tokens
 
 

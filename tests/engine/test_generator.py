@@ -85,13 +85,13 @@ def test_eos_and_stop_strings(checkpoint_factory):
     model = load_model(str(path), "cpu", "float32")
     tok = load_tokenizer(str(path))
     prompt = tok.encode("def add(a, b):")
-    free = Generator(ModelRunner(model), (), tok.decode).generate([prompt], SamplingParams(max_new_tokens=12))[0]
+    free = Generator(ModelRunner(model), (), tok).generate([prompt], SamplingParams(max_new_tokens=12))[0]
     eos = free.token_ids[4]
-    stopped = Generator(ModelRunner(model), (eos,), tok.decode).generate([prompt], SamplingParams(max_new_tokens=12))
+    stopped = Generator(ModelRunner(model), (eos,), tok).generate([prompt], SamplingParams(max_new_tokens=12))
     assert stopped[0].finish_reason == "eos" and stopped[0].token_ids == free.token_ids[:free.token_ids.index(eos) + 1]
     stop = free.text[3:6]
-    res = Generator(ModelRunner(model), (), tok.decode).generate([prompt], SamplingParams(max_new_tokens=12,
-                                                                                       stop=(stop,)))[0]
+    res = Generator(ModelRunner(model), (), tok).generate([prompt], SamplingParams(max_new_tokens=12,
+                                                                                stop=(stop,)))[0]
     assert res.finish_reason == "stop" and res.text == free.text[:free.text.find(stop)]
 
 
