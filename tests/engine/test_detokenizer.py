@@ -163,13 +163,14 @@ def test_streamer_prints_the_final_text_and_never_a_stop_string(capsys):
     from specpilot.cli import _Streamer
 
     tok = _byte_level_bpe()
-    text = "Grüße 🙂 señor STOP and more"
-    stream, printed = _Streamer(tok, ("STOP",)), ""
-    for t in tok.encode(text, add_special_tokens=False):
+    ids = tok.encode("Grüße 🙂 señor STOP and more", add_special_tokens=False)
+    n, final, stopped, _ = _full_decode_reference(tok, ids, ("STOP",))
+    assert stopped and final == "Grüße 🙂 señor "
+    stream = _Streamer(tok, ("STOP",))
+    for t in ids[:n]:  # the engine stops after the token that completes the stop string
         stream.push(0, t)
-        printed += capsys.readouterr().out
-    assert printed == "Grüße 🙂 señor "  # all of the text before the stop string, while streaming
-    stream.finish("Grüße 🙂 señor ")
+    assert capsys.readouterr().out == final  # all of it while streaming, none of the stop string
+    stream.finish(final)
     assert capsys.readouterr().out == "\n"
 
 
