@@ -18,8 +18,9 @@ def add_parsers(sub) -> None:
                    help="escape segment length (weights per row segment); default: chosen per tensor")
     c.add_argument("--json", action="store_true", help="print the per-tensor report as one JSON object")
     c.set_defaults(func=cmd_compress)
-    i = sub.add_parser("inspect", help="bits per weight, escape rate and verbatim fraction of a model directory")
-    i.add_argument("dir", help="model directory")
+    i = sub.add_parser("inspect", help="bits per weight, escape rate and verbatim fraction of a model directory; "
+                                       "checks every checksum of a W12N one")
+    i.add_argument("dir", help="model directory or Hub repo id")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 

@@ -1,10 +1,13 @@
 """`specpilot compress` and `specpilot inspect`: W12N model directories.
 
 compress: every bf16 matrix of a checkpoint that pays (W12N policy, not the token embedding, which is read by
-row) becomes W12N planes; everything else is stored as it was. Config, tokenizer and generation files are
-copied, a `w12n.json` manifest records the format and per-tensor statistics, and the directory is written to a
-temporary path and renamed, so a failed run leaves nothing behind. inspect: the same statistics, read back
-from any W12N directory. The loader reads such directories transparently (models/loader.py).
+row) becomes W12N planes; everything else is stored as it was; every tensor gets a CRC-32 of its stored bytes
+in the file's metadata (checksum.py). A W12N source is decoded and re-encoded (bit-exact: the same weights, the
+current format). Config, tokenizer and generation files are copied, a `w12n.json` manifest records the format
+and per-tensor statistics, and the directory is written to a staging path and renamed (staging.py), so a
+failed, interrupted or terminated run leaves nothing behind. inspect: the same statistics, read back from any
+model directory or Hub id, every checksum checked. The loader reads W12N directories transparently
+(models/loader.py).
 """
 
 from __future__ import annotations
@@ -12,16 +15,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specpilot.models.loader import CheckpointError, resolve_model_dir, safetensors_files
-from specpilot.weights import w12n
+from specpilot.models.loader import CheckpointError, CheckpointFile, resolve_model_dir, safetensors_files
+from specpilot.weights import checksum, w12n
+from specpilot.weights.staging import publish, staging_dir
 
 MANIFEST = "w12n.json"
 SHARD_BYTES = 4 << 30
@@ -48,18 +50,15 @@ def compress(src: str, dst: str | Path, segment: int | None = None, progress=Non
         raise FileExistsError(f"{dst} already exists; choose a new output directory")
     files = safetensors_files(src_dir)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
-    try:
+    with staging_dir(dst) as tmp:
         reports = _write_tensors(files, tmp, segment, progress)
         for name in COPIED:
             if (src_dir / name).exists():
-                shutil.copy2(src_dir / name, tmp / name)
+                shutil.copyfile(src_dir / name, tmp / name)
         manifest = {"format": "w12n", "version": w12n.FORMAT_VERSION, "segment": segment,
                     "tensors": [report_dict(r) for r in reports]}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        tmp.rename(dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        publish(tmp, dst)
     return reports
 
 
@@ -68,36 +67,37 @@ def report_dict(r: TensorReport) -> dict:
 
 
 def _write_tensors(files: list[Path], out: Path, segment: int | None, progress) -> list[TensorReport]:
-    names = [(f, k) for f in files for k in _keys(f)]
-    task = progress.add_task("compressing", total=len(names)) if progress is not None else None
-    reports, shard, shard_bytes, weight_map, shards = [], {}, 0, {}, []
-    for file, key in names:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            tensor = f.get_tensor(key)
-        planes, report = _convert(key, tensor, segment)
-        reports.append(report)
-        shard.update(planes)
-        shard_bytes += sum(t.numel() * t.element_size() for t in planes.values())
-        if shard_bytes >= SHARD_BYTES:
-            shards.append(shard)
-            shard, shard_bytes = {}, 0
-        if task is not None:
-            progress.advance(task)
-    shards.append(shard)
+    total = 0
+    for file in files:
+        with CheckpointFile(file, unverified_w12n=True) as f:  # a format 1 source is rewritten, not loaded
+            total += len(f.names)
+    task = progress.add_task("compressing", total=total) if progress is not None else None
+    reports, shard, sums, shard_bytes, shards = [], {}, {}, 0, []
+    for file in files:
+        with CheckpointFile(file, unverified_w12n=True) as f:
+            for name in f.names:
+                planes, report = _convert(name, f.read(name), segment)  # W12N planes decoded, re-encoded bit-exact
+                reports.append(report)
+                shard.update(planes)
+                sums[name] = checksum.crc32(list(planes.values()))
+                shard_bytes += sum(t.numel() * t.element_size() for t in planes.values())
+                if shard_bytes >= SHARD_BYTES:
+                    shards.append((shard, sums))
+                    shard, sums, shard_bytes = {}, {}, 0
+                if task is not None:
+                    progress.advance(task)
+    shards.append((shard, sums))
+    meta = {"format": "pt", "specpilot": "w12n"}
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt", "specpilot": "w12n"})
+        save_file(shards[0][0], str(out / "model.safetensors"), metadata=meta | checksum.to_metadata(shards[0][1]))
         return reports
-    for i, part in enumerate(shards):
+    weight_map = {}
+    for i, (part, part_sums) in enumerate(shards):
         name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(part, str(out / name), metadata={"format": "pt", "specpilot": "w12n"})
+        save_file(part, str(out / name), metadata=meta | checksum.to_metadata(part_sums))
         weight_map.update({k: name for k in part})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return reports
-
-
-def _keys(file: Path) -> list[str]:
-    with safe_open(str(file), framework="pt", device="cpu") as f:
-        return list(f.keys())
 
 
 def _convert(key: str, tensor: torch.Tensor, segment: int | None) -> tuple[dict[str, torch.Tensor], TensorReport]:
@@ -116,23 +116,23 @@ def _convert(key: str, tensor: torch.Tensor, segment: int | None) -> tuple[dict[
 
 
 def inspect(model_dir: str | Path) -> list[TensorReport]:
-    """Per-tensor statistics of a model directory (W12N planes decoded for their stats, others as stored)."""
-    model_dir = Path(model_dir)
+    """Per-tensor statistics of a model directory or Hub id (W12N planes decoded for their stats, others as
+    stored); in a file with checksums every tensor is read and checked."""
+    model_dir = resolve_model_dir(str(model_dir))
     reports = []
     for file in safetensors_files(model_dir):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            keys = list(f.keys())
-            for name in sorted({k.rsplit(".", 1)[0] for k in keys if k.rsplit(".", 1)[-1].startswith("w12n_")}):
-                t = w12n.from_state_dict(name, {k: f.get_tensor(k) for k in keys if k.startswith(name + ".w12n_")})
-                s = w12n.stats(t)
-                reports.append(TensorReport(name, t.shape, "w12n", s["bits_per_weight"], s["escape_rate"],
+        with CheckpointFile(file) as f:
+            for name in f.w12n:
+                s = w12n.stats(f.read_w12n(name))
+                reports.append(TensorReport(name, (s["n"], s["k"]), "w12n", s["bits_per_weight"], s["escape_rate"],
                                             s["verbatim_fraction"]))
-            for k in keys:
-                if not k.rsplit(".", 1)[-1].startswith("w12n_"):
-                    sl = f.get_slice(k)
-                    dtype = sl.get_dtype().lower()
+            for name in f.names:
+                if name not in f.w12n:
+                    if f.sums is not None:
+                        f.read(name)  # checks its checksum
+                    dtype = f.handle.get_slice(name).get_dtype().lower()
                     width = {"bf16": 16, "f16": 16, "f32": 32, "f64": 64, "i64": 64, "i32": 32, "u8": 8, "bool": 8}
-                    reports.append(TensorReport(k, tuple(sl.get_shape()), dtype, float(width.get(dtype, 0))))
+                    reports.append(TensorReport(name, f.shape(name), dtype, float(width.get(dtype, 0))))
     if not reports:
         raise CheckpointError(f"{model_dir}: no tensors")
     return reports

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the planes of version 1, and a CRC-32 per tensor in the file's metadata (checksum.py)
+READABLE_VERSIONS = (1, 2)  # same planes: a version 1 file is still decoded (to rewrite it), never loaded
 VERBATIM = 255  # XE value marking a segment stored verbatim; also the inf/NaN exponent, which never escapes inline
 MAX_CODE = 14  # code 15 is never stored, so no A byte is an E4M3fn NaN (0x7F / 0xFF)
 MAX_BASE = 254 - MAX_CODE  # keeps base + code <= 254: the window never covers inf/NaN
@@ -326,10 +327,15 @@ def _meta(t: W12NTensor) -> torch.Tensor:
     return torch.tensor([t.n, t.k, t.base, t.segment, FORMAT_VERSION], dtype=torch.int64)
 
 
+def plane_keys(name: str) -> list[str]:
+    """The safetensors keys of one encoded matrix, in the order its checksum covers them."""
+    return [f"{name}.{suffix}" for suffix in _SUFFIXES]
+
+
 def to_state_dict(name: str, t: W12NTensor) -> dict[str, torch.Tensor]:
     """The safetensors entries for one encoded matrix: {name}.w12n_{a,b,xe,rvb,verbatim,meta}."""
     planes = (t.a, t.b, t.xe, t.rvb, t.verbatim, _meta(t))
-    return {f"{name}.{suffix}": p.contiguous() for suffix, p in zip(_SUFFIXES, planes)}
+    return {key: p.contiguous() for key, p in zip(plane_keys(name), planes)}
 
 
 def from_state_dict(name: str, tensors: dict[str, torch.Tensor]) -> W12NTensor:
@@ -344,8 +350,9 @@ def from_state_dict(name: str, tensors: dict[str, torch.Tensor]) -> W12NTensor:
             f"got {meta.dtype} {list(meta.shape)}"
         )
     n, k, base, segment, version = (int(v) for v in meta[:_META_LEN])
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{name}.w12n_meta says format version {version}; this reader knows {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"{name}.w12n_meta says format version {version}; this reader knows "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     a, b, xe, rvb, verbatim = (tensors[f"{name}.{s}"] for s in _SUFFIXES[:5])
     try:
         t = W12NTensor(a=a, b=b, xe=xe, rvb=rvb, verbatim=verbatim, base=base, n=n, k=k, segment=segment)
