@@ -15,7 +15,7 @@ weights give peaked next-token distributions. Exit status 1 if any config fails.
 in a process of its own (Triton and inductor compile on the host's cores in parallel, and a kernel fault that kills
 a CUDA context stays inside its config).
 
-    PYTHONPATH=. python3 bench/odd_shapes.py --out $OUT/odd_shapes.json              # GPU (H200: ~3 minutes)
+    PYTHONPATH=. python3 bench/odd_shapes.py --out $OUT/odd_shapes.json              # GPU: every config at once
     PYTHONPATH=. python3 bench/odd_shapes.py --device cpu --quick --out /tmp/odd.json  # the plumbing, on CPU
 """
 
@@ -200,10 +200,10 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help=f"two configs ({', '.join(QUICK)}) at tiny sizes")
     p.add_argument("--configs", nargs="+", default=None, help="grid points by name (default: all, or --quick's)")
-    p.add_argument("--jobs", type=int, default=None, help="configs run at once, one process each (default: 4 on "
+    p.add_argument("--jobs", type=int, default=None, help="configs run at once, one process each (default: 8 on "
                    "cuda, 1 on cpu)")
     args = p.parse_args()
-    jobs = args.jobs or (4 if args.device == "cuda" else 1)
+    jobs = args.jobs or (8 if args.device == "cuda" else 1)
     if jobs < 1:
         print(f"error: --jobs {jobs}: must be at least 1", file=sys.stderr)
         return 2
