@@ -81,7 +81,8 @@ def causal_conv1d_update(
 ) -> torch.Tensor:
     """Same contract as reference.causal_conv1d_update_ref.
 
-    x [B,T,C]; conv_state_pool [N,C,W-1] updated in place; state_idx [B] int (distinct slots); weight [C,W], 2 <= W <= MAX_WIDTH.
+    x [B,T,C]; conv_state_pool [N,C,W-1] updated in place; state_idx [B] int (distinct slots); weight [C,W],
+    2 <= W <= MAX_WIDTH.
     Returns y [B,T,C] in x.dtype.
     """
     B, T, C = x.shape

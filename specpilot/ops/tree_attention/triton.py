@@ -244,9 +244,9 @@ def tree_attention(
         q, k_cache, v_cache, slots, prefix_len, cache_loc, mask, o, part_o, part_lse,
         q.stride(0), q.stride(1), q.stride(2), cache_loc.stride(0), cache_loc.stride(1), *mask_strides,
         scale * _LOG2E, T, S, num_splits,
-        H=H, KVH=KVH, G=G, D=D, BLOCK_D=block_d, TOK=tok, BLOCK_M=block_m, BLOCK_N=block_n, HAS_MASK=block_mask is not None,
-        SPLIT=num_splits > 1, UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), num_warps=num_warps,
-        num_stages=num_stages,
+        H=H, KVH=KVH, G=G, D=D, BLOCK_D=block_d, TOK=tok, BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_MASK=block_mask is not None, SPLIT=num_splits > 1, UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         # the combine's rows are block_d wide: a padded head dim combines into a padded buffer, then drops the padding
