@@ -31,7 +31,7 @@ def cmd_compress(args) -> int:
     from specpilot.weights.compress import compress
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True, disable=args.json) as bar:
+    with Progress(*columns, console=err, transient=True, disable=args.json or not err.is_terminal) as bar:
         reports = compress(args.src, args.dst, args.segment, bar)
     _print_weight_report(reports, args.json, f"wrote {args.dst}")
     return 0

@@ -1,15 +1,18 @@
 """specpilot compress / inspect and transparent loading of W12N directories."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from specpilot.cli import main
 from specpilot.engine.generator import Generator
 from specpilot.engine.runner import ModelRunner
 from specpilot.engine.sampling import SamplingParams
-from specpilot.models.loader import load_model
+from specpilot.models.loader import CheckpointError, CheckpointFile, load_model
 from specpilot.weights import w12n
 from specpilot.weights.compress import compress, inspect, totals
 
@@ -107,3 +110,120 @@ def test_w12n_only_drops_the_bf16_copies_and_generates_the_same(bf16_checkpoint)
     assert a == b
     x = torch.randn(40, encoded[0].in_features).bfloat16()  # past 16 rows, outside any weight_format region
     assert torch.equal(encoded[0](x), torch.nn.functional.linear(x, w12n.decode(encoded[0].w12n)))
+
+
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
+
+
+def _flip_byte(file, key, index=0):
+    """Flips the low bit of byte `index` of tensor `key` in a safetensors file, in place."""
+    data = bytearray(file.read_bytes())
+    header_len = int.from_bytes(data[:8], "little")
+    start = 8 + header_len + json.loads(data[8:8 + header_len])[key]["data_offsets"][0]
+    data[start + index] ^= 1
+    file.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_a_w12n_plane_fails_its_checksum(bf16_checkpoint, tmp_path, capsys):
+    """A corrupted plane decodes to other weights without any structural error: only the checksum stored at
+    compress time catches it, at load (generate) and in inspect."""
+    out = tmp_path / "w"
+    compress(str(bf16_checkpoint), out)
+    name = "model.layers.0.mlp.down_proj.weight"
+    _flip_byte(out / "model.safetensors", f"{name}.w12n_b", 5)
+    with pytest.raises(CheckpointError, match=rf"tensor '{name}' fails its checksum .*re-run `specpilot compress`"):
+        load_model(str(out), "cpu", "bfloat16")
+    capsys.readouterr()
+    for argv in (["inspect", str(out)], ["generate", "--target", str(out), "--prompt", "hi", "--device", "cpu"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {out / 'model.safetensors'}: tensor '{name}' fails its checksum"), err
+    compress(str(bf16_checkpoint), tmp_path / "w2")  # a tensor kept as it was is checked too
+    _flip_byte(tmp_path / "w2" / "model.safetensors", "model.embed_tokens.weight")
+    with pytest.raises(CheckpointError, match="'model.embed_tokens.weight' fails its checksum"):
+        inspect(tmp_path / "w2")
+
+
+def _strip_checksums(directory):
+    """The directory as specpilot wrote it before checksums (format version 1)."""
+    f = directory / "model.safetensors"
+    tensors = load_file(str(f))
+    for k in [k for k in tensors if k.endswith(".w12n_meta")]:
+        tensors[k][4] = 1
+    save_file(tensors, str(f), metadata={"format": "pt", "specpilot": "w12n"})
+
+
+def test_a_w12n_file_without_checksums_is_refused_and_compress_rewrites_it(bf16_checkpoint, tmp_path, capsys):
+    old = tmp_path / "old"
+    compress(str(bf16_checkpoint), old)
+    _strip_checksums(old)
+    with pytest.raises(CheckpointError, match=rf"without checksums .*`specpilot compress {old} NEW_DIR`"):
+        load_model(str(old), "cpu", "bfloat16")
+    capsys.readouterr()
+    assert main(["inspect", str(old)]) == 2 and "older specpilot" in capsys.readouterr().err
+    compress(str(old), tmp_path / "new")
+    ref, got = load_model(str(bf16_checkpoint), "cpu", "bfloat16"), load_model(str(tmp_path / "new"), "cpu", "bfloat16")
+    for (n1, p1), (n2, p2) in zip(ref.named_parameters(), got.named_parameters()):
+        assert n1 == n2 and torch.equal(p1.view(torch.int16), p2.view(torch.int16)), n1
+
+
+def test_compress_of_a_zoo_model_decodes_and_re_encodes_bit_exact(tmp_path, capsys):
+    """Every zoo model is W12N already: compressing one again (here an EAGLE-3 head with verbatim segments, whose
+    bf16 pool a plain pass would re-encode as a matrix) gives the same planes, and a drafter that loads."""
+    from specpilot.spec.drafters.eagle3 import Eagle3Drafter
+
+    out = tmp_path / "dense-eagle3"
+    assert main(["compress", str(ZOO / "dense-eagle3"), str(out), "--json"]) == 0
+    capsys.readouterr()
+    before = load_file(str(ZOO / "dense-eagle3" / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
+    assert any(v.numel() for k, v in before.items() if k.endswith(".w12n_verbatim"))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    target = load_model(str(ZOO / "dense"), "cpu", "float32")
+    ref = Eagle3Drafter.from_pretrained(ZOO / "dense-eagle3", target).head
+    got = Eagle3Drafter.from_pretrained(out, target).head
+    for (n1, p1), (n2, p2) in zip(ref.named_parameters(), got.named_parameters()):
+        assert n1 == n2 and torch.equal(p1, p2), n1
+
+
+def test_the_zoo_carries_checksums():
+    for f in ZOO.glob("*/model.safetensors"):
+        with CheckpointFile(f) as ckpt:
+            assert ckpt.sums is not None and set(ckpt.sums) == set(ckpt.names), f
+
+
+def test_compress_and_inspect_name_a_truncated_file(bf16_checkpoint, tmp_path, capsys):
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint, src)
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(data[:1000])
+    capsys.readouterr()
+    assert main(["compress", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {src / 'model.safetensors'}: truncated (1,000 bytes, inside its"), err
+    assert "download it again" in err and not list(tmp_path.glob("*out*"))
+    assert main(["inspect", str(src)]) == 2 and "truncated" in capsys.readouterr().err
+    out = tmp_path / "w"
+    compress(str(bf16_checkpoint), out)
+    data = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(data[: len(data) - 100])
+    assert main(["inspect", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"truncated ({len(data) - 100:,} of {len(data):,} bytes); re-run `specpilot compress`" in err, err
+
+
+def test_inspect_takes_a_hub_id(bf16_checkpoint, tmp_path, monkeypatch, capsys):
+    """Resolved by the same helper as compress and generate: here from a local cache with HF_HUB_OFFLINE=1."""
+    import huggingface_hub
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny-w12n"
+    compress(str(bf16_checkpoint), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    capsys.readouterr()
+    assert main(["inspect", "acme/tiny-w12n", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"]["w12n_tensors"] > 0
+    assert main(["inspect", "acme/absent"]) == 2 and "HF_HUB_OFFLINE is set" in capsys.readouterr().err
