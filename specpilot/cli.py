@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import sys
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 
+from specpilot import __version__
 from specpilot.bench import commands as bench_commands
 from specpilot.cli_util import err, pick_device
 from specpilot.config import ConfigError, EngineConfig
@@ -22,7 +24,9 @@ from specpilot.models.loader import CheckpointError
 from specpilot.train import commands as train_commands
 from specpilot.weights import commands as weights_commands
 
-DEMO_PROMPT = 'def read_config(path):\n    """Read a JSON config file and return it as a dict."""\n'
+# ends mid-function, without a newline, so the first token is the model's own indentation; the zoo's hybrid and
+# dense targets both complete it with a plausible loop (tests/test_cli.py holds the hybrid's greedy output to it)
+DEMO_PROMPT = 'import os\n\n\ndef list_files(directory):\n    """Return the names of the files in directory."""\n    names = []'
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +41,28 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help line ends with its default (where there is one to name and the text does not already)."""
+
+    def _format_action(self, action):
+        unset = action.default is False or action.default in (None, [], argparse.SUPPRESS)  # nothing to name
+        if action.option_strings and not unset and "default" not in (action.help or ""):
+            action = copy.copy(action)
+            action.help = f"{action.help or ''} (default: %(default)s)".lstrip()
+        return super()._format_action(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of `specpilot` and, through add_subparsers (which builds its parsers of the same class), of every
+    subcommand: each --help shows the defaults."""
+
+    def __init__(self, *args, formatter_class=_HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specpilot", description="Lossless speculative decoding for HF LLMs")
+    p = _Parser(prog="specpilot", description="Lossless speculative decoding for HF LLMs")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text from a prompt with a local or Hub checkpoint")
     g.add_argument("--target", required=True, help="model directory or Hub repo id (org/name)")
@@ -69,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     train_commands.add_parsers(sub)
     d = sub.add_parser("demo", help="code completion on the bundled trained zoo (CPU), plain and speculative")
     _add_generation_flags(d, max_new_tokens=96)
-    d.add_argument("--prompt", default=DEMO_PROMPT, help="prompt text")
+    d.add_argument("--prompt", default=DEMO_PROMPT,
+                   help="prompt text, echoed dimmed before the completion (default: a Python function to complete)")
     d.add_argument("--model", choices=["dense", "hybrid"], default="hybrid", help="the zoo target")
     d.add_argument("--drafter", dest="demo_drafter", choices=["dflash", "eagle3", "draft-lm", "ngram"],
                    default="dflash", help="the zoo drafter for the speculative run")
@@ -114,6 +139,9 @@ def cmd_generate(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from rich.console import Console
+    from rich.text import Text
+
     from specpilot.demo import demo_checkpoint, zoo_dir, zoo_pair
     from specpilot.models.loader import load_model, load_tokenizer
 
@@ -132,6 +160,8 @@ def cmd_demo(args) -> int:
     tokenizer, model = load_tokenizer(str(path)), load_model(str(path), device, args.dtype)
     load_s = time.perf_counter() - t0
     args.chat, args.drafter = False, "none"  # the streamed part is plain decoding
+    if not args.json:  # the completion streams on right after its prompt
+        Console(highlight=False, soft_wrap=True).print(Text(args.prompt, style="dim"), end="")
     with contextlib.redirect_stdout(io.StringIO()) if args.json else contextlib.nullcontext() as captured:
         run_generation(args, model, tokenizer, load_s)
     spec = demo_speculative(args, model, tokenizer, drafter)

@@ -90,3 +90,64 @@ def test_generate_with_drafter_reports_tau(checkpoint_factory, capsys):
     obj = json.loads(capsys.readouterr().out)
     assert rc == 0 and obj["stats"]["tokens"] == 10 and obj["stats"]["tau"] >= 1.0
     assert set(obj["stats"]["seconds"]) == {"start", "draft", "verify", "accept", "commit", "other"}
+
+
+def test_version_is_the_package_metadata(capsys):
+    from importlib.metadata import version
+
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"specpilot {version('specpilot')}\n"
+
+
+def _parsers(parser, argv=()):
+    import argparse
+
+    yield list(argv), parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*argv, name))
+
+
+def test_every_help_names_each_default():
+    """Every option of every (sub)command with a default to name shows it in --help."""
+    import argparse
+
+    from specpilot.cli import _parser
+
+    parsers = list(_parsers(_parser()))
+    assert len(parsers) > 9  # specpilot, its seven commands and train's subcommands
+    for argv, parser in parsers:
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if not action.option_strings or action.default is False or action.default in (None, [], argparse.SUPPRESS):
+                continue
+            shown = f"(default: {action.default})" in text or "default" in (action.help or "")
+            assert shown, f"specpilot {' '.join(argv)} --help: {action.option_strings[0]} hides its default"
+
+
+def test_demo_echoes_its_prompt_before_the_completion(capsys):
+    rc = main(["demo", "--prompt", "def add(a, b):", "--max-new-tokens", "4", "--drafter", "ngram"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("def add(a, b):") and len(out) > len("def add(a, b):\n")
+
+
+def test_the_default_demo_prompt_does_not_loop_on_the_zoo_hybrid():
+    """The demo's greedy completion on the zoo's hybrid target: no line more than 3 times (the earlier default,
+    a docstring ending in a newline, printed `import os` 29 times)."""
+    from collections import Counter
+
+    from specpilot.cli import _parser, encode_prompt
+    from specpilot.demo import zoo_pair
+
+    args = _parser().parse_args(["demo"])
+    path, _ = zoo_pair(args.model, args.demo_drafter)
+    tok, model = load_tokenizer(str(path)), load_model(str(path), "cpu", "float32")
+    out = Generator(ModelRunner(model)).generate([encode_prompt(tok, args.prompt, False)], SamplingParams(
+        max_new_tokens=args.max_new_tokens))[0]
+    lines = Counter(line for line in tok.decode(out.token_ids, skip_special_tokens=True).splitlines() if line.strip())
+    assert len(out.token_ids) == args.max_new_tokens and max(lines.values()) <= 3, lines.most_common(3)
