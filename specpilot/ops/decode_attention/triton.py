@@ -24,6 +24,18 @@ _MAX_SPLITS = 128
 
 
 @triton.jit
+def head_mask(ok, offs_d, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The mask of rows `ok` over a head dim D padded to BLOCK_D columns ([rows, BLOCK_D]); the rows alone
+    ([rows, 1]) when D needs no padding, so that a power-of-two head dim compiles as it does unpadded. Shared with
+    ops/tree_attention."""
+    if D == BLOCK_D:
+        m = ok[:, None]
+    else:
+        m = ok[:, None] & (offs_d < D)[None, :]
+    return m
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,
     k_ptr,
@@ -60,11 +72,10 @@ def _split_kernel(
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
     g_mask = offs_g < G
     rows = b.to(tl.int64) * H + kvh * G + offs_g  # [BLOCK_G] flat (request, head) index
-    q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=g_mask[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=head_mask(g_mask, offs_d, D, BLOCK_D), other=0.0)
 
     slot = tl.load(slot_ptr + b).to(tl.int64)
     kv_base = (slot * KVH + kvh) * cache_len * D
@@ -77,8 +88,8 @@ def _split_kernel(
         n_mask = pos < hi
         kv_offs = kv_base + pos.to(tl.int64)[:, None] * D + offs_d[None, :]
         # Masked loads: positions past kv_len may hold NaN and must never reach an FMA.
-        k = tl.load(k_ptr + kv_offs, mask=n_mask[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=n_mask[:, None] & d_ok[None, :], other=0.0)
+        k = tl.load(k_ptr + kv_offs, mask=head_mask(n_mask, offs_d, D, BLOCK_D), other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=head_mask(n_mask, offs_d, D, BLOCK_D), other=0.0)
         s = dot(q, tl.trans(k), UPCAST_DOT) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
         s = tl.where(n_mask[None, :], s, float("-inf"))
         # Every tile has >= 1 live position, so m_new is finite and exp2 never sees -inf - -inf.
@@ -91,7 +102,7 @@ def _split_kernel(
 
     if DIRECT:  # a single split: the chunk is the whole sequence (kv_len >= 1, so l_i > 0)
         tl.store(part_o_ptr + rows[:, None] * D + offs_d[None, :], (acc / l_i[:, None]).to(part_o_ptr.dtype.element_ty),
-                 mask=g_mask[:, None] & d_ok[None, :])
+                 mask=head_mask(g_mask, offs_d, D, BLOCK_D))
         return
     # An empty chunk (lo >= kv_len) leaves l_i = 0: write lse = -inf and zeros so the combine weights it 0.
     empty = l_i == 0.0

@@ -52,8 +52,12 @@ def _fused_recurrent_gdn_kernel(
     v_base = v_ptr + i_b * sv_b + i_hv * sv_h
     o_base = o_ptr + ((i_b * T) * HV + i_hv) * V
     for t in range(T):
-        q = tl.load(q_base + t * sq_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        k = tl.load(k_base + t * sk_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        if BLOCK_K == K:  # no padding: the unmasked loads a power-of-two K always compiled to
+            q = tl.load(q_base + t * sq_t + offs_k).to(tl.float32)
+            k = tl.load(k_base + t * sk_t + offs_k).to(tl.float32)
+        else:
+            q = tl.load(q_base + t * sq_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            k = tl.load(k_base + t * sk_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         v = tl.load(v_base + t * sv_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + i_b * sa_b + t * sa_t + i_hv).to(tl.float32)
         b = tl.load(b_ptr + i_b * sb_b + t * sb_t + i_hv).to(tl.float32)

@@ -18,12 +18,16 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, loc_ptr, T, KVH, S,
     slot = tl.load(slot_ptr + b).to(tl.int64)
     pos = tl.load(loc_ptr + i_bt).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
-    ok = offs < D
     dst = ((slot * KVH + h) * S + pos) * D + offs
-    k = tl.load(k_ptr + b * sk_b + t * sk_t + h * sk_h + offs, mask=ok)
-    v = tl.load(v_ptr + b * sv_b + t * sv_t + h * sv_h + offs, mask=ok)
-    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=ok)
-    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=ok)
+    k_src = k_ptr + b * sk_b + t * sk_t + h * sk_h + offs
+    v_src = v_ptr + b * sv_b + t * sv_t + h * sv_h + offs
+    if BLOCK_D == D:  # no padding: unmasked, as a power-of-two head dim always compiled
+        tl.store(kc_ptr + dst, tl.load(k_src).to(kc_ptr.dtype.element_ty))
+        tl.store(vc_ptr + dst, tl.load(v_src).to(vc_ptr.dtype.element_ty))
+    else:
+        ok = offs < D
+        tl.store(kc_ptr + dst, tl.load(k_src, mask=ok).to(kc_ptr.dtype.element_ty), mask=ok)
+        tl.store(vc_ptr + dst, tl.load(v_src, mask=ok).to(vc_ptr.dtype.element_ty), mask=ok)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.ops.decode_attention.triton import head_mask
 from specpilot.ops.dispatch import fits_tile, tile_width
 from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
 
@@ -87,12 +88,11 @@ def _tree_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
     t = tb * TOK + offs_m // G
     h = kvh * G + offs_m % G
     row_ok = (offs_m < TOK * G) & (t < T)
     q_rows = b.to(tl.int64) * stride_qb + t.to(tl.int64) * stride_qt + h.to(tl.int64) * stride_qh
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=head_mask(row_ok, offs_d, D, BLOCK_D), other=0.0)
 
     slot = tl.load(slots_ptr + b).to(tl.int64)
     kv_base = (slot * KVH + kvh) * cache_len * D
@@ -111,8 +111,8 @@ def _tree_kernel(
         n_ok = pos < hi
         kv_offs = kv_base + pos.to(tl.int64)[:, None] * D + offs_d[None, :]
         # Masked loads: positions past prefix_len may hold NaN and must never reach an FMA.
-        k = tl.load(k_ptr + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        k = tl.load(k_ptr + kv_offs, mask=head_mask(n_ok, offs_d, D, BLOCK_D), other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=head_mask(n_ok, offs_d, D, BLOCK_D), other=0.0)
         m_i, l_i, acc = _attend_tile(q, k, v, n_ok[None, :], m_i, l_i, acc, scale_log2, UPCAST_DOT)
 
     # Block: token j's K/V sits at cache_loc[b, j]. Causal rows never see past the tile's last token; an
@@ -127,8 +127,8 @@ def _tree_kernel(
         j_ok = j < j_hi
         loc = tl.load(loc_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_lt, mask=j_ok, other=0)
         kv_offs = kv_base + loc.to(tl.int64)[:, None] * D + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        k = tl.load(k_ptr + kv_offs, mask=head_mask(j_ok, offs_d, D, BLOCK_D), other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=head_mask(j_ok, offs_d, D, BLOCK_D), other=0.0)
         if HAS_MASK:
             m_rows = b.to(tl.int64) * stride_mb + t.to(tl.int64) * stride_mi  # [BLOCK_M]
             m_offs = m_rows[:, None] + j.to(tl.int64)[None, :] * stride_mj
@@ -150,7 +150,7 @@ def _tree_kernel(
         tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
     else:
         tl.store(o_ptr + o_rows[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & d_ok[None, :])
+                 mask=head_mask(row_ok, offs_d, D, BLOCK_D))
 
 
 def default_num_splits(row_programs: int, cache_len: int, block_n: int, sm_count: int) -> int:
