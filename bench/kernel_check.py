@@ -7,7 +7,8 @@ that need it.
 
 Each check ends in one status: ok (error within tolerance), mismatch (ran, error above tolerance or NaN),
 error (a Python exception; the CUDA context survived), crash (the context died, or the child process did).
-The checks run in one child process; when it dies, a new child resumes at the next check.
+The checks run in one child process; when it dies, a new child resumes at the next check. The same checks and
+status rule run as pytest tests in tests/gpu/test_kernels.py.
 
     PYTHONPATH=. python3 bench/kernel_check.py --out bench/results/kernel_check_h200.json
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/kernel_check.py --out /tmp/kc.json --device cpu   # dry run
@@ -538,6 +539,13 @@ def checks(device: str):
     return out
 
 
+def status(res: dict) -> str:
+    """A finished check's status: mismatch on NaN, an error above its tolerance, or a property it reports False
+    (batch_invariant: bitwise equalities); else ok. tests/gpu/test_kernels.py asserts ok with the same rule."""
+    bad = res["nan"] or not res["rel_rms_err"] <= res["tol"] or res.get("batch_invariant") is False
+    return "mismatch" if bad else "ok"
+
+
 # ------------------------------------------------------------------------------------- child and parent
 def child(args) -> int:
     """Runs the checks from index args.start on, one JSON line per event into args.jsonl."""
@@ -563,8 +571,7 @@ def child(args) -> int:
             res = fn(args.device, **kw)
             if args.device == "cuda":
                 torch.cuda.synchronize()
-            bad = res["nan"] or not res["rel_rms_err"] <= res["tol"] or res.get("batch_invariant") is False
-            res["status"] = "mismatch" if bad else "ok"
+            res["status"] = status(res)
         except Exception as e:  # noqa: BLE001 - recorded, then the next check
             import traceback
 

@@ -13,8 +13,13 @@ from specpilot.cli_util import err, pick_device
 def add_parsers(sub) -> None:
     b = sub.add_parser("bench", help="AR vs stock speculation vs configurations on the benchmark workloads")
     b.add_argument("--target", required=True,
-                   help="model directory or Hub repo id, or random:SHAPE (Qwen3-8B, Qwen3.5-27B: random bf16 weights "
-                        "in the real shape; needs --acceptance synthetic:...)")
+                   help="model directory or Hub repo id, or random:SHAPE[:layers=N] (Qwen3-8B, Qwen3.5-27B: random "
+                        "bf16 weights in the real shape, of --target-kind; margin:SHAPE / flat:SHAPE name the kind; "
+                        "needs --acceptance synthetic:...)")
+    b.add_argument("--target-kind", choices=["margin", "flat"], default="margin",
+                   help="random:SHAPE weights: margin (a planted circuit gives every greedy token a lead of 16 "
+                        "logits, so forcing holds at --tie-tolerance in bf16) or flat (every weight random: near-ties "
+                        "flip between kernels, so forcing uses a tolerance calibrated on the target, labelled)")
     b.add_argument("--drafter", default="ngram",
                    help="draft model / DFlash / EAGLE-3 checkpoint, ngram, or random-dflash (random targets)")
     b.add_argument("--workloads", nargs="+", default=["mt-bench", "humaneval", "gsm8k", "alpaca", "cnndm"],
@@ -35,8 +40,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--acceptance", default="real", help="real, or synthetic:PROFILE (shipped name or JSON path)")
     b.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     b.add_argument("--tie-tolerance", type=float, default=1e-3,
-                   help="forcing's tie tolerance (logits); random:SHAPE targets and half-precision runs use at "
-                        "least 2 x their measured AR-decode vs teacher-forced logit noise, recorded in each row")
+                   help="forcing's tie tolerance (logits) on margin targets and fp32 checkpoints; flat random targets "
+                        "and half-precision checkpoints use at least 2 x their measured AR-decode vs teacher-forced "
+                        "logit noise, recorded in each row with its source")
     b.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     b.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
     b.add_argument("--out", default="bench.json", help="JSON report path")
@@ -71,7 +77,8 @@ def cmd_bench(args) -> int:
     for path in (args.out, args.plot):  # checked writable up front; created only once a row can be measured
         if path:
             Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    extra = {"target": args.target, "drafter": args.drafter, "acceptance": args.acceptance,
+    extra = {"target": args.target, "target_kind": _target_kind(args), "drafter": args.drafter,
+             "acceptance": args.acceptance,
              "max_new_tokens": args.max_new_tokens, "limit": args.limit, "workloads": args.workloads,
              "batch_sizes": args.batch_sizes, "stock_tree": args.stock_tree, "configs": args.configs,
              "engine": dict(base.engine),
@@ -95,11 +102,13 @@ def cmd_bench(args) -> int:
         write_json(done, args.out, {**extra, "partial": True})
 
     half = next(model.parameters()).dtype != torch.float32  # two correct half-precision kernels round apart
+    kind = _target_kind(args)
     with bar:
         rows = bench(model, tokenizer, make_drafter, workloads,
                      args.batch_sizes, configs, args.stock_tree, args.max_new_tokens,
                      profile, chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress,
-                     base_engine=base.engine, calibrate_tolerance=args.target.startswith("random:") or half)
+                     base_engine=base.engine, target_kind=kind,
+                     calibrate_tolerance=kind == "flat" or (kind == "checkpoint" and half))
     write_json(rows, args.out, extra)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     try:
@@ -152,23 +161,32 @@ def _check_writable(flag: str, text: str) -> None:
         raise ValueError(f"{flag} {text}: cannot write in {folder} (permission denied)")
 
 
+def _target_kind(args) -> str:
+    """margin or flat (random-weight targets), or checkpoint."""
+    from specpilot.bench.shapes import RandomTarget
+
+    target = RandomTarget.parse(args.target, args.target_kind)
+    return target.kind if target is not None else "checkpoint"
+
+
 def _bench_models(args, device: str, profile):
     """(target, tokenizer, drafter factory): a checkpoint, or a random-weight model in a real shape."""
     from specpilot.models.loader import load_model, load_tokenizer
     from specpilot.spec.drafters.registry import build_drafter
 
-    if args.target.startswith("random:"):
+    from specpilot.bench.shapes import RandomTarget
+
+    target = RandomTarget.parse(args.target, args.target_kind)
+    if target is not None:
         import torch
 
-        from specpilot.bench.shapes import ByteTokenizer, hf_config, random_dflash, random_model
+        from specpilot.bench.shapes import ByteTokenizer, random_dflash
 
         if profile is None:
             raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
-        shape = args.target.partition(":")[2]
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        model = random_model(hf_config(shape), device, dtype)
+        model = target.build(device, torch.bfloat16 if device == "cuda" else torch.float32)
         if args.drafter == "random-dflash":
-            return model, ByteTokenizer(), lambda: random_dflash(model, shape)
+            return model, ByteTokenizer(), lambda: random_dflash(model, target.shape)
         return model, ByteTokenizer(), lambda: build_drafter(args.drafter, model)
     if args.drafter == "random-dflash":
         raise ValueError("--drafter random-dflash goes with a random:SHAPE target")

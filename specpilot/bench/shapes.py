@@ -2,12 +2,21 @@
 trained ones (normal, std 0.02, bf16; norms at identity), built on the device in seconds. Acceptance on such
 weights means nothing, so they are always paired with synthetic acceptance.
 
+Two kinds (RandomTarget): "flat", every weight random, whose logits are nearly flat (in bf16 two valid kernels
+flip near-ties, so exact greedy equality cannot be asked of them); and "margin", the same shapes, kernels and
+random matrices plus a small planted circuit (margin_model) whose greedy next token wins by MARGIN logits, so
+that speculative output must equal AR output token for token in bf16 too.
+
 Also the matching DFlash drafters (Qwen3-8B: 5 layers; Qwen3.5-27B: 5 layers, about the size of the public
 DFlash2 drafter, 3.7 GB vs 3.85 GB in bf16) and a byte tokenizer for prompts (ids are bytes: any text
 works, and token content does not matter under synthetic acceptance).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
 
 import torch
 import transformers
@@ -105,3 +114,401 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+# ------------------------------------------------------------------------------------------ random targets
+KINDS = ("margin", "flat")
+
+
+@dataclass(frozen=True)
+class RandomTarget:
+    """A random-weight target: a SHAPES entry, its kind (margin or flat) and an optional depth cut."""
+
+    shape: str
+    kind: str = "margin"
+    layers: int | None = None
+
+    @staticmethod
+    def parse(text: str, default_kind: str = "margin") -> RandomTarget | None:
+        """`random:SHAPE[:layers=N]` (the default kind), `margin:SHAPE[...]` or `flat:SHAPE[...]`; None for anything
+        else (a checkpoint directory or Hub id)."""
+        prefix, sep, rest = text.partition(":")
+        if not sep or prefix not in ("random", *KINDS):
+            return None
+        if default_kind not in KINDS:
+            raise ValueError(f"target kind {default_kind!r}: use one of {', '.join(KINDS)}")
+        shape, *opts = rest.split(":")
+        if shape not in SHAPES:
+            raise ValueError(f"target {text!r}: unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
+        layers = None
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            if key != "layers" or not value.isdigit() or int(value) < 1:
+                raise ValueError(f"target {text!r}: options are layers=N with N >= 1, got {opt!r}")
+            layers = int(value)
+        target = RandomTarget(shape, default_kind if prefix == "random" else prefix, layers)
+        if target.kind == "margin":
+            target.check()
+        return target
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.shape}" + (f":layers={self.layers}" if self.layers else "")
+
+    def hf_config(self):
+        return hf_config(self.shape, **({"num_hidden_layers": self.layers} if self.layers else {}))
+
+    def check(self) -> None:
+        """A margin target needs a full-attention layer (and, hybrid, a linear one before it) within its depth."""
+        cfg = ModelConfig.from_dict(self.hf_config().to_dict())
+        if "full_attention" not in cfg.layer_types:
+            first = ModelConfig.from_dict(hf_config(self.shape).to_dict()).layer_types.index("full_attention")
+            raise ValueError(f"target {self.label!r}: a margin target needs a full-attention layer; use layers >= "
+                             f"{first + 1}")
+
+    def build(self, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+        if self.kind == "flat":
+            return random_model(self.hf_config(), device, dtype, seed)
+        return margin_model(self.hf_config(), device, dtype, seed)
+
+
+# -------------------------------------------------------------------------------------------- margin targets
+# A trained model's greedy token leads the runner-up by many logits at almost every position; random weights give
+# nearly flat logits, whose top-2 gap has a density at zero that no amount of scaling removes (any map from random
+# hidden states to a vocabulary has boundaries). A margin target therefore computes its next token from discrete
+# quantities, token identities, through a small circuit planted in the random weights:
+#
+#   every token t carries codes (alpha, beta; on hybrids also gamma, kappa), each one coordinate of its embedding
+#   (coordinate-aligned, so that an input norm's gains can pass a code to a layer and hold the rest back);
+#   one full-attention layer attends to the previous position only (q and k read a coordinate every embedding has,
+#   so their scores depend on the relative position through RoPE alone) and copies its beta code (a random
+#   column of v_proj per code, read by the random o_proj);
+#   on hybrids, the first Gated DeltaNet layer is an associative memory: each token writes its gamma code under
+#   its kappa key (orthogonal key blocks, write strength 1, no decay: the delta rule overwrites), and reads under
+#   the previous token's key (the conv takes q from the previous input), i.e. the value the previous token wrote,
+#   which the recurrent state carried across the step (the value of the current token when both keys are equal);
+#   every other layer, and every coordinate outside a layer's codes, gets an input gain of QUIET: the layers run
+#   their random weights on small inputs.
+#
+# The LM head row of token t reads one code triple (alpha', beta', gamma'): it gets MARGIN logits for each code the
+# final hidden state carries (alpha of the current token, beta copied by attention, gamma recalled by the
+# recurrent state), so the next token is the one row matching all of them, MARGIN above any row matching one
+# fewer. The output is a deterministic second-order Markov chain over tokens that a wrong K/V entry (the beta
+# copy) or a wrong recurrent state (the gamma recall) changes. The random matrices keep their N(0, 0.02) draws
+# except the few rows and columns the circuit sets, the LM head (structured rows, its random part 0.001) and the
+# norm gains: same shapes, same kernels, same timing.
+MARGIN = 16.0  # logits per code an LM head row matches: the top-1 - top-2 gap
+QUIET = 0.02  # input gain of the layers and coordinates outside the circuit
+SCORE_GAP = 40.0  # nats between the previous position's attention score and any other position's (contexts <= 8192)
+SWITCH = 24.0  # pre-activation of the code switches (q/k/v blocks of the memory, its gates): silu(-24) ~ 1e-9
+HEAD_NOISE = 1e-3  # std of the LM head's random part
+
+
+@dataclass(frozen=True)
+class Codebook:
+    """Per token its codes, and the code triple each LM head row reads (-1: a row that reads nothing)."""
+
+    alpha: torch.Tensor  # [vocab] int64, CPU
+    beta: torch.Tensor
+    gamma: torch.Tensor
+    kappa: torch.Tensor
+    reads: torch.Tensor  # [vocab, 3] int64
+    groups: int  # codes of alpha and of beta
+    gammas: int  # codes of gamma (1: none)
+    kappas: int  # keys of the recurrent memory (1: none)
+
+    @staticmethod
+    def build(vocab: int, gammas: int, kappas: int, hidden: int, copy_dims: int, seed: int = 0) -> Codebook:
+        """Codes for a vocabulary: as many alpha x beta (x gamma) combinations as the vocabulary allows, and as the
+        hidden size (every code vector of _Circuit._duals must fit) and the attention's value dimensions
+        (`copy_dims`: the beta copies and the constant's) allow; each combination is one token's row, the other
+        tokens' rows read nothing."""
+        g, k = (gammas if gammas > 1 else 0), (kappas if kappas > 1 else 0)
+        groups = min(math.isqrt(vocab // gammas), (hidden - 2 - k - 2 * g) // 3, copy_dims - 1 - g)
+        if groups < 2:
+            raise ValueError(f"a margin target needs room for its codes: vocab {vocab}, hidden size {hidden}")
+        gen = torch.Generator().manual_seed(seed)
+        draw = lambda n: torch.randint(0, n, (vocab,), generator=gen)  # noqa: E731
+        combos = groups * groups * gammas
+        reads = torch.full((vocab, 3), -1, dtype=torch.long)
+        rows = torch.randperm(vocab, generator=gen)[:combos]
+        idx = torch.arange(combos)
+        reads[rows] = torch.stack((idx // (groups * gammas), idx // gammas % groups, idx % gammas), dim=1)
+        return Codebook(draw(groups), draw(groups), draw(gammas), draw(kappas), reads, groups, gammas, kappas)
+
+    def drifted(self, fraction: float, seed: int = 1) -> Codebook:
+        """The same codes with the reads of `fraction` of the reading rows shuffled among them: a model that
+        predicts the same chain except where it reaches one of those rows (a drafter that is sometimes wrong)."""
+        gen = torch.Generator().manual_seed(seed)
+        rows = torch.nonzero(self.reads[:, 0] >= 0).flatten()
+        moved = rows[torch.randperm(len(rows), generator=gen)[:int(fraction * len(rows))]]
+        reads = self.reads.clone()
+        reads[moved] = self.reads[moved[torch.randperm(len(moved), generator=gen)]]
+        return dataclasses.replace(self, reads=reads)
+
+    def next_token(self, prev: int, cur: int) -> int:
+        """The chain's next token after (prev, cur) on a dense model (no recurrent memory): the row reading
+        (alpha(cur), beta(prev), gamma(prev))."""
+        want = torch.tensor([self.alpha[cur], self.beta[prev], self.gamma[prev] if self.gammas > 1 else 0])
+        return int(torch.nonzero((self.reads == want).all(1)).flatten()[0])
+
+
+def margin_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                 codes: Codebook | None = None, margin: float = MARGIN):
+    """random_model(hf_cfg) with the margin circuit planted (see above). `codes`: another model's codebook (a
+    drafter that predicts that model's chain); a dense model given codes with gammas > 1 copies gamma by attention
+    too. The model's `margin_codes` attribute holds its codebook."""
+    model = random_model(hf_cfg, device, dtype, seed)
+    cfg = model.config
+    if cfg.tie_word_embeddings:
+        raise ValueError("a margin target needs an LM head of its own (tie_word_embeddings is set)")
+    if "full_attention" not in cfg.layer_types:
+        raise ValueError("a margin target needs a full-attention layer")
+    if model.model.layers[cfg.layer_types.index("full_attention")].self_attn.q_norm is None:
+        raise ValueError("a margin target needs q/k norms (Qwen3 / Qwen3.5 attention)")
+    hybrid = cfg.is_hybrid
+    if codes is None:
+        gammas = min(8, cfg.linear_value_head_dim) if hybrid else 1
+        kappas = min(8, cfg.linear_key_head_dim) if hybrid else 1
+        codes = Codebook.build(cfg.vocab_size, gammas, kappas, cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim,
+                               seed)
+    if len(codes.alpha) != cfg.vocab_size:
+        raise ValueError(f"codebook of {len(codes.alpha)} tokens for a vocabulary of {cfg.vocab_size}")
+    with torch.no_grad():
+        circuit = _Circuit(model, codes, seed)
+        circuit.plant()
+        circuit.readout(margin)
+    model.margin_codes = codes
+    return model
+
+
+class _Circuit:
+    """The planted weights of one margin model (see the section comment)."""
+
+    def __init__(self, model, codes: Codebook, seed: int):
+        self.model, self.codes, self.cfg = model, codes, model.config
+        cfg, D = model.config, model.config.hidden_size
+        self.hybrid = cfg.is_hybrid
+        self.memory = self.hybrid and codes.gammas > 1  # gamma recalled by the recurrent state ...
+        self.copy_gamma = not self.hybrid and codes.gammas > 1  # ... or copied by attention (a dense drafter)
+        self.attn_index = cfg.layer_types.index("full_attention")
+        self.gdn_index = cfg.layer_types.index("linear_attention") if self.memory else None
+        if self.memory and self.gdn_index > self.attn_index:
+            raise ValueError("a hybrid margin target needs a linear-attention layer before its first full-attention one")
+        sizes = {"c": 1, "alpha": codes.groups, "beta": codes.groups}
+        if self.memory:
+            sizes["kappa"] = codes.kappas
+        if codes.gammas > 1:
+            sizes["nu"] = codes.gammas
+        gen = torch.Generator().manual_seed(seed + 7)
+        picked = torch.randperm(D, generator=gen)[:sum(sizes.values())].tolist()
+        self.coords, at = {}, 0
+        for name, n in sizes.items():
+            self.coords[name] = torch.tensor(picked[at:at + n])
+            at += n
+        self.amp = (D / len(sizes)) ** 0.5  # each code's coordinate: the embedding's rms stays about 1
+        self.device = next(model.parameters()).device
+
+    def plant(self) -> None:
+        self._embedding()
+        # the copied codes' gains make the attention output about one code amplitude (the input's rms is about 1)
+        copied = ["beta"] + (["nu"] if self.copy_gamma else [])
+        gains = {name: 1 / self._copy_outputs(name).norm(dim=1).mean().item() for name in copied}
+        for i, layer in enumerate(self.model.model.layers):
+            keep = {self.attn_index: {"c": 1.0, **gains}, self.gdn_index: {"c": 1.0, "kappa": 1.0, "nu": 1.0}}
+            self._gain(layer.input_layernorm, keep.get(i, {}))
+            self._gain(layer.post_attention_layernorm, {})
+        self._attention(self.model.model.layers[self.attn_index].self_attn)
+        if self.memory:
+            self._memory(self.model.model.layers[self.gdn_index].linear_attn)
+
+    def _embedding(self) -> None:
+        E, codes, rows = self.model.model.embed_tokens.weight, self.codes, torch.arange(len(self.codes.alpha))
+        E[:, self.coords["c"][0].item()] += self.amp
+        for name, code in (("alpha", codes.alpha), ("beta", codes.beta), ("kappa", codes.kappa), ("nu", codes.gamma)):
+            if name in self.coords:
+                E.index_put_((rows.to(E.device), self.coords[name][code].to(E.device)),
+                             torch.tensor(self.amp, dtype=E.dtype, device=E.device), accumulate=True)
+
+    def _gain(self, norm, keep: dict[str, float]) -> None:
+        """The norm's gains: keep[name] on the coordinates of those codes, QUIET elsewhere."""
+        w = torch.full_like(norm.weight, QUIET, dtype=torch.float32)
+        for name, gain in keep.items():
+            w[self.coords[name].to(w.device)] = gain
+        norm.weight.copy_(w - 1 if norm.zero_centered else w)
+
+    def _code_cols(self) -> torch.Tensor:
+        return torch.cat(list(self.coords.values())).to(self.device)
+
+    def _set_rows(self, weight, rows, reads: dict[int, float | torch.Tensor]) -> None:
+        """Rows `rows` of `weight` read only the given coordinates among the code coordinates (value per unit of
+        code amplitude: a number, or one per row); their random entries elsewhere stay."""
+        block = weight[rows].float()
+        block[:, self._code_cols()] = 0
+        for coord, value in reads.items():
+            block[:, coord] = value / self.amp
+        weight[rows] = block.to(weight.dtype)
+
+    def _switches(self, coords: torch.Tensor, rows: int, block: int) -> dict[int, torch.Tensor]:
+        """Per code coordinate, the value of each of `rows` rows: +SWITCH on the rows of its block (row r is in
+        block r // block), -SWITCH on the others (rows past the last block read -SWITCH everywhere)."""
+        code = torch.arange(rows, device=self.device) // block
+        return {int(x): torch.where(code == i, SWITCH, -SWITCH) for i, x in enumerate(coords.tolist())}
+
+    def _attention(self, attn) -> None:
+        """q and k from the constant coordinate alone, on the RoPE pairs that make the previous position's score
+        SCORE_GAP above any other; the output gate (Qwen3.5) fully open; v_proj and o_proj stay random."""
+        cfg, hd, H, KVH = self.cfg, attn.head_dim, attn.num_heads, attn.num_kv_heads
+        inv_freq = self.model.rotary.inv_freq.double().cpu()
+        half = len(inv_freq)  # RoPE pairs (d, d + half) of the rotary dims
+        pairs, worst = _previous_position_pairs(inv_freq, min(cfg.max_position_embeddings, 8192))
+        gain = (SCORE_GAP / (hd**0.5 * worst)) ** 0.5
+        W, c = attn.qkv_proj.weight, self.coords["c"][0].item()
+        q_rows = H * hd * (2 if attn.output_gate else 1)
+        stride = 2 * hd if attn.output_gate else hd
+        q_idx = torch.tensor([h * stride + j for h in range(H) for j in range(pairs)])
+        self._set_rows(W, q_idx.to(self.device), {c: 256.0})
+        if attn.output_gate:
+            gates = torch.tensor([h * stride + hd + d for h in range(H) for d in range(hd)])
+            self._set_rows(W, gates.to(self.device), {c: 16.0})
+        for j in range(pairs):
+            theta = float(inv_freq[j])
+            for which, value in ((j, math.cos(theta)), (j + half, math.sin(theta))):
+                rows = torch.tensor([q_rows + h * hd + which for h in range(KVH)])
+                self._set_rows(W, rows.to(self.device), {c: 256.0 * value})
+        qw = torch.zeros(hd, device=self.device)
+        qw[:pairs] = gain
+        kw = qw.clone()
+        kw[half:half + pairs] = gain
+        for norm, w in ((attn.q_norm, qw), (attn.k_norm, kw)):
+            norm.weight.copy_(w - 1 if norm.zero_centered else w)
+
+    def _memory(self, gdn) -> None:
+        """The associative memory: k (current input) and q (previous input, through the conv) switch on the key
+        block of the token's kappa code, v on the value block of its gamma code; write strength 1, no decay; the
+        output gate silu(z) open; the output norm's gain sets the output to about one code amplitude."""
+        H, HV, K, V, W = gdn.H, gdn.HV, gdn.K, gdn.V, gdn.in_proj.weight
+        kb, vb = K // self.codes.kappas, V // self.codes.gammas
+        kap, nu, c = self.coords["kappa"], self.coords["nu"], self.coords["c"][0].item()
+        start_z, _ = gdn.in_proj.shard_rows("in_proj_z")
+        start_b, n_b = gdn.in_proj.shard_rows("in_proj_b")
+        for base in (0, H * K):  # q, then k: each head's dims in kappa blocks
+            rows = torch.arange(base, base + H * K, device=self.device)
+            self._set_rows(W, rows, {x: v.repeat(H) for x, v in self._switches(kap, K, kb).items()})
+        rows = torch.arange(2 * H * K, 2 * H * K + HV * V, device=self.device)
+        self._set_rows(W, rows, {x: v.repeat(HV) for x, v in self._switches(nu, V, vb).items()})
+        self._set_rows(W, torch.arange(start_z, start_z + HV * V, device=self.device), {c: 32.0})
+        self._set_rows(W, torch.arange(start_b, start_b + n_b, device=self.device), {c: SWITCH})
+        conv = torch.zeros_like(gdn.conv1d.weight)
+        width = conv.shape[-1]
+        conv[:H * K, 0, width - 2] = 1  # q: the previous input
+        conv[H * K:, 0, width - 1] = 1  # k, v: the current input
+        gdn.conv1d.weight.copy_(conv)
+        gdn.A_log.fill_(-20.0)  # decay exp(-exp(-20) * softplus(...)): none
+        gdn.norm.weight.fill_(1.0)
+        gdn.norm.weight.fill_(self.amp / self._recall_outputs(gdn).norm(dim=1).mean().item())
+
+    def _recall_outputs(self, gdn) -> torch.Tensor:
+        """[gammas, hidden]: the memory layer's output when it recalls each gamma code."""
+        HV, V, vb = gdn.HV, gdn.V, gdn.V // self.codes.gammas
+        y = torch.zeros(self.codes.gammas, HV, V, device=self.device)
+        for g in range(self.codes.gammas):
+            y[g, :, g * vb:(g + 1) * vb] = (V / vb) ** 0.5 * torch.nn.functional.silu(torch.tensor(32.0))
+        y = y * gdn.norm.weight.float()
+        return y.reshape(self.codes.gammas, HV * V) @ gdn.out_proj.weight.float().T
+
+    def _copy_outputs(self, name: str) -> torch.Tensor:
+        """[codes, hidden]: the attention layer's output per unit of each copied code coordinate at its input."""
+        attn = self.model.model.layers[self.attn_index].self_attn
+        start, _ = attn.qkv_proj.shard_rows("v_proj")
+        wv = attn.qkv_proj.weight[start:start + attn.num_kv_heads * attn.head_dim].float()
+        v = wv[:, self.coords[name].to(self.device)].T  # [codes, KVH * hd]
+        v = v.reshape(len(v), attn.num_kv_heads, 1, attn.head_dim)
+        rep = v.expand(-1, -1, attn.num_heads // attn.num_kv_heads, -1).reshape(len(v), -1)
+        return rep @ attn.o_proj.weight.float().T
+
+    def _duals(self) -> dict[str, torch.Tensor]:
+        """Readout vectors of the codes the last hidden state carries: the final state is a sum of known vectors
+        (each code coordinate of the embedding, each attention copy, each memory recall, the copy of the constant
+        coordinate) plus small rests; the rows of the pseudo-inverse of all of them read each one with no crosstalk
+        from the others."""
+        D = self.cfg.hidden_size
+        known = {f"coord.{name}": torch.eye(D, device=self.device)[idx.to(self.device)]
+                 for name, idx in self.coords.items()}
+        known["copy.c"] = self._copy_outputs("c")
+        known["copy.beta"] = self._copy_outputs("beta")
+        if self.copy_gamma:
+            known["copy.nu"] = self._copy_outputs("nu")
+        if self.memory:
+            known["recall"] = self._recall_outputs(self.model.model.layers[self.gdn_index].linear_attn)
+        Z = torch.cat(list(known.values())).double()
+        if Z.shape[0] > D:
+            raise ValueError(f"a margin target's {Z.shape[0]} code vectors do not fit in {D} hidden dimensions")
+        R = torch.linalg.pinv(Z).T.float()  # [known, D]: R @ Z.T = identity
+        out, at = {}, 0
+        for name, vecs in known.items():
+            out[name] = R[at:at + len(vecs)]
+            at += len(vecs)
+        dirs = {"c": out["coord.c"], "alpha": out["coord.alpha"], "beta": out["copy.beta"]}
+        if self.memory or self.copy_gamma:
+            dirs["gamma"] = out["recall" if self.memory else "copy.nu"]
+        return dirs
+
+    def readout(self, margin: float) -> None:
+        """The LM head: each reading row sums the readout vectors of its codes, each scaled so that a carried code
+        adds `margin` logits, minus `margin` x (codes / 2) read off the constant coordinate, which centres the
+        logits (the winner at + codes/2, rows reading nothing at - codes/2)."""
+        codes, D = self.codes, self.cfg.hidden_size
+        dirs = self._duals()
+        heard = self._carried(dirs)
+        names = [n for n in ("alpha", "beta", "gamma") if n in dirs]
+        head = self.model.lm_head.weight
+        gen = torch.Generator(device=self.device).manual_seed(11)
+        for lo in range(0, head.shape[0], 16384):
+            reads = codes.reads[lo:lo + 16384].to(self.device)
+            rows = torch.randn(len(reads), D, device=self.device, generator=gen) * HEAD_NOISE
+            live = reads[:, 0] >= 0
+            for i, name in enumerate(names):
+                rows[live] += margin / heard[name] * dirs[name][reads[live, i]]
+            rows -= len(names) * margin / 2 / heard["c"] * dirs["c"][0]
+            head[lo:lo + len(reads)] = rows.to(head.dtype)
+
+    def _carried(self, dirs: dict[str, torch.Tensor]) -> dict[str, float]:
+        """How strongly the final hidden state carries each code along its readout vector: medians over a prefill
+        of random tokens (positions after the first; for the memory, positions whose two keys differ)."""
+        from specpilot.engine.runner import ModelRunner
+        from specpilot.layers.metadata import BatchMetadata
+
+        codes, T = self.codes, 96
+        gen = torch.Generator().manual_seed(5)
+        ids = torch.randint(0, len(codes.alpha), (T,), generator=gen)
+        runner = ModelRunner(self.model)
+        runner.allocate(1, T + 1)
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        h = runner.forward(BatchMetadata.contiguous(ids[None].to(self.device), zero, zero, 0))[0, 1:].float()
+        runner.cache = None
+        cur, prev = ids[1:], ids[:-1]
+        seen = {"c": torch.zeros_like(cur), "alpha": codes.alpha[cur], "beta": codes.beta[prev],
+                "gamma": codes.gamma[prev]}
+        ok = codes.kappa[cur] != codes.kappa[prev] if self.memory else torch.ones(len(cur), dtype=torch.bool)
+        heard = {}
+        for name, d in dirs.items():
+            proj = (h * d[seen[name].to(self.device)]).sum(1)
+            heard[name] = proj[ok.to(self.device) if name == "gamma" else slice(None)].median().item()
+        weak = {k: v for k, v in heard.items() if not v > 0.05}
+        if weak:
+            raise RuntimeError(f"margin circuit: codes not carried to the last layer: {weak}")
+        return heard
+
+
+def _previous_position_pairs(inv_freq: torch.Tensor, context: int) -> tuple[int, float]:
+    """How many of the fastest RoPE pairs to use so that the score at relative position 1 leads every other
+    relative position in [0, context) by the most: (pairs, that lead per unit score, mean over pairs of 1 - cos)."""
+    delta = torch.arange(context, dtype=torch.float64)
+    delta = delta[delta != 1] - 1
+    best = (1, 0.0)
+    for pairs in range(1, len(inv_freq) + 1):
+        lead = (1 - torch.cos(inv_freq[None, :pairs] * delta[:, None])).mean(1).min().item()
+        if lead > best[1]:
+            best = (pairs, lead)
+    return best
