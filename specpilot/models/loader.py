@@ -206,15 +206,19 @@ def _what_is_wrong(file: Path, err: Exception) -> str:
             return f"truncated ({size:,} bytes, inside its {header_len:,}-byte header)"
         try:
             header = json.loads(first + fh.read(header_len - 1))
+        except ValueError as e:
+            return f"header corrupt (not JSON: {e})"
+        try:
             end = 8 + header_len + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
                                        default=0)
-        except (ValueError, TypeError, KeyError, IndexError):
-            return f"header corrupt ({err})"
+        except (TypeError, KeyError, IndexError, AttributeError):
+            return "header corrupt (a tensor entry without data_offsets)"
     if size < end:
         return f"truncated ({size:,} of {end:,} bytes)"
     if size > end:
         return f"corrupt ({size - end:,} bytes past the end of its data)"
-    return f"header corrupt ({err})"
+    reason = str(err).removeprefix("Error while deserializing header: ")
+    return f"header corrupt ({reason[:120]}{'...' if len(reason) > 120 else ''})"
 
 
 def _remedy(file: Path) -> str:
