@@ -14,7 +14,8 @@ Tree shapes (TreeSpec, parsed from the CLI's --tree):
                        then keep the best N draft nodes (all, when N >= K * D).
 A drafter that runs its model over the growing tree stores the tree so far as scratch past the committed tokens:
 a dynamic tree holds every level's top-K (1 + K * D nodes) before it keeps the best N. The parser refuses trees
-that grow past MAX_TREE_NODES: every node is a row of the verify block.
+deeper than MAX_TREE_DEPTH or growing past MAX_TREE_NODES: the drafter drafts level by level, and every node is
+a row of the drafter's tree pass and of the verify block.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 MAX_TREE_NODES = 256  # root included, while the tree grows
+MAX_TREE_DEPTH = 32  # drafting is sequential in depth; accepted paths are far shorter
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +189,8 @@ class TreeSpec:
         if spec is None:
             raise ValueError(f"--tree {text!r}: use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES "
                              "with positive integers")
+        if spec.depth > MAX_TREE_DEPTH:
+            raise ValueError(f"--tree {text!r}: {spec.depth} levels deep; at most {MAX_TREE_DEPTH}: use a shallower tree")
         if spec.max_grown_nodes > MAX_TREE_NODES:
             raise ValueError(f"--tree {text!r}: the tree grows to {spec.max_grown_nodes} nodes per step (root "
                              f"included); at most {MAX_TREE_NODES}: use a smaller tree")
