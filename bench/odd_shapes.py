@@ -203,7 +203,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=None, help="configs run at once, one process each (default: 8 on "
                    "cuda, 1 on cpu)")
     args = p.parse_args()
-    jobs = args.jobs or (8 if args.device == "cuda" else 1)
+    jobs = args.jobs if args.jobs is not None else (8 if args.device == "cuda" else 1)
     if jobs < 1:
         print(f"error: --jobs {jobs}: must be at least 1", file=sys.stderr)
         return 2
