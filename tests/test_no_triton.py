@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # the modules that may import triton at import time: kernels and the @triton.jit pieces they share
@@ -64,21 +62,21 @@ print("ok")
     assert proc.stdout.strip() == "ok"
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram"])
-def test_generate_runs_without_triton(checkpoint_factory, drafter):
+def test_generate_and_demo_run_without_triton(checkpoint_factory):
     path, _ = checkpoint_factory("qwen3_5")
     proc = run_without_triton(f"""
+import contextlib, io, json
 from specpilot.cli import main
-sys.exit(main(["generate", "--target", {str(path)!r}, "--prompt", "def add(a, b):", "--max-new-tokens", "6",
-               "--drafter", {drafter!r}, "--json", "--ignore-eos"]))
+for argv in (["generate", "--target", {str(path)!r}, "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--json",
+              "--ignore-eos"],
+             ["generate", "--target", {str(path)!r}, "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--json",
+              "--ignore-eos", "--drafter", "ngram"],
+             ["demo", "--max-new-tokens", "6", "--json"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0, argv
+    print(out.getvalue().strip())
 """)
-    assert json.loads(proc.stdout)["stats"]["tokens"] == 6
-
-
-def test_demo_runs_without_triton():
-    proc = run_without_triton("""
-from specpilot.cli import main
-sys.exit(main(["demo", "--max-new-tokens", "6", "--json"]))
-""")
-    spec = json.loads(proc.stdout)["speculative"]
-    assert spec["identical"] and spec["forcing"]["passed"]
+    plain, spec, demo = (json.loads(line) for line in proc.stdout.splitlines())
+    assert plain["stats"]["tokens"] == 6 and plain["token_ids"] == spec["token_ids"]
+    assert demo["speculative"]["identical"] and demo["speculative"]["forcing"]["passed"]
