@@ -46,3 +46,26 @@ def test_checkpoint_that_is_no_drafter(checkpoint_factory, tmp_path):
         build_drafter(str(bad), target)
     with pytest.raises(ConfigError, match="no config.json"):
         build_drafter(str(tmp_path), target)
+
+
+@pytest.mark.parametrize("vocab", [300, 400])
+def test_draft_lm_of_another_vocab_size_is_refused_before_its_weights_load(vocab, checkpoint_factory, tmp_path,
+                                                                            monkeypatch):
+    """Smaller, it crashed mid-generation embedding a target token it lacks (IndexError, nothing named the
+    drafter); larger, it could propose ids the target lacks. Refused from its config, its weights never read."""
+    from specpilot.spec.drafters import registry
+
+    path, _ = checkpoint_factory("qwen3")
+    draft = shutil.copytree(checkpoint_factory("qwen3", num_hidden_layers=1)[0], tmp_path / "d")
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(cfg | {"vocab_size": vocab}))  # the target's tokenizer kept
+    target = load_model(str(path), "cpu", "float32")
+
+    def no_load(*a, **k):
+        raise AssertionError("the draft model's weights were read")
+
+    monkeypatch.setattr(registry, "load_model", no_load)
+    with pytest.raises(CheckpointError) as err:
+        build_drafter(str(draft), target, load_tokenizer(str(path)))
+    assert str(err.value) == (f"{draft}: the draft model's vocab_size {vocab} differs from the target's 320; a draft "
+                              "model must have the target's vocabulary")

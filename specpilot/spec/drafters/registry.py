@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specpilot.config import SUPPORTED_ARCHITECTURES, ConfigError
+from specpilot.config import SUPPORTED_ARCHITECTURES, ConfigError, ModelConfig
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.loader import CheckpointError, load_model, load_tokenizer, resolve_model_dir
 from specpilot.spec.drafters.dflash import load_dflash
@@ -39,15 +39,12 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ConfigError(f"{model_dir}: architectures={archs!r} is not a drafter specpilot can run; use a causal LM "
                           f"of a supported family ({', '.join(sorted(SUPPORTED_ARCHITECTURES))}), ngram or none")
+    _check_vocab_size(model_dir, ModelConfig.from_file(model_dir / "config.json"), target.config)
     if target_tokenizer is not None:
         _check_tokenizer(model_dir, load_tokenizer(str(model_dir)), target_tokenizer)
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype if dtype == "auto" else dtype
-    draft = load_model(str(model_dir), device, dtype)
-    if draft.config.vocab_size > target.config.vocab_size:
-        raise CheckpointError(f"{model_dir}: draft vocab_size {draft.config.vocab_size} exceeds the target's "
-                              f"{target.config.vocab_size}")
-    return DraftLMDrafter(draft)
+    return DraftLMDrafter(load_model(str(model_dir), device, dtype))
 
 
 def _architectures(model_dir: Path) -> list[str]:
@@ -55,6 +52,13 @@ def _architectures(model_dir: Path) -> list[str]:
         return json.loads((model_dir / "config.json").read_text()).get("architectures") or []
     except FileNotFoundError:
         raise ConfigError(f"{model_dir}: no config.json; a drafter directory needs one") from None
+
+
+def _check_vocab_size(model_dir, draft: ModelConfig, target: ModelConfig) -> None:
+    # the draft model embeds every token the target emits and proposes ids the target must embed
+    if draft.vocab_size != target.vocab_size:
+        raise CheckpointError(f"{model_dir}: the draft model's vocab_size {draft.vocab_size} differs from the target's "
+                              f"{target.vocab_size}; a draft model must have the target's vocabulary")
 
 
 def _check_tokenizer(model_dir, draft_tok, target_tok) -> None:
