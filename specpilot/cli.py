@@ -24,8 +24,9 @@ from specpilot.models.loader import CheckpointError
 from specpilot.train import commands as train_commands
 from specpilot.weights import commands as weights_commands
 
-# ends mid-function, without a newline, so the first token is the model's own indentation; the zoo's hybrid and
-# dense targets both complete it with a plausible loop (tests/test_cli.py holds the hybrid's greedy output to it)
+# ends mid-function without a newline, so the model writes its own next line and indentation (a prompt ending in a
+# newline sent the zoo's hybrid into a loop); both zoo targets continue it with a loop over the directory, and
+# tests/test_cli.py checks that the hybrid's greedy completion repeats no line more than 3 times
 DEMO_PROMPT = 'import os\n\n\ndef list_files(directory):\n    """Return the names of the files in directory."""\n    names = []'
 
 
