@@ -132,11 +132,38 @@ def cmd_generate(args) -> int:
     from specpilot.models.loader import load_model, load_tokenizer
 
     device = pick_device(args.device)
+    _check_generation_flags(args, device)
+    _check_spec_flags(args.tree, args.drafter, args.temperature)
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
     load_s = time.perf_counter() - t0
     return run_generation(args, model, tokenizer, load_s)
+
+
+def _check_generation_flags(args, device: str) -> None:
+    """generate's and demo's flags that need no file read, checked before any weights load."""
+    import torch
+
+    from specpilot.engine.sampling import SamplingParams
+    from specpilot.models.loader import resolve_dtype
+
+    SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p)
+    dtype = resolve_dtype(args.dtype, torch.device(device))
+    if args.weight_format != "bf16" and dtype != torch.bfloat16:
+        raise ValueError(f"--weight-format {args.weight_format} needs --dtype bfloat16 (--dtype {args.dtype} on "
+                         f"{device} is {str(dtype).removeprefix('torch.')})")
+
+
+def _check_spec_flags(tree: str, drafter: str, temperature: float = 0.0) -> None:
+    """The tree spec, and greedy decoding under a drafter, checked before any weights load."""
+    from specpilot.spec.tree import TreeSpec
+
+    TreeSpec.parse(tree)
+    if drafter != "none" and temperature != 0:
+        raise ValueError(f"--temperature {temperature:g} with --drafter {drafter}: speculative decoding is greedy "
+                         "only; use --temperature 0, or --drafter none to sample")
 
 
 def cmd_demo(args) -> int:
@@ -147,6 +174,8 @@ def cmd_demo(args) -> int:
     from specpilot.models.loader import load_model, load_tokenizer
 
     device = pick_device(args.device)
+    _check_generation_flags(args, device)
+    _check_spec_flags(args.tree, "none")  # the speculative run is greedy whatever --temperature streams with
     if zoo_dir() is not None:
         path, drafter = zoo_pair(args.model, args.demo_drafter)
         note = (f"specpilot demo: the zoo's trained {args.model} target ({path}), greedy code completion; then the "
@@ -195,7 +224,8 @@ def demo_speculative(args, model, tokenizer, drafter_name: str) -> dict:
     t0 = time.perf_counter()
     ar = Generator(runner, ()).generate([ids], params)[0]
     t1 = time.perf_counter()
-    out, stats = SpecEngine(ModelRunner(model), drafter, TreeSpec.parse(args.tree)).generate([ids], params)[0]
+    tree = _drafted_tree(TreeSpec.parse(args.tree), drafter)
+    out, stats = SpecEngine(ModelRunner(model), drafter, tree).generate([ids], params)[0]
     t2 = time.perf_counter()
     report = ForcingReport()
     force_check(runner, ids, out.token_ids, report)
@@ -247,11 +277,20 @@ def _generator(args, runner, tokenizer):
     from specpilot.spec.drafters.registry import build_drafter
     from specpilot.spec.tree import TreeSpec
 
-    tree = TreeSpec.parse(args.tree)
     drafter = build_drafter(args.drafter, runner.model, tokenizer, cache_dir=getattr(args, "cache_dir", None))
     if drafter is None:
         return Generator(runner, _eos(runner.model, tokenizer), tokenizer)
+    tree = _drafted_tree(TreeSpec.parse(args.tree), drafter)
     return SpecEngine(runner, drafter, tree, _eos(runner.model, tokenizer), tokenizer)
+
+
+def _drafted_tree(tree, drafter):
+    """The tree the drafter can draft: cut to its depth, said once on stderr when that changes it."""
+    capped = tree.capped(drafter.max_depth) if drafter.max_depth is not None else tree
+    if capped != tree:
+        err.print(f"[yellow]--tree {tree}: the {drafter.name} drafter drafts at most {drafter.max_depth} tokens "
+                  f"ahead, so it drafts {capped} per step[/]")
+    return capped
 
 
 def cmd_verify(args) -> int:
@@ -264,6 +303,7 @@ def cmd_verify(args) -> int:
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: must be >= 1")
+    _check_spec_flags(args.tree, args.drafter)
     prompts = load_prompts(resolve_prompt_set(args.prompts), limit=args.limit)
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.target, args.cache_dir)

@@ -151,3 +151,67 @@ def test_the_default_demo_prompt_does_not_loop_on_the_zoo_hybrid():
         max_new_tokens=args.max_new_tokens))[0]
     lines = Counter(line for line in tok.decode(out.token_ids, skip_special_tokens=True).splitlines() if line.strip())
     assert len(out.token_ids) == args.max_new_tokens and max(lines.values()) <= 3, lines.most_common(3)
+
+
+def test_bad_flags_fail_before_any_weights_load(tmp_path, monkeypatch, capsys):
+    """The tree spec, greedy decoding under a drafter, the sampling values and the weight format's dtype are checked
+    before a tokenizer or a weight is read (the loaders raise here), in generate, verify and demo."""
+    from specpilot.models import loader
+
+    def no_load(*a, **k):
+        raise AssertionError("a checkpoint was read before the flags were checked")
+
+    monkeypatch.setattr(loader, "load_model", no_load)
+    monkeypatch.setattr(loader, "load_tokenizer", no_load)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\n")
+    generate = ["generate", "--target", str(tmp_path / "model"), "--prompt", "x"]
+    cases = [
+        (generate + ["--tree", "chain:0"],
+         "--tree 'chain:0': use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES with positive integers"),
+        (generate + ["--drafter", "ngram", "--tree", "bogus"],
+         "--tree 'bogus': use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES with positive integers"),
+        (generate + ["--drafter", "ngram", "--tree", "dynamic:16,16,4"],
+         "--tree 'dynamic:16,16,4': the tree grows to 257 nodes per step (root included); at most 256: use a "
+         "smaller tree"),
+        (generate + ["--drafter", "ngram", "--temperature", "0.8"],
+         "--temperature 0.8 with --drafter ngram: speculative decoding is greedy only; use --temperature 0, or "
+         "--drafter none to sample"),
+        (generate + ["--top-p", "0"], "top_p=0.0: must be in (0, 1]"),
+        (generate + ["--weight-format", "w12n", "--device", "cpu"],
+         "--weight-format w12n needs --dtype bfloat16 (--dtype auto on cpu is float32)"),
+        (["verify", "--target", str(tmp_path / "model"), "--prompts", str(prompts), "--tree", "chain:40"],
+         "--tree 'chain:40': 40 levels deep; at most 32: use a shallower tree"),
+        (["demo", "--tree", "static:2,0"],
+         "--tree 'static:2,0': use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES with positive integers"),
+        (["demo", "--temperature", "-1"], "temperature=-1.0: must be >= 0"),
+    ]
+    for argv, line in cases:
+        rc = main(argv)
+        captured = capsys.readouterr()
+        assert (rc, captured.out, captured.err) == (2, "", f"error: {line}\n"), argv
+
+
+def test_a_tree_deeper_than_the_dflash_block_is_cut_and_said_once(checkpoint_factory, tmp_path, capsys):
+    from tests.spec.test_dflash import write_dflash
+
+    path, _ = checkpoint_factory("qwen3")
+    drafter = write_dflash(tmp_path / "dflash")  # a block of 6: the root and 5 drafted tokens
+    capsys.readouterr()
+    rc = main(["generate", "--target", str(path), "--prompt", "def add(a, b):", "--max-new-tokens", "12",
+               "--drafter", str(drafter), "--tree", "chain:20", "--json", "--ignore-eos"])
+    captured = capsys.readouterr()
+    line = "--tree chain:20: the dflash drafter drafts at most 5 tokens ahead, so it drafts chain:5 per step"
+    assert rc == 0 and captured.err.count(line) == 1 and captured.err.count("\n") == 1
+    tok = load_tokenizer(str(path))
+    expected = Generator(ModelRunner(load_model(str(path), "cpu", "float32"))).generate(
+        [tok.encode("def add(a, b):")], SamplingParams(max_new_tokens=12))[0].token_ids
+    assert json.loads(captured.out)["token_ids"] == expected
+
+
+def test_demo_eagle3_with_a_small_dynamic_tree(capsys):
+    """The zoo's EAGLE-3 head with dynamic:8,3,2 crashed in store_kv: its tree while growing (up to 8 x 2 scratch
+    nodes) outgrew the head cache, sized for the 2 nodes it keeps."""
+    rc = main(["demo", "--drafter", "eagle3", "--tree", "dynamic:8,3,2", "--max-new-tokens", "8", "--json"])
+    spec = json.loads(capsys.readouterr().out)["speculative"]
+    assert rc == 0 and spec["identical"] and spec["forcing"]["passed"] and spec["forcing"]["tokens"] == 8

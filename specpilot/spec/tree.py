@@ -173,7 +173,8 @@ class TreeSpec:
     max_nodes: int = 0  # dynamic: draft nodes kept
 
     @staticmethod
-    def parse(text: str) -> TreeSpec:
+    def parse(text: str, flag: str = "--tree") -> TreeSpec:
+        """The spec of `text`; a ValueError naming `flag` (the option it came from) when it is not one."""
         kind, _, arg = text.partition(":")
         try:
             nums = tuple(int(x) for x in arg.split(",")) if arg else ()
@@ -187,12 +188,12 @@ class TreeSpec:
         elif kind == "dynamic" and nums and len(nums) == 3 and all(n >= 1 for n in nums):
             spec = TreeSpec("dynamic", nums[1], (), top_k=nums[0], max_nodes=nums[2])
         if spec is None:
-            raise ValueError(f"--tree {text!r}: use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES "
+            raise ValueError(f"{flag} {text!r}: use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES "
                              "with positive integers")
         if spec.depth > MAX_TREE_DEPTH:
-            raise ValueError(f"--tree {text!r}: {spec.depth} levels deep; at most {MAX_TREE_DEPTH}: use a shallower tree")
+            raise ValueError(f"{flag} {text!r}: {spec.depth} levels deep; at most {MAX_TREE_DEPTH}: use a shallower tree")
         if spec.max_grown_nodes > MAX_TREE_NODES:
-            raise ValueError(f"--tree {text!r}: the tree grows to {spec.max_grown_nodes} nodes per step (root "
+            raise ValueError(f"{flag} {text!r}: the tree grows to {spec.max_grown_nodes} nodes per step (root "
                              f"included); at most {MAX_TREE_NODES}: use a smaller tree")
         return spec
 
