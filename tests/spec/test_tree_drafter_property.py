@@ -112,6 +112,20 @@ def test_the_deepest_accepted_trees_run(setups, case, spec):
     assert out[0][0].token_ids == reference[1][:3]
 
 
+@pytest.mark.parametrize("spec", [f"static:{MAX_TREE_NODES - 1}", f"dynamic:{MAX_TREE_NODES - 1},1,3"])
+@pytest.mark.parametrize("drafter", ["draft-lm", "dflash"])
+def test_trees_wider_than_the_vocabulary_run(checkpoint_factory, tmp_path, drafter, spec):
+    """A 200-token target: a node has at most 200 distinct children, whatever width the spec asks for."""
+    path, _ = checkpoint_factory("qwen3", vocab_size=200)
+    target = load_model(str(path), "cpu", "float32")
+    source = str(path) if drafter == "draft-lm" else str(write_dflash(
+        tmp_path / "dflash", vocab_size=200, dflash_config={"mask_token_id": 190, "target_layer_ids": [0, 2]}))
+    reference = Generator(ModelRunner(target)).generate(PROMPTS[:1], PARAMS)[0].token_ids
+    out = SpecEngine(ModelRunner(target), build_drafter(source, target), TreeSpec.parse(spec)).generate(PROMPTS[:1],
+                                                                                                          PARAMS)
+    assert out[0][0].token_ids == reference
+
+
 @pytest.mark.parametrize("text,nodes", [("static:16,15", 1 + 16 + 240),
                                         ("static:2,2,2,2,2,2,2,2", 511),
                                         ("dynamic:16,16,1", 1 + 16 * 16)])
