@@ -15,6 +15,7 @@ works, and token content does not matter under synthetic acceptance).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -246,11 +247,29 @@ class Codebook:
         reads[moved] = self.reads[moved[torch.randperm(len(moved), generator=gen)]]
         return dataclasses.replace(self, reads=reads)
 
-    def next_token(self, prev: int, cur: int) -> int:
-        """The chain's next token after (prev, cur) on a dense model (no recurrent memory): the row reading
-        (alpha(cur), beta(prev), gamma(prev))."""
-        want = torch.tensor([self.alpha[cur], self.beta[prev], self.gamma[prev] if self.gammas > 1 else 0])
-        return int(torch.nonzero((self.reads == want).all(1)).flatten()[0])
+    def next_token(self, prev: int, cur: int, memory: bool) -> int:
+        """The chain's next token after (prev, cur): the row reading (alpha(cur), beta(prev), gamma), gamma the
+        previous token's, except on a model with the recurrent memory when both tokens have one key (the current
+        token's write replaced it before the read)."""
+        gamma = self.gamma[cur] if memory and self.kappa[cur] == self.kappa[prev] else self.gamma[prev]
+        combo = (int(self.alpha[cur]) * self.groups + int(self.beta[prev])) * self.gammas + int(gamma)
+        return int(self.rows_by_combo[combo])
+
+    @functools.cached_property
+    def rows_by_combo(self) -> torch.Tensor:
+        """[combos]: the row reading each code combination ((alpha * groups + beta) * gammas + gamma)."""
+        live = torch.nonzero(self.reads[:, 0] >= 0).flatten()
+        r = self.reads[live]
+        out = torch.empty(len(live), dtype=torch.long)
+        out[(r[:, 0] * self.groups + r[:, 1]) * self.gammas + r[:, 2]] = live
+        return out
+
+    def chain(self, prompt: list[int], n: int, memory: bool) -> list[int]:
+        """The n tokens a margin model generates greedily after `prompt` (at least 2 tokens)."""
+        seq = list(prompt)
+        for _ in range(n):
+            seq.append(self.next_token(seq[-2], seq[-1], memory))
+        return seq[len(prompt):]
 
 
 def margin_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
