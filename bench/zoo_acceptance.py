@@ -6,7 +6,7 @@ fp32). Requests run in batches through the speculative engine; every output goes
 stock teacher-forced pass) so a reported tau is a tau of lossless output. The JSON feeds the synthetic
 acceptance profiles (specpilot/bench/synthetic.py).
 
-    SPECPILOT_DATA_DIR=../shared/data/prompts python3 bench/zoo_acceptance.py --out bench/results/zoo_acceptance.json
+    python3 bench/zoo_acceptance.py --out bench/results/zoo_acceptance.json
 """
 
 from __future__ import annotations
