@@ -131,10 +131,8 @@ def _check_flags(args) -> None:
     for flag, value in counts:
         if value < 1:
             raise ValueError(f"{flag} {value}: must be >= 1")
-    try:
-        TreeSpec.parse(args.stock_tree)
-    except ValueError:
-        raise ValueError(f"--stock-tree {args.stock_tree!r}: use chain:D with D >= 1, e.g. chain:7") from None
+    if TreeSpec.parse(args.stock_tree, "--stock-tree").kind != "chain":
+        raise ValueError(f"--stock-tree {args.stock_tree!r}: stock is a chain; use chain:D, e.g. chain:7")
     names = []
     for text in args.configs:
         name, sep, _ = text.partition("=")

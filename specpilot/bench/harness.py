@@ -366,9 +366,9 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
     try:
         # warm-up outside the timing: caches at their final size (growing one drops its graphs), then every batch
         # size a group passes through as its requests finish (a verify graph per size), compiles included
-        size = max(map(len, prompts)) + params.max_new_tokens + TreeSpec.parse(cfg.tree).max_tree_nodes + 1
-        runner.allocate(batch, size)
-        base_drafter.allocate(batch, size)
+        tree, longest = TreeSpec.parse(cfg.tree), max(map(len, prompts)) + params.max_new_tokens + 1
+        runner.allocate(batch, longest + tree.max_tree_nodes)
+        base_drafter.allocate(batch, longest + tree.max_grown_nodes)  # a drafter holds the tree as it grows
         for b in range(min(batch, len(prompts)), 0, -1):
             run_generation(make, prompts[:b], b, SamplingParams(max_new_tokens=16, ignore_eos=True), device,
                            synthetic_truth, clock)

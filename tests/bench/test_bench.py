@@ -470,7 +470,10 @@ def _bad_bench_cases(tmp_path):
         "batch size 0": (["--batch-sizes", "1", "0"] + out, "--batch-sizes 0: must be >= 1"),
         "max-new-tokens 0": (["--max-new-tokens", "0"] + out, "--max-new-tokens 0: must be >= 1"),
         "max-new-tokens negative": (["--max-new-tokens", "-5"] + out, "--max-new-tokens -5: must be >= 1"),
-        "stock tree": (["--stock-tree", "chain"] + out, "--stock-tree 'chain': use chain:D with D >= 1, e.g. chain:7"),
+        "stock tree": (["--stock-tree", "chain"] + out, "--stock-tree 'chain': use chain:D, static:C1,C2,... or "
+                       "dynamic:TOPK,DEPTH,NODES with positive integers"),
+        "stock tree not a chain": (["--stock-tree", "static:2,2"] + out,
+                                   "--stock-tree 'static:2,2': stock is a chain; use chain:D, e.g. chain:7"),
         "config without =": (["--configs", "garbage"] + out,
                              "--configs 'garbage': use NAME=tree:SPEC;FIELD:VALUE, e.g. 'tree16=tree:dynamic:4,5,16'"),
         "config without name": (["--configs", "=tree:chain:3"] + out, "--configs '=tree:chain:3': use NAME=tree:SPEC"),
