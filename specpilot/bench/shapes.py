@@ -84,12 +84,13 @@ def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat
     return model
 
 
-def random_dflash(target, shape: str, block: int = 8, seed: int = 1):
-    """A DFlash drafter of the shape's size with random weights, for timing under synthetic acceptance."""
+def random_dflash(target, shape: str, block: int = 8, seed: int = 1, layers: int | None = None):
+    """A DFlash drafter of the shape's size (or `layers` layers) with random weights, for timing under synthetic
+    acceptance."""
     from specpilot.spec.drafters.dflash import DFlashDrafter, DFlashModel, default_target_layers
     from specpilot.train.dflash import draft_config
 
-    layers = DFLASH_LAYERS.get(shape, 5)
+    layers = layers or DFLASH_LAYERS.get(shape, 5)
     depth = target.config.num_hidden_layers
     taps = default_target_layers(depth, layers) if depth >= 5 else tuple(range(depth))
     param = next(target.parameters())
