@@ -150,7 +150,7 @@ class RandomTarget:
             layers = int(value)
         target = RandomTarget(shape, default_kind if prefix == "random" else prefix, layers)
         if target.kind == "margin":
-            target.check()
+            target.check(text)
         return target
 
     @property
@@ -160,13 +160,13 @@ class RandomTarget:
     def hf_config(self):
         return hf_config(self.shape, **({"num_hidden_layers": self.layers} if self.layers else {}))
 
-    def check(self) -> None:
-        """A margin target needs a full-attention layer (and, hybrid, a linear one before it) within its depth."""
+    def check(self, text: str | None = None) -> None:
+        """A margin target needs a full-attention layer within its depth (its circuit's copy lives there)."""
         cfg = ModelConfig.from_dict(self.hf_config().to_dict())
         if "full_attention" not in cfg.layer_types:
             first = ModelConfig.from_dict(hf_config(self.shape).to_dict()).layer_types.index("full_attention")
-            raise ValueError(f"target {self.label!r}: a margin target needs a full-attention layer; use layers >= "
-                             f"{first + 1}")
+            raise ValueError(f"target {text or self.label!r}: a margin target needs a full-attention layer; use "
+                             f"layers >= {first + 1} (or a flat target)")
 
     def build(self, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0):
         if self.kind == "flat":

@@ -540,3 +540,98 @@ def test_bench_out_in_a_read_only_folder_fails_up_front(tmp_path, capsys, monkey
     rc = main(["bench", "--target", "random:tiny-dense", "--acceptance", "synthetic:dflash2-mixed",
                "--out", str(locked / "sub" / "r.json")])
     assert rc == 2 and f"cannot write in {locked} (permission denied)" in capsys.readouterr().err
+
+
+# --- margin targets (specpilot/bench/shapes.py) and forcing on them --------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["tiny-dense", "tiny-hybrid"])
+def test_margin_target_generates_its_chain_with_wide_gaps(shape):
+    """A margin target's greedy output is its codebook's chain (the previous token's code copied by attention,
+    on the hybrid one recalled by the recurrent state), and its top-1 logit leads the runner-up by a good part of
+    the planted margin at every position after the first (fp32; the tiny shapes have the least room for codes)."""
+    import torch
+
+    from specpilot.bench.shapes import MARGIN, hf_config, margin_model
+    from specpilot.engine.generator import Generator
+    from specpilot.engine.runner import ModelRunner
+    from specpilot.engine.sampling import SamplingParams
+    from specpilot.layers.metadata import BatchMetadata
+
+    model = margin_model(hf_config(shape), "cpu", torch.float32)
+    codes, memory = model.margin_codes, model.config.is_hybrid
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (2, 11, 40)]
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    out = [r.token_ids for r in Generator(ModelRunner(model)).generate(prompts, params)]
+    assert out == [codes.chain(p, 48, memory) for p in prompts]
+    assert len(set(out[2])) > 30  # no short cycle
+    runner = ModelRunner(model)
+    ids = torch.tensor(prompts[2] + out[2])[None]
+    runner.allocate(1, ids.shape[1] + 1)
+    zero = torch.zeros(1, dtype=torch.long)
+    logits = runner.logits(runner.forward(BatchMetadata.contiguous(ids, zero, zero, 0)))[0, 1:]
+    top = logits.topk(2, dim=-1).values
+    assert (top[:, 0] - top[:, 1]).min() > MARGIN / 4
+
+
+def test_margin_target_keeps_flat_ones_shapes_and_random_matrices():
+    """The same parameter names and shapes as the flat target; each matrix keeps most of its random draw (the
+    circuit sets a few rows and columns, the LM head and the norm gains)."""
+    import torch
+
+    from specpilot.bench.shapes import hf_config, margin_model, random_model
+
+    cfg = hf_config("tiny-hybrid")
+    margin, flat = dict(margin_model(cfg, "cpu", torch.float32).named_parameters()), \
+        dict(random_model(cfg, "cpu", torch.float32).named_parameters())
+    assert {k: v.shape for k, v in margin.items()} == {k: v.shape for k, v in flat.items()}
+    kept = [float((margin[k] == flat[k]).float().mean()) for k in flat
+            if flat[k].ndim == 2 and "lm_head" not in k and "embed" not in k]
+    assert sorted(kept)[len(kept) // 2] > 0.5
+
+
+def test_random_target_specs_and_their_errors(tmp_path, capsys):
+    from specpilot.bench.shapes import RandomTarget
+
+    assert RandomTarget.parse("random:Qwen3-8B") == RandomTarget("Qwen3-8B", "margin")
+    assert RandomTarget.parse("random:Qwen3-8B", "flat") == RandomTarget("Qwen3-8B", "flat")
+    assert RandomTarget.parse("margin:Qwen3.5-27B:layers=8", "flat") == RandomTarget("Qwen3.5-27B", "margin", 8)
+    assert RandomTarget.parse("flat:Qwen3.5-27B:layers=2").label == "flat:Qwen3.5-27B:layers=2"
+    assert RandomTarget.parse("Qwen/Qwen3-8B") is None and RandomTarget.parse("/models/x") is None
+    cases = {"random:Nope": "target 'random:Nope': unknown shape 'Nope'; use one of tiny-dense, tiny-hybrid, "
+                            "Qwen3-8B, Qwen3.5-27B",
+             "random:Qwen3-8B:depth=4": "target 'random:Qwen3-8B:depth=4': options are layers=N with N >= 1, got "
+                                        "'depth=4'",
+             "margin:Qwen3-8B:layers=0": "options are layers=N with N >= 1, got 'layers=0'",
+             "random:Qwen3.5-27B:layers=2": "target 'random:Qwen3.5-27B:layers=2': a margin target needs a "
+                                            "full-attention layer; use layers >= 4 (or a flat target)"}
+    for spec, message in cases.items():
+        with pytest.raises(ValueError, match="target"):
+            RandomTarget.parse(spec)
+        rc = main(["bench", "--target", spec, "--acceptance", "synthetic:dflash2-mixed", "--device", "cpu",
+                   "--workloads", "gsm8k", "--out", str(tmp_path / "r.json")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+        assert not (tmp_path / "r.json").exists()
+
+
+def test_bench_rows_name_their_target_kind_and_force_margin_targets_at_the_stated_tolerance(data_dir, tmp_path):
+    """random:SHAPE is a margin target unless --target-kind flat: its rows force at the stated 1e-3; a flat one's
+    rows use the calibrated tolerance, labelled; every row and the report say which kind ran."""
+    out = tmp_path / "r.json"
+    args = ["bench", "--target", "random:tiny-hybrid", "--drafter", "random-dflash", "--workloads", "gsm8k",
+            "--data-dir", str(data_dir), "--max-new-tokens", "12", "--stock-tree", "chain:4", "--out", str(out),
+            "--device", "cpu", "--acceptance", "synthetic:dflash2-mixed", "--configs", "tree=tree:dynamic:3,4,10"]
+    for kind in ("margin", "flat"):
+        assert main(args + ["--target-kind", kind]) == 0
+        report = json.loads(out.read_text())
+        assert report["target_kind"] == kind
+        rows = report["results"]
+        assert {r["target_kind"] for r in rows} == {kind}
+        forced = [r["forcing"] for r in rows if "forcing" in r]
+        assert forced and all(f["passed"] for f in forced)
+        if kind == "margin":
+            assert {(f["tolerance"], f["tolerance_source"]) for f in forced} == {(1e-3, "stated")}
+        else:
+            assert all(f["tolerance_source"].startswith("calibrated") for f in forced)

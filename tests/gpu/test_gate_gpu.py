@@ -77,6 +77,17 @@ def test_ar_output_is_the_margin_chain(kind, batch, setups):
     assert s.ar[batch] == want
 
 
+@pytest.mark.parametrize("kind", list(G.SWEEP))
+def test_margin_gap_clears_the_path_noise(kind, setups):
+    """bench/margin_check.py's criterion on the sweep targets: the forced logits' top-2 gap exceeds 20 x the
+    largest |AR decode - teacher-forced| logit difference at >= 99.9% of 8 x 64 generated positions."""
+    from bench.margin_check import path_stats, prompts_for
+
+    s = setups(kind)
+    stats = path_stats(s.target, prompts_for(s.target.config.vocab_size, 8, 48), 64, 8)
+    assert stats["passed"], {k: v for k, v in stats.items() if k != "gaps"}
+
+
 @pytest.mark.parametrize("tree", G.TREES)
 @pytest.mark.parametrize("drafter", G.DRAFTERS)
 @pytest.mark.parametrize("kind", list(G.SWEEP))
