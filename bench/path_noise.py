@@ -8,6 +8,8 @@ shallowest cut, where the paths must agree to ~1e-5): per decode position, the l
 its RMS relative to the logits' RMS, whether the argmax agrees, and the forced logits' top-1 - top-2 gap.
 An error that grows with the position points at state carried between steps (KV, conv window, recurrent
 state); one that is large from the first position and grows with depth is the network amplifying rounding.
+--kind margin profiles the margin targets instead (specpilot/bench/shapes.py; bench/margin_check.py holds their
+gate against this noise and their speed).
 
     PYTHONPATH=. python3 bench/path_noise.py --out bench/results/path_noise_h200.json
     PYTHONPATH=. python3 bench/path_noise.py --out /tmp/pn.json --device cpu --shapes tiny-hybrid \
@@ -24,15 +26,18 @@ import torch
 
 import bench.ar_decode as ar
 from bench.common import Report, attempt, run_record
+from specpilot.bench.shapes import margin_model
 from specpilot.engine.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 
 
 @torch.inference_mode()
-def profile(shape: str, layers: int, dtype: torch.dtype, prompt_len: int, tokens: int, seed: int) -> dict:
+def profile(shape: str, layers: int, dtype: torch.dtype, prompt_len: int, tokens: int, seed: int,
+            kind: str = "flat") -> dict:
     config_cls, kw = ar.SHAPES[shape]
     depth = min(layers, kw.get("num_hidden_layers", layers)) if layers > 0 else kw.get("num_hidden_layers")
-    model = ar.random_model(config_cls(**{**kw, "num_hidden_layers": depth}), dtype)
+    cfg = config_cls(**{**kw, "num_hidden_layers": depth})
+    model = margin_model(cfg, ar.DEVICE, dtype) if kind == "margin" else ar.random_model(cfg, dtype)
     runner, dev = ModelRunner(model), ar.DEVICE
     rng = random.Random(seed)
     prompt = [rng.randrange(model.config.vocab_size) for _ in range(prompt_len)]
@@ -50,7 +55,8 @@ def profile(shape: str, layers: int, dtype: torch.dtype, prompt_len: int, tokens
     dec = torch.stack(decoded)
     diff = (forced - dec).abs()
     top2 = forced.topk(2, dim=-1).values
-    res = {"shape": shape, "layers": depth, "dtype": str(dtype).removeprefix("torch."), "prompt": prompt_len,
+    res = {"shape": shape, "kind": kind, "layers": depth, "dtype": str(dtype).removeprefix("torch."),
+           "prompt": prompt_len,
            "tokens": tokens,
            "max_abs_diff": diff.amax(-1).tolist(),
            "rel_rms_diff": (diff.pow(2).mean(-1).sqrt() / forced.pow(2).mean(-1).sqrt()).tolist(),
@@ -81,6 +87,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--kind", choices=["flat", "margin"], default="flat", help="random weights: flat or margin")
     p.add_argument("--commit", default=None)
     args = p.parse_args()
     ar.DEVICE = args.device
@@ -89,7 +96,8 @@ def main() -> None:
     for shape in args.shapes:
         runs = [(layers, torch.bfloat16) for layers in args.layers] + [(min(args.layers) or 4, torch.float32)]
         for layers, dtype in runs:
-            r = attempt(f"{shape} {layers}L {dtype}", profile, shape, layers, dtype, args.prompt, args.tokens, 0)
+            r = attempt(f"{shape} {layers}L {dtype}", profile, shape, layers, dtype, args.prompt, args.tokens, 0,
+                        args.kind)
             report["runs"].append(r)
             report.save()
             print(summary(r) if "max_abs_diff" in r else json.dumps(r)[:400], flush=True)

@@ -13,8 +13,12 @@ verify pass over the step's trees that commits nothing, SpecEngine.peek; the cal
 the oracle learns what this verify will answer: the profile's draws decide which nodes are right, then the
 right nodes take the target's own greedy token at their parent and the wrong ones anything else, probe after
 probe until the trees agree with the answers (one more probe per depth whose guess was wrong). The stock
-continuation is then only a guess that saves probes. Without a probe (CPU runs in fp32, where the two paths
-agree) the stock continuation is the truth.
+continuation is then only a guess that saves probes: on a margin target (bench/shapes.py), whose greedy token
+leads by many logits, the verify answers what AR decode did and the first probe of a step confirms the guess.
+Without a probe (CPU runs in fp32, where the two paths agree) the stock continuation is the truth.
+
+The oracle cannot reveal a verify or commit bug: it follows whatever the verify answers, and the accepted
+tokens are then what a faulty verify emitted. Exact forcing on margin targets is the check that can fail.
 
 The oracle's own work (drawing, probing, fixing: host Python and verify passes between which the GPU idles) is
 no part of the engine's step: it runs inside `untimed`, which a benchmark sets to a clock that takes its
