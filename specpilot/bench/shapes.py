@@ -314,7 +314,7 @@ class _Circuit:
         self.attn_index = cfg.layer_types.index("full_attention")
         self.gdn_index = cfg.layer_types.index("linear_attention") if self.memory else None
         if self.memory and self.gdn_index > self.attn_index:
-            raise ValueError("a hybrid margin target needs a linear-attention layer before its first full-attention one")
+            raise ValueError("a hybrid margin target needs a linear-attention layer before its first attention one")
         sizes = {"c": 1, "alpha": codes.groups, "beta": codes.groups}
         if self.memory:
             sizes["kappa"] = codes.kappas
