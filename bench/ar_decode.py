@@ -35,7 +35,7 @@ import transformers
 from bench.common import Report, attempt, failed, run_record, sync
 from specpilot.bench import shapes
 from specpilot.config import EngineConfig
-from specpilot.engine.runner import ModelRunner
+from specpilot.runtime.runner import ModelRunner
 from specpilot.layers.packed import PackedLinear
 from specpilot.models.loader import build_empty
 

@@ -37,10 +37,10 @@ from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
-from specpilot.spec.tree import DraftTree, TreeSpec, grow
-from specpilot.spec.verify import host_tree_metadata
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
+from specpilot.spec_decode.verify import host_tree_metadata
 
 COLUMNS = ("schedule", "draft", "verify", "metadata", "replay", "accept", "commit", "emit", "step", "grow")
 TREES = ("chain:5", "static:3,2,1", "static:4,2,2,1")

@@ -41,13 +41,13 @@ import specpilot.ops.gdn_tree as gdn_tree_op
 from bench.common import Report, attempt, failed, host_ms, kernel_crashed, run_record
 from bench.verify_cost import random_tree
 from specpilot.config import EngineConfig, ModelConfig
-from specpilot.engine.cache import ModelCache
-from specpilot.engine.runner import ModelRunner
+from specpilot.runtime.cache import ModelCache
+from specpilot.runtime.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.ops.gated_delta_rule import gdn_gating
 from specpilot.ops.gdn_tree import ancestor_mask, chunk, commit_paths_ref, tree_gated_delta_rule
 from specpilot.ops.path_index import PathIndex
-from specpilot.spec.verify import tree_metadata
+from specpilot.spec_decode.verify import tree_metadata
 
 
 def _sync():

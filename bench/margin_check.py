@@ -32,8 +32,8 @@ import torch
 from bench.common import Report, attempt, run_record, sync
 from specpilot.bench.shapes import hf_config, margin_model, random_model
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers.metadata import BatchMetadata
 
 RATIO, SHARE = 20.0, 0.999  # the gate: gap > RATIO x noise at >= SHARE of positions

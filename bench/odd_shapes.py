@@ -39,13 +39,13 @@ import transformers
 from bench.common import Report, attempt, run_record
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model, load_tokenizer
 from specpilot.models.random_checkpoint import randomize, write_tokenizer
 from specpilot.ops import dispatch
-from specpilot.spec.drafters.registry import build_drafter
-from specpilot.spec.tree import TreeSpec
+from specpilot.spec_decode.drafters.registry import build_drafter
+from specpilot.spec_decode.tree import TreeSpec
 
 VOCAB = 384
 LM_HEAD_SCALE = 8.0  # random weights give nearly flat logits; a larger head spreads them (argmax unchanged)

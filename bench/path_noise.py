@@ -27,7 +27,7 @@ import torch
 import bench.ar_decode as ar
 from bench.common import Report, attempt, run_record
 from specpilot.bench.shapes import margin_model
-from specpilot.engine.runner import ModelRunner
+from specpilot.runtime.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 
 

@@ -38,9 +38,9 @@ from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
-from specpilot.spec.tree import TreeSpec
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.tree import TreeSpec
 
 PHASES = ("schedule", "propose", "oracle", "verify", "accept", "commit", "emit")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

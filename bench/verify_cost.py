@@ -50,10 +50,10 @@ from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
-from specpilot.spec.tree import DraftTree, TreeSpec
-from specpilot.spec.verify import tree_metadata
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.verify import tree_metadata
 
 DEVICE = "cuda"
 

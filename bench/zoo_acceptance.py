@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 
 from specpilot.engine.engine import SpecEngine
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model, load_tokenizer
 from specpilot.prompts import load_prompts, resolve_prompt_set
-from specpilot.spec.drafters.registry import build_drafter
-from specpilot.spec.forcing import ForcingReport, force_check
-from specpilot.spec.tree import TreeSpec
+from specpilot.spec_decode.drafters.registry import build_drafter
+from specpilot.spec_decode.forcing import ForcingReport, force_check
+from specpilot.spec_decode.tree import TreeSpec
 
 PAIRS = (("dense", "dense-dflash"), ("dense", "dense-eagle3"), ("dense", "draft-lm"),
          ("hybrid", "hybrid-dflash"), ("hybrid", "hybrid-eagle3"), ("hybrid", "draft-lm"))

@@ -28,7 +28,7 @@ from pathlib import Path
 from specpilot.cli import _Streamer
 from specpilot.engine.detokenizer import decode_text
 from specpilot.engine.generator import GenerationResult, append_token, stop_detokenizer
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -145,7 +145,7 @@ def _check_generation_flags(args, device: str) -> None:
     """generate's and demo's flags that need no file read, checked before any weights load."""
     import torch
 
-    from specpilot.engine.sampling import SamplingParams
+    from specpilot.runtime.sampling import SamplingParams
     from specpilot.models.loader import resolve_dtype
 
     SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -158,7 +158,7 @@ def _check_generation_flags(args, device: str) -> None:
 
 def _check_spec_flags(tree: str, drafter: str, temperature: float = 0.0) -> None:
     """The tree spec, and greedy decoding under a drafter, checked before any weights load."""
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.spec_decode.tree import TreeSpec
 
     TreeSpec.parse(tree)
     if drafter != "none" and temperature != 0:
@@ -211,11 +211,11 @@ def demo_speculative(args, model, tokenizer, drafter_name: str) -> dict:
     after the streamed run warmed up), equality with AR and the token-forcing verdict. Greedy: the check is exact."""
     from specpilot.engine.engine import SpecEngine
     from specpilot.engine.generator import Generator
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
-    from specpilot.spec.drafters.registry import build_drafter
-    from specpilot.spec.forcing import ForcingReport, force_check
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
+    from specpilot.spec_decode.drafters.registry import build_drafter
+    from specpilot.spec_decode.forcing import ForcingReport, force_check
+    from specpilot.spec_decode.tree import TreeSpec
 
     ids = encode_prompt(tokenizer, args.prompt, False)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
@@ -236,8 +236,8 @@ def demo_speculative(args, model, tokenizer, drafter_name: str) -> dict:
 
 
 def run_generation(args, model, tokenizer, load_s: float) -> int:
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
@@ -274,8 +274,8 @@ def _generator(args, runner, tokenizer):
     """The plain Generator for --drafter none, else the speculative engine with the built drafter."""
     from specpilot.engine.engine import SpecEngine
     from specpilot.engine.generator import Generator
-    from specpilot.spec.drafters.registry import build_drafter
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.spec_decode.drafters.registry import build_drafter
+    from specpilot.spec_decode.tree import TreeSpec
 
     drafter = build_drafter(args.drafter, runner.model, tokenizer, cache_dir=getattr(args, "cache_dir", None))
     if drafter is None:
@@ -294,11 +294,11 @@ def _drafted_tree(tree, drafter):
 
 
 def cmd_verify(args) -> int:
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
     from specpilot.models.loader import load_model, load_tokenizer
     from specpilot.prompts import load_prompts, resolve_prompt_set
-    from specpilot.spec.forcing import ForcingReport, force_check
+    from specpilot.spec_decode.forcing import ForcingReport, force_check
 
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:

@@ -4,8 +4,8 @@ import json
 
 from specpilot.cli import main
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model, load_tokenizer
 
 
@@ -193,7 +193,7 @@ def test_bad_flags_fail_before_any_weights_load(tmp_path, monkeypatch, capsys):
 
 
 def test_a_tree_deeper_than_the_dflash_block_is_cut_and_said_once(checkpoint_factory, tmp_path, capsys):
-    from tests.spec.test_dflash import write_dflash
+    from tests.spec_decode.test_dflash import write_dflash
 
     path, _ = checkpoint_factory("qwen3")
     drafter = write_dflash(tmp_path / "dflash")  # a block of 6: the root and 5 drafted tokens

@@ -123,7 +123,7 @@ def cmd_bench(args) -> int:
 
 def _check_flags(args) -> None:
     """The flags that need no file read: a bad one fails here, before any model loads or row is measured."""
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.spec_decode.tree import TreeSpec
 
     counts = [("--max-new-tokens", args.max_new_tokens)] + [("--batch-sizes", b) for b in args.batch_sizes]
     if args.limit is not None:
@@ -170,7 +170,7 @@ def _target_kind(args) -> str:
 def _bench_models(args, device: str, profile):
     """(target, tokenizer, drafter factory): a checkpoint, or a random-weight model in a real shape."""
     from specpilot.models.loader import load_model, load_tokenizer
-    from specpilot.spec.drafters.registry import build_drafter
+    from specpilot.spec_decode.drafters.registry import build_drafter
 
     from specpilot.bench.shapes import RandomTarget
 

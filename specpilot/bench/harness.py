@@ -31,12 +31,12 @@ from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.prompts import PROMPT_SETS, Prompt, load_prompts, resolve_prompt_set, set_name
-from specpilot.spec.forcing import ForcingReport, force_check
-from specpilot.spec.tree import TreeSpec
+from specpilot.spec_decode.forcing import ForcingReport, force_check
+from specpilot.spec_decode.tree import TreeSpec
 
 # bench workload -> prompt set: EAGLE's 80-prompt subsets (alpaca is CC BY-NC 4.0 data, non-commercial)
 WORKLOADS = {"mt-bench": "mt-bench", "humaneval": "eagle-humaneval", "gsm8k": "eagle-gsm8k",

@@ -87,7 +87,8 @@ def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat
 def random_dflash(target, shape: str, block: int = 8, seed: int = 1, layers: int | None = None):
     """A DFlash drafter of the shape's size (or `layers` layers) with random weights, for timing under synthetic
     acceptance."""
-    from specpilot.spec.drafters.dflash import DFlashDrafter, DFlashModel, default_target_layers
+    from specpilot.models.dflash import DFlashModel, default_target_layers
+    from specpilot.spec_decode.drafters.dflash import DFlashDrafter
     from specpilot.train.dflash import draft_config
 
     layers = layers or DFLASH_LAYERS.get(shape, 5)
@@ -496,7 +497,7 @@ class _Circuit:
     def _carried(self, dirs: dict[str, torch.Tensor]) -> dict[str, float]:
         """How strongly the final hidden state carries each code along its readout vector: medians over a prefill
         of random tokens (positions after the first; for the memory, positions whose two keys differ)."""
-        from specpilot.engine.runner import ModelRunner
+        from specpilot.runtime.runner import ModelRunner
         from specpilot.layers.metadata import BatchMetadata
 
         codes, T = self.codes, 96

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from specpilot.spec.tree import DraftTree, TreeSpec, grow
+from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 

@@ -1,1 +1,2 @@
-"""The runtime: cache, model runner (prefill / decode, CUDA graphs), sampling and the generation loop."""
+"""The generation loops above the runtime and speculative decoding: plain (Generator) and speculative
+(SpecEngine), and the streaming detokenizer."""

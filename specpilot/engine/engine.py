@@ -19,11 +19,11 @@ import torch
 
 from specpilot.engine.detokenizer import Detokenizer, decode_text
 from specpilot.engine.generator import GenerationResult, append_token, stop_detokenizer
-from specpilot.engine.runner import ModelRunner, inference
-from specpilot.engine.sampling import SamplingParams
-from specpilot.spec.drafters.base import Drafter
-from specpilot.spec.tree import DraftTree, TreeSpec
-from specpilot.spec.verify import Acceptance, accept_greedy, host_tree_metadata
+from specpilot.runtime.runner import ModelRunner, inference
+from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.drafters.base import Drafter
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.verify import Acceptance, accept_greedy, host_tree_metadata
 
 # "start": the request's prefill and drafter start (wall time, ended by the sync of its first token)
 COMPONENTS = ("start", "draft", "verify", "accept", "commit", "other")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.engine.detokenizer import Detokenizer, decode_text
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams, make_generator, sample
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams, make_generator, sample
 
 
 @dataclass(slots=True)

@@ -53,7 +53,7 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
-        # called with each decoder layer's index after it runs: where a CUDA graph capture may cut (engine/graphs.py)
+        # called with each decoder layer's index after it runs: where a CUDA graph capture may cut (specpilot/runtime/graphs.py)
         self.after_layer: Callable[[int], None] | None = None
         counters = {"self_attn": 0, "linear_attn": 0}
         for layer in self.model.layers:

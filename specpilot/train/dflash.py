@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from specpilot.config import ModelConfig
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
-from specpilot.spec.drafters.dflash import DFlashModel, default_target_layers
+from specpilot.models.dflash import DFlashModel, default_target_layers
 from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.lm import TrainConfig, batch_at, train_device
@@ -198,7 +198,7 @@ def _step(model, target, layers, block, anchors, mask_id, weights, cfg: TrainCon
 def _features(target, tokens, layers) -> tuple[torch.Tensor, torch.Tensor]:
     """(the concatenated hidden states of `layers` [B, L, K*H], the target's greedy next token at each position
     [B, L]): drafters learn what the target would emit (self-distillation), not what the corpus says."""
-    from specpilot.engine.cache import ModelCache
+    from specpilot.runtime.cache import ModelCache
 
     B, L = tokens.shape
     cache = ModelCache(target.config, B, L, tokens.device, torch.float32)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
-from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
+from specpilot.models.eagle3 import Eagle3Head, eagle3_target_layers, head_config
+from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.dflash import _features, _rollouts
@@ -65,7 +66,7 @@ def train_eagle3(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     taps = tap_inputs(tcfg.num_hidden_layers)
     raw = head_raw_config(tcfg, selected.numel(), taps)
     torch.manual_seed(cfg.seed)
-    head = Eagle3Head(_head_config(raw, "train"), tcfg.hidden_size, selected.numel(), False, False).to(device)
+    head = Eagle3Head(head_config(raw, "train"), tcfg.hidden_size, selected.numel(), False, False).to(device)
     _init(head, selected, tcfg.vocab_size)
     drafter = Eagle3Drafter(head, target, eagle3_target_layers(tcfg.num_hidden_layers, taps))
     to_draft = torch.full((tcfg.vocab_size,), -100, dtype=torch.long, device=device)

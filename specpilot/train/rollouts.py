@@ -48,8 +48,8 @@ def rollout_stream(target, target_dir: str | Path, tokens: torch.Tensor, count: 
 def _greedy(target, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     from specpilot.config import EngineConfig
     from specpilot.engine.generator import Generator
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
 
     # plain eager kernels under CUDA graphs: data generation should not depend on the newest fast paths; the
     # prompts (all of one length) prefill together

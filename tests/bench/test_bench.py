@@ -104,7 +104,7 @@ def test_multi_turn_conversations_keep_answers_in_context(checkpoint_factory, tm
     """MT-Bench style: turn 2 is generated after turn 1's answer, and every configuration replays those turns."""
     from specpilot.bench.harness import bench, load_workloads
     from specpilot.models.loader import load_model, load_tokenizer
-    from specpilot.spec.drafters.ngram import NgramDrafter
+    from specpilot.spec_decode.drafters.ngram import NgramDrafter
 
     path, _ = checkpoint_factory("llama")
     root = tmp_path / "d"
@@ -143,7 +143,7 @@ def test_synthetic_trees_are_no_deeper_than_the_drafters_block():
     """A DFlash block of 8 drafts 7 deep: the oracle's tree for chain:10 is a chain of 7 (no credit for depths
     the real drafter never proposes); a drafter without a block keeps the spec's depth."""
     from specpilot.bench.synthetic import SyntheticDrafter
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.spec_decode.tree import TreeSpec
 
     class Inner:
         target_layers = ()
@@ -201,8 +201,8 @@ def test_probed_oracle_realizes_the_profile_whatever_the_stock_continuation(tree
     accept nothing. At most one probe per depth, plus the one that confirms."""
     import statistics
 
-    from specpilot.spec.tree import TreeSpec
-    from specpilot.spec.verify import accept_greedy
+    from specpilot.spec_decode.tree import TreeSpec
+    from specpilot.spec_decode.verify import accept_greedy
 
     spec, profile, vocab = TreeSpec.parse(tree), AcceptanceProfile.load("dflash2-gsm8k"), 1000
     target = _HashTarget(vocab)
@@ -230,7 +230,7 @@ def test_synthetic_dynamic_trees_keep_the_nodes_the_profile_accepts_most():
     over the full 28-node tree: any kept set must contain its ancestors)."""
     import itertools
 
-    from specpilot.spec.tree import DraftTree, TreeSpec
+    from specpilot.spec_decode.tree import DraftTree, TreeSpec
 
     profile = AcceptanceProfile.load("dflash2-gsm8k")
     tau = {t: profile.expected_tau(shape(TreeSpec.parse(t), 0, profile))
@@ -253,7 +253,7 @@ def test_synthetic_dynamic_trees_keep_the_nodes_the_profile_accepts_most():
 def test_only_the_inner_drafter_is_timed():
     """The oracle's drawing and probing run inside `untimed` (a benchmark's clock leaves them out); the inner
     drafter's proposal, the step's real draft cost, runs outside it."""
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.spec_decode.tree import TreeSpec
 
     target, where = _HashTarget(50), []
 
@@ -285,7 +285,7 @@ def test_only_the_inner_drafter_is_timed():
 def test_oracle_without_probe_drafts_the_stock_continuation():
     """No probe (fp32 CPU runs): right drafts are the stock continuation's tokens, while the emitted prefix
     follows it; once it has left it, no draft is right (the truth is unknown)."""
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.spec_decode.tree import TreeSpec
 
     d = SyntheticDrafter(_NoDrafter(), {0: [1, 2, 3, 4, 5, 6]}, AcceptanceProfile("always", (1.0,) * 7), 200)
     d.start(0, [7, 8])
@@ -307,9 +307,9 @@ def test_probed_bench_accepts_every_draft_on_a_bf16_target(tmp_path):
     from specpilot.bench.harness import BenchConfig, _run_config, calibrate
     from specpilot.bench.shapes import hf_config, random_model
     from specpilot.engine.generator import Generator
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
-    from specpilot.spec.drafters.ngram import NgramDrafter
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
+    from specpilot.spec_decode.drafters.ngram import NgramDrafter
 
     cfg = hf_config("tiny-dense", hidden_size=256, intermediate_size=512, num_hidden_layers=4, vocab_size=4096,
                     head_dim=64)
@@ -337,8 +337,8 @@ def test_tolerance_is_calibrated_on_a_bf16_random_target():
     from specpilot.bench.harness import calibrate, forcing
     from specpilot.bench.shapes import hf_config, random_model
     from specpilot.engine.generator import Generator
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
 
     cfg = hf_config("tiny-dense", hidden_size=256, intermediate_size=512, num_hidden_layers=4, vocab_size=4096,
                     head_dim=64)
@@ -364,7 +364,7 @@ def test_path_noise_copies_each_decode_step():
 
     from specpilot.bench.harness import path_noise
     from specpilot.bench.shapes import hf_config, random_model
-    from specpilot.engine.runner import ModelRunner
+    from specpilot.runtime.runner import ModelRunner
 
     cfg = hf_config("tiny-dense", hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=512,
                     head_dim=16)
@@ -384,7 +384,7 @@ def test_timed_runs_never_grow_a_cache(checkpoint_factory, data_dir, tmp_path, m
     """The warm-up allocates every cache at its final size and passes through every batch size: a cache that
     grew inside a timed run would drop its captured graphs and time their capture (and compiles)."""
     import specpilot.bench.harness as harness
-    from specpilot.engine.cache import ModelCache
+    from specpilot.runtime.cache import ModelCache
 
     created, timed = [], []
     real_init, real_run = ModelCache.__init__, harness.run_generation
@@ -554,8 +554,8 @@ def test_margin_target_generates_its_chain_with_wide_gaps(shape):
 
     from specpilot.bench.shapes import MARGIN, hf_config, margin_model
     from specpilot.engine.generator import Generator
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
     from specpilot.layers.metadata import BatchMetadata
 
     model = margin_model(hf_config(shape), "cpu", torch.float32)

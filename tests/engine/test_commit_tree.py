@@ -6,7 +6,7 @@ import torch
 
 from specpilot.bench.shapes import hf_config
 from specpilot.config import ModelConfig
-from specpilot.engine.cache import ModelCache
+from specpilot.runtime.cache import ModelCache
 from specpilot.ops.gdn_tree import commit_paths_ref
 from specpilot.ops.path_index import PathIndex
 from specpilot.ops.testing import assert_close

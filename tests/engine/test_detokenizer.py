@@ -12,11 +12,11 @@ from specpilot.bench.shapes import ByteTokenizer
 from specpilot.engine.detokenizer import Detokenizer, _Stream, decode_text
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model, load_tokenizer
-from specpilot.spec.drafters.ngram import NgramDrafter
-from specpilot.spec.tree import TreeSpec
+from specpilot.spec_decode.drafters.ngram import NgramDrafter
+from specpilot.spec_decode.tree import TreeSpec
 
 ZOO_DENSE = Path(__file__).resolve().parents[2] / "zoo" / "dense"
 TEXTS = ["def naïve_café(x):\n    return x * 2  # ok\n", "日本語のテキストと中文字符。", "emoji 🙂🚀 and ∑ ≤ ∞ ✓\n",

@@ -8,16 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpilot.config import EngineConfig
-from specpilot.engine.cache import ModelCache
+from specpilot.runtime.cache import ModelCache
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model
-from specpilot.spec.drafters.draft_lm import DraftLMDrafter
-from specpilot.spec.drafters.ngram import NgramDrafter
-from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec_decode.drafters.ngram import NgramDrafter
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
 
 DENSE_TREES = ["chain:4", "static:3,2,1", "dynamic:3,4,8"]
 PARAMS = SamplingParams(max_new_tokens=24)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from specpilot.config import EngineConfig
-from specpilot.engine import runner as runner_module
+from specpilot.runtime import runner as runner_module
 from specpilot.engine.engine import SpecEngine, _in_place, _Timer
-from specpilot.engine.graphs import VerifyGraph
-from specpilot.engine.runner import ModelRunner
-from specpilot.spec.drafters.draft_lm import DraftLMDrafter
-from specpilot.spec.tree import DraftTree, TreeSpec
-from specpilot.spec.verify import host_tree_metadata
+from specpilot.runtime.graphs import VerifyGraph
+from specpilot.runtime.runner import ModelRunner
+from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.verify import host_tree_metadata
 from tests.cuda_graph_fakes import fake_cuda_graphs
 from tests.engine.test_engine import PARAMS, RandomTreeDrafter, _models, _prompts, _reference
 
@@ -74,7 +74,7 @@ def test_timer_on_a_gpu_reads_events_after_one_sync(monkeypatch):
 
 
 def test_inference_decorator_enters_inference_mode_only_where_it_is_off(monkeypatch):
-    from specpilot.engine.runner import inference
+    from specpilot.runtime.runner import inference
 
     @inference
     def make():
@@ -94,7 +94,7 @@ def test_inference_decorator_enters_inference_mode_only_where_it_is_off(monkeypa
 @pytest.mark.parametrize("seed", range(4))
 def test_commit_moves_exactly_where_a_path_leaves_its_place(seed, monkeypatch):
     """ModelCache.commit's in-place test (a root-first path ends at node len - 1) against the node-by-node one."""
-    from specpilot.engine.cache import ModelCache
+    from specpilot.runtime.cache import ModelCache
 
     rng = random.Random(seed)
     kept = []
@@ -196,7 +196,7 @@ def _random_tree(rng: random.Random, n: int) -> DraftTree:
 
 
 def test_layer_cuts():
-    from specpilot.engine.graphs import layer_cuts
+    from specpilot.runtime.graphs import layer_cuts
 
     assert layer_cuts(36, 4) == (0, 4, 8, 12, 16, 20, 24, 28, 32)
     assert layer_cuts(5, 2) == (0, 2)
@@ -228,7 +228,7 @@ def test_verify_graph_is_cut_between_layers(per_graph, graphs, checkpoint_factor
 def test_block_attention_auto_is_the_captured_tree_op_on_a_gpu_only():
     """The defaults give a GPU the captured tree-attention verify and the CPU the SDPA path; "sdpa" keeps the
     verify eager even on a GPU (a captured graph cannot follow its host-side prefix length)."""
-    from specpilot.engine.runner import block_path
+    from specpilot.runtime.runner import block_path
 
     assert block_path(EngineConfig(), on_gpu=True) == (True, True)
     assert block_path(EngineConfig(), on_gpu=False) == (False, False)
@@ -245,7 +245,7 @@ def test_engine_config_rejects_negative_layers_per_graph():
 
 
 def test_staging_hands_a_buffer_out_again_only_after_a_sync():
-    from specpilot.engine.runner import HostStaging
+    from specpilot.runtime.runner import HostStaging
 
     staging = HostStaging(torch.device("cpu"), depth=2)
     a, b, c, d = staging.take(10), staging.take(10), staging.take(10), staging.take(4)
@@ -259,7 +259,7 @@ def test_staging_hands_a_buffer_out_again_only_after_a_sync():
 def test_staging_buffers_first_taken_in_inference_mode_are_written_outside_it():
     """A peek (inference mode) may take a buffer size first; the next step's accept writes it outside inference
     mode, which an inference tensor refuses (the 27B bench failed so on the GPU at 5551485)."""
-    from specpilot.engine.runner import HostStaging, _host_buffer
+    from specpilot.runtime.runner import HostStaging, _host_buffer
 
     staging = HostStaging(torch.device("cpu"))
     with torch.inference_mode():
@@ -274,7 +274,7 @@ def test_staging_buffers_first_taken_in_inference_mode_are_written_outside_it():
 def test_staged_metadata_equals_fresh_metadata_and_outlives_the_refill():
     """Staged buffers refilled with trees of other shapes (and the same shape) hold exactly what fresh buffers
     would, and device metadata taken from one (on the CPU: a copy) is not changed by the next refill."""
-    from specpilot.engine.runner import HostStaging
+    from specpilot.runtime.runner import HostStaging
 
     rng, staging, seen, kept = random.Random(5), HostStaging(torch.device("cpu")), {}, []
     for step in range(12):
@@ -336,7 +336,7 @@ class _OnDevice(torch.Tensor):
 
 
 def test_read_tokens_through_a_pinned_buffer_equals_tolist(monkeypatch):
-    from specpilot.engine.runner import HostStaging
+    from specpilot.runtime.runner import HostStaging
 
     pinned, synced, empty = [], [], torch.empty
 

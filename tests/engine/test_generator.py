@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from specpilot.engine.cache import ModelCache
+from specpilot.runtime.cache import ModelCache
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams, filtered_probs
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams, filtered_probs
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer
 from specpilot.ops.path_index import PathIndex
@@ -71,7 +71,7 @@ def test_top_k_top_p_filtering():
 
 
 def test_sampling_distribution_matches_softmax():
-    from specpilot.engine.sampling import sample
+    from specpilot.runtime.sampling import sample
 
     logits = torch.tensor([[1.0, 0.0, -0.5, 2.0]]).expand(20000, 4)
     gen = torch.Generator().manual_seed(0)

@@ -69,7 +69,8 @@ def draft_lm(target):
 
 def random_eagle3(target, draft_vocab: int = 4096, seed: int = 2):
     """An EAGLE-3 head of the target's width with random weights and a random draft vocabulary."""
-    from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
+    from specpilot.models.eagle3 import Eagle3Head, eagle3_target_layers, head_config
+    from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 
     t = target.config
     draft_vocab = min(draft_vocab, t.vocab_size // 2)
@@ -81,7 +82,7 @@ def random_eagle3(target, draft_vocab: int = 4096, seed: int = 2):
     L = t.num_hidden_layers
     layers = eagle3_target_layers(L) if L >= 7 else (0, L // 2, L - 1)
     with torch.device("meta"):
-        head = Eagle3Head(_head_config(raw, "random EAGLE-3"), t.hidden_size, draft_vocab, False, False)
+        head = Eagle3Head(head_config(raw, "random EAGLE-3"), t.hidden_size, draft_vocab, False, False)
     head = head.to(dtype=DTYPE).to_empty(device=DEVICE).requires_grad_(False)
     head.rotary.reset_buffers()
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -98,7 +99,7 @@ def random_eagle3(target, draft_vocab: int = 4096, seed: int = 2):
 
 def dflash_checkpoint(target, kind: str, path):
     """A random one-layer DFlash drafter saved as a checkpoint and loaded back through the drafter registry."""
-    from specpilot.spec.drafters.registry import build_drafter
+    from specpilot.spec_decode.drafters.registry import build_drafter
     from specpilot.train.dflash import save_dflash
 
     d = random_dflash(target, SWEEP[kind][0], layers=1, seed=3)
@@ -111,11 +112,11 @@ def make_drafter(name: str, target, kind: str, tmp_path):
     (they draft at full cost; the oracle's drafts, probed against the verify, get accepted as the profile says);
     n-gram and the draft LM draft for real."""
     if name == "ngram":
-        from specpilot.spec.drafters.ngram import NgramDrafter
+        from specpilot.spec_decode.drafters.ngram import NgramDrafter
 
         return NgramDrafter(), False
     if name == "draft-lm":
-        from specpilot.spec.drafters.draft_lm import DraftLMDrafter
+        from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
 
         return DraftLMDrafter(draft_lm(target)), False
     if name == "dflash":

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from specpilot.bench.shapes import random_dflash
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.sampling import SamplingParams
 from tests.gpu import gate_setup as G
-from tests.spec.test_gate_faults import gate_failures, run_pair
+from tests.spec_decode.test_gate_faults import gate_failures, run_pair
 
 pytestmark = pytest.mark.gpu
 

@@ -2,7 +2,7 @@
 hybrid at 8), in bf16, speculative output equals the same engine's AR output token for token (tolerance 0) for
 every drafter x tree family x batch size 1 / 3 / 8 with ragged prompts up to 4,096 tokens, and drafters' contexts
 equal a prefill rebuild; AR output itself is the margin circuit's chain; each injected fault of
-tests/spec/test_gate_faults.py makes the gate fail. Models are built once per module and target kind.
+tests/spec_decode/test_gate_faults.py makes the gate fail. Models are built once per module and target kind.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 from specpilot.bench.synthetic import SyntheticDrafter
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
-from specpilot.spec.tree import TreeSpec
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.tree import TreeSpec
 from tests.gpu import gate_setup as G
-from tests.spec.test_gate_faults import FAULTS, NEEDS, exercised, gate_failures, run_pair
+from tests.spec_decode.test_gate_faults import FAULTS, NEEDS, exercised, gate_failures, run_pair
 
 pytestmark = pytest.mark.gpu
 PARAMS = SamplingParams(max_new_tokens=G.NEW_TOKENS, ignore_eos=True)

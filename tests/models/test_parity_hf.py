@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from specpilot.engine.cache import ModelCache
+from specpilot.runtime.cache import ModelCache
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model
 

@@ -9,11 +9,12 @@ import torch
 
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model
-from specpilot.spec.drafters.dflash import DFlashModel, load_dflash
-from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.models.dflash import DFlashModel
+from specpilot.spec_decode.drafters.dflash import load_dflash
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
 from specpilot.train.dflash import _features, dflash_forward, draft_config, save_dflash
 from tests.checkpoints import VOCAB
 

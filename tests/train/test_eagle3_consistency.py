@@ -7,11 +7,12 @@ import torch
 
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model
-from specpilot.spec.drafters.eagle3 import Eagle3Drafter, Eagle3Head, _head_config, eagle3_target_layers
-from specpilot.spec.tree import TreeSpec
+from specpilot.models.eagle3 import Eagle3Head, eagle3_target_layers, head_config
+from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
+from specpilot.spec_decode.tree import TreeSpec
 from specpilot.train.dflash import _features
 from specpilot.train.eagle3 import eagle3_forward, head_raw_config, save_eagle3, tap_inputs
 from tests.checkpoints import VOCAB
@@ -24,7 +25,7 @@ def _random_head(target, taps) -> tuple[Eagle3Head, dict]:
     gen = torch.Generator().manual_seed(13)
     selected = torch.randperm(VOCAB, generator=gen)[:DRAFT_VOCAB].sort().values
     raw = head_raw_config(target.config, DRAFT_VOCAB, taps)
-    head = Eagle3Head(_head_config(raw, "test"), target.config.hidden_size, DRAFT_VOCAB, False, False)
+    head = Eagle3Head(head_config(raw, "test"), target.config.hidden_size, DRAFT_VOCAB, False, False)
     with torch.no_grad():
         for name, p in head.named_parameters():
             if name not in ("d2t", "t2d"):

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from specpilot.models.loader import load_model
-from specpilot.spec.drafters.dflash import load_dflash
-from specpilot.spec.drafters.eagle3 import Eagle3Drafter, load_eagle3_head
+from specpilot.spec_decode.drafters.dflash import load_dflash
+from specpilot.models.eagle3 import load_eagle3_head
+from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.train.dflash import _features, dflash_forward
 from specpilot.train.eagle3 import eagle3_forward
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model
 from specpilot.train.rollouts import rollout_stream
 

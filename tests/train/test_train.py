@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from specpilot.cli import main
-from specpilot.engine.cache import ModelCache
+from specpilot.runtime.cache import ModelCache
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model
 from specpilot.train.corpus import load_corpus
@@ -143,10 +143,10 @@ def test_dflash_training_learns_and_loads(arch, corpus_dir, tokenizer_dir, tmp_p
     loader reads it back with the same weights, and speculative output still equals AR output."""
     from specpilot.engine.engine import SpecEngine
     from specpilot.engine.generator import Generator
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
-    from specpilot.spec.drafters.dflash import load_dflash
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
+    from specpilot.spec_decode.drafters.dflash import load_dflash
+    from specpilot.spec_decode.tree import TreeSpec
     from specpilot.models.loader import unpacked_state_dict
     from specpilot.train.dflash import train_dflash
 
@@ -200,10 +200,10 @@ def test_eagle3_training_learns_and_loads(corpus_dir, tokenizer_dir, tmp_path):
     the registry, and speculative output equals AR output."""
     from specpilot.engine.engine import SpecEngine
     from specpilot.engine.generator import Generator
-    from specpilot.engine.runner import ModelRunner
-    from specpilot.engine.sampling import SamplingParams
-    from specpilot.spec.drafters.registry import build_drafter
-    from specpilot.spec.tree import TreeSpec
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.sampling import SamplingParams
+    from specpilot.spec_decode.drafters.registry import build_drafter
+    from specpilot.spec_decode.tree import TreeSpec
     from specpilot.train.eagle3 import train_eagle3
 
     corpus = load_corpus(str(corpus_dir), held_out_percent=20)

@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from specpilot.cli import main
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import CheckpointError, CheckpointFile, load_model
 from specpilot.weights import w12n
 from specpilot.weights.compress import compress, inspect, totals
@@ -170,7 +170,7 @@ def test_a_w12n_file_without_checksums_is_refused_and_compress_rewrites_it(bf16_
 def test_compress_of_a_zoo_model_decodes_and_re_encodes_bit_exact(tmp_path, capsys):
     """Every zoo model is W12N already: compressing one again (here an EAGLE-3 head with verbatim segments, whose
     bf16 pool a plain pass would re-encode as a matrix) gives the same planes, and a drafter that loads."""
-    from specpilot.spec.drafters.eagle3 import Eagle3Drafter
+    from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 
     out = tmp_path / "dense-eagle3"
     assert main(["compress", str(ZOO / "dense-eagle3"), str(out), "--json"]) == 0

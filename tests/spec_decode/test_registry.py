@@ -8,7 +8,7 @@ import pytest
 from specpilot.config import ConfigError
 from specpilot.models.loader import CheckpointError, load_model, load_tokenizer
 from specpilot.models.random_checkpoint import write_tokenizer
-from specpilot.spec.drafters.registry import build_drafter
+from specpilot.spec_decode.drafters.registry import build_drafter
 
 
 def test_named_drafters(checkpoint_factory):
@@ -53,7 +53,7 @@ def test_draft_lm_of_another_vocab_size_is_refused_before_its_weights_load(vocab
                                                                             monkeypatch):
     """Smaller, it crashed mid-generation embedding a target token it lacks (IndexError, nothing named the
     drafter); larger, it could propose ids the target lacks. Refused from its config, its weights never read."""
-    from specpilot.spec.drafters import registry
+    from specpilot.spec_decode.drafters import registry
 
     path, _ = checkpoint_factory("qwen3")
     draft = shutil.copytree(checkpoint_factory("qwen3", num_hidden_layers=1)[0], tmp_path / "d")

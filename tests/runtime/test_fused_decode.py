@@ -6,7 +6,7 @@ import torch
 
 import specpilot.ops.qk_norm_rope_store as op
 from specpilot.config import EngineConfig
-from specpilot.engine.runner import ModelRunner
+from specpilot.runtime.runner import ModelRunner
 from specpilot.layers import attention
 from specpilot.models.loader import load_model
 
@@ -59,8 +59,8 @@ def test_fused_decode_equals_unfused(name, kernel, dtype, checkpoint_factory, mo
 def test_fused_prologue_in_verify_blocks(name, kernel, dtype, checkpoint_factory, monkeypatch):
     """A tree verify block on the tree-attention path through the fused prologue: the same greedy tokens and the
     same K/V in the cache as the unfused path (rope by depth, K/V at the nodes' storage positions)."""
-    from specpilot.spec.tree import DraftTree
-    from specpilot.spec.verify import tree_metadata
+    from specpilot.spec_decode.tree import DraftTree
+    from specpilot.spec_decode.verify import tree_metadata
 
     path, _ = checkpoint_factory(name)
     model = load_model(str(path), "cpu", dtype)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.engine.runner import ModelRunner
+from specpilot.runtime.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
-from specpilot.spec.tree import DraftTree, TreeSpec, grow
+from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 
 class DraftLMDrafter:

@@ -12,8 +12,8 @@ import functools
 import torch
 
 from specpilot.config import EngineConfig
-from specpilot.engine.cache import ModelCache
-from specpilot.engine.graphs import DecodeGraph, VerifyGraph, decode_metadata
+from specpilot.runtime.cache import ModelCache
+from specpilot.runtime.graphs import DecodeGraph, VerifyGraph, decode_metadata
 from specpilot.layers import attention, gated_deltanet, linear, pointwise
 from specpilot.layers.metadata import BatchMetadata, HostMetadata
 from specpilot.ops import pdl

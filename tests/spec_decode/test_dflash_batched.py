@@ -9,14 +9,14 @@ import torch
 import specpilot.ops.tree_attention as tree_attention_op
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers import attention
-from specpilot.spec.drafters import dflash
-from specpilot.spec.drafters.dflash import load_dflash
-from specpilot.spec.tree import TreeSpec
+from specpilot.spec_decode.drafters import dflash
+from specpilot.spec_decode.drafters.dflash import load_dflash
+from specpilot.spec_decode.tree import TreeSpec
 from tests.cuda_graph_fakes import fake_cuda_graphs
-from tests.spec.test_dflash import TARGET_LAYERS, _prompts, dflash_tensors, reference_block_logits, target, write_dflash
+from tests.spec_decode.test_dflash import TARGET_LAYERS, _prompts, dflash_tensors, reference_block_logits, target, write_dflash
 
 __all__ = ["target"]  # the fixture, shared with test_dflash
 

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model, load_tokenizer
-from specpilot.spec.drafters.registry import build_drafter
-from specpilot.spec.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeSpec
-from tests.spec.test_dflash import write_dflash
-from tests.spec.test_eagle3 import DRAFT_VOCAB, write_eagle3
+from specpilot.spec_decode.drafters.registry import build_drafter
+from specpilot.spec_decode.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeSpec
+from tests.spec_decode.test_dflash import write_dflash
+from tests.spec_decode.test_eagle3 import DRAFT_VOCAB, write_eagle3
 
 PARAMS = SamplingParams(max_new_tokens=6, ignore_eos=True)
 # a repeated phrase (the n-gram drafter finds matches) and a short prompt: a batch of two unequal lengths

@@ -10,11 +10,12 @@ from safetensors.torch import save_file
 
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import CheckpointError, load_model
-from specpilot.spec.drafters.dflash import default_target_layers, load_dflash
-from specpilot.spec.tree import TreeSpec
+from specpilot.models.dflash import default_target_layers
+from specpilot.spec_decode.drafters.dflash import load_dflash
+from specpilot.spec_decode.tree import TreeSpec
 
 H, I, NH, NKV, HD, LAYERS, BLOCK = 64, 96, 4, 2, 16, 2, 6
 TARGET_LAYERS = [0, 2]
@@ -157,7 +158,7 @@ def test_default_target_layers_follow_the_reference_spread():
 
 
 def test_registry_builds_dflash_and_rejects_other_vocabularies(target, tmp_path):
-    from specpilot.spec.drafters.registry import build_drafter
+    from specpilot.spec_decode.drafters.registry import build_drafter
 
     assert build_drafter(str(write_dflash(tmp_path / "d")), target).name == "dflash"
     with pytest.raises(CheckpointError, match="vocab_size 300 differs"):

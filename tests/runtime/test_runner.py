@@ -7,7 +7,7 @@ import torch
 
 import specpilot.ops.gated_delta_rule as op
 from specpilot.bench.shapes import hf_config, random_model
-from specpilot.engine.runner import ModelRunner
+from specpilot.runtime.runner import ModelRunner
 
 LAYERS = (0, 1)
 

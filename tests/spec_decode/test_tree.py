@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.spec.tree import DraftTree, TreeSpec, grow
-from specpilot.spec.verify import accept_greedy, tree_metadata
+from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
+from specpilot.spec_decode.verify import accept_greedy, tree_metadata
 
 
 @st.composite

@@ -13,10 +13,10 @@ from pathlib import Path
 from specpilot.config import SUPPORTED_ARCHITECTURES, ConfigError, ModelConfig
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.loader import CheckpointError, load_model, load_tokenizer, resolve_model_dir
-from specpilot.spec.drafters.dflash import load_dflash
-from specpilot.spec.drafters.draft_lm import DraftLMDrafter
-from specpilot.spec.drafters.eagle3 import Eagle3Drafter
-from specpilot.spec.drafters.ngram import NgramDrafter
+from specpilot.spec_decode.drafters.dflash import load_dflash
+from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
+from specpilot.spec_decode.drafters.ngram import NgramDrafter
 
 NAMED = {"ngram": NgramDrafter}
 # checkpoint architectures with a drafter of their own: builder(model_dir, target, dtype) -> Drafter

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specpilot.layers.metadata import BatchMetadata
-from specpilot.spec.tree import DraftTree, TreeLayout, tree_layout
-from specpilot.spec.verify import accept_greedy, tree_metadata
+from specpilot.spec_decode.tree import DraftTree, TreeLayout, tree_layout
+from specpilot.spec_decode.verify import accept_greedy, tree_metadata
 
 
 def _random_tree(rng: random.Random, n: int, vocab: int = 6) -> DraftTree:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
 
 
 class Drafter(Protocol):

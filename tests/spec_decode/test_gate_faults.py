@@ -24,16 +24,16 @@ import torch
 from specpilot.bench.shapes import hf_config, margin_model, random_dflash
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
-from specpilot.engine import cache as cache_module
-from specpilot.engine.cache import ModelCache
+from specpilot.runtime import cache as cache_module
+from specpilot.runtime.cache import ModelCache
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.ops.path_index import PathIndex
-from specpilot.spec.drafters.dflash import DFlashDrafter
-from specpilot.spec.drafters.eagle3 import Eagle3Drafter
-from specpilot.spec.tree import TreeSpec
+from specpilot.spec_decode.drafters.dflash import DFlashDrafter
+from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
+from specpilot.spec_decode.tree import TreeSpec
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 TEXTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n",
@@ -204,7 +204,7 @@ PARAMS = SamplingParams(max_new_tokens=16)
 
 
 def _drafter(target, name):
-    from specpilot.spec.drafters.registry import build_drafter
+    from specpilot.spec_decode.drafters.registry import build_drafter
 
     return lambda: build_drafter(str(ZOO / name), target)
 

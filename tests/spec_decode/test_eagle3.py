@@ -15,12 +15,13 @@ from safetensors.torch import save_file
 from specpilot.config import ConfigError
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
-from specpilot.engine.runner import ModelRunner
-from specpilot.engine.sampling import SamplingParams
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import CheckpointError, load_model
-from specpilot.spec.drafters.eagle3 import Eagle3Drafter, eagle3_target_layers
-from specpilot.spec.drafters.registry import build_drafter
-from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.models.eagle3 import eagle3_target_layers
+from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
+from specpilot.spec_decode.drafters.registry import build_drafter
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
 
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, DRAFT_VOCAB, TARGET_LAYERS = 64, 4, 2, 16, 96, 320, 200, 8
 EPS, THETA = 1e-6, 10000.0

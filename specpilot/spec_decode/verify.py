@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from specpilot.layers.metadata import BatchMetadata, HostMetadata, packed_spans
-from specpilot.spec.tree import DraftTree, TreeLayout
+from specpilot.spec_decode.tree import DraftTree, TreeLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ a tree takes continuations of several matches with distinct next tokens as branc
 
 from __future__ import annotations
 
-from specpilot.spec.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.tree import DraftTree, TreeSpec
 
 
 class NgramDrafter:
