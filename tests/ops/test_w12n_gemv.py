@@ -337,16 +337,14 @@ def test_asm_decode_compiles_for_sm90(tmp_path):
         assert "PRMT" in res[name]["ops_fast"] or "F2FP" in res[name]["ops_fast"], res[name]["ops_fast"]
     for name in ("w12n_mma.M1", "w12n_mma.M16"):  # the products on the tensor cores: one mma per 8 weights a lane
         assert res[name]["ops_fast"].get("HMMA", 0) == (4 if name.endswith("M1") else 8), res[name]["ops_fast"]
-    # verbatim segments are added after the K loop, so a tensor with some keeps the plain loop (an inline fix-up
-    # cost 279-303 instructions against 189-216; now 206 / 191 with Triton 3.6)
+    # verbatim segments are added after the K loop, so a tensor with some keeps the plain loop
+    # (docs/decisions/2026-11-30-w12n-verbatim-pass.md)
     plain, verbatim = res["w12n_mma.M1"], res["w12n_mma_verbatim.M1"]
     assert verbatim["ops_fast"].get("HMMA", 0) == 4 and verbatim["loop"] <= 1.15 * plain["loop"], (plain, verbatim)
-    ks8 = res["w12n_mma_verbatim_ks8.M1"]  # 8 warps at segment 256: no division left in the loop (232 before)
+    ks8 = res["w12n_mma_verbatim_ks8.M1"]  # 8 warps at segment 256: no division left in the loop
     assert ks8["ops_fast"].get("HMMA", 0) == 4 and ks8["loop"] <= 1.1 * plain["loop"], (plain, ks8)
     swiglu = res["w12n_mma_swiglu.M1"]  # the SwiGLU epilogue changes what follows the loop only
     assert swiglu["ops_fast"].get("HMMA", 0) == 4 and abs(swiglu["loop"] - plain["loop"]) <= 4, (plain, swiglu)
-    for name in ("w12n_mma_half.M1", "w12n_mma_half.M16"):  # 8 rows per program: 4 mmas per 16 weights, any M
-        assert res[name]["ops_fast"].get("HMMA", 0) == 4 and res[name]["per_weight"] <= 9.5, res[name]
 
 
 def test_tiled_planes_put_each_lane_fragment_together():
@@ -464,64 +462,6 @@ def test_swiglu_planes_emulated(make):
     assert torch.equal(rows[16 * block + g] + t.n // 2, rows[16 * block + g + 8])  # row g + 8 is row g's up
 
 
-def _emulated_mma_half(x: torch.Tensor, t) -> torch.Tensor:
-    """The HALF launch's data flow on a CPU (KS = 1): program p owns rows 8 (p % 2) .. + 8 of 16-row block p // 2,
-    each lane decodes row g of that half from the tile-major planes, and the swapped mma (x as A, W as B) runs on
-    the PTX interpreter; then the verbatim pass with the same operands."""
-    from specpilot.ops.w12n_gemv import mma
-    from tests.ops import ptx
-
-    M, blocks, chunks = x.shape[0], -(-t.n // 16), t.padded_k // 64
-    progs = 2 * blocks
-    A, B = mma.tiled_planes(t)
-    a = A.view(blocks, chunks, 2, 32, 16).view(torch.int32).long() & ptx.M32
-    b = B.view(blocks, chunks, 2, 32, 8).view(torch.int32).long() & ptx.M32
-    a = a.transpose(1, 2).reshape(progs, chunks, 32, 4)  # program p = (block, half)
-    b = b.transpose(1, 2).reshape(progs, chunks, 32, 2)
-    lane = torch.arange(32)
-    g, tt = lane // 4, lane % 4
-    row0 = 16 * (torch.arange(progs) // 2) + 8 * (torch.arange(progs) % 2)
-    rows = (row0[:, None] + g).clamp(max=t.n - 1)  # [progs, lane]
-    vt = mma.verbatim_tables(t) if t.verbatim.shape[0] else None
-    segs = 64 * torch.arange(chunks) // t.segment
-    xe = (t.xe if vt is None else vt.xe).long()[rows[:, None, :], segs[None, :, None]]  # [progs, chunks, lane]
-    ops = {8 + j: a[..., j] for j in range(4)}
-    ops.update({12: b[..., 0], 13: b[..., 1]})
-    ops.update({14 + j: (xe << 7) | (xe << 23) for j in range(4)})
-    ops.update({18 + j: torch.full_like(xe, (t.base << 7) | (t.base << 23)) for j in range(4)})
-    out = ptx.run(mma._DECODE_CHUNK.value, ops)
-    p02, p13 = [out[j] for j in range(4)], [out[4 + j] for j in range(4)]
-    xw = torch.zeros(M, t.padded_k // 4, dtype=torch.int64)
-    xw[:, :t.k // 4] = x.contiguous().view(torch.int64)
-    acc = [torch.zeros(progs, 32, dtype=torch.int64) for _ in range(4)]
-
-    def run_mma(q02, q13, chunk, acc, live):  # q02 / q13: 4 x [progs, 32]; chunk: [progs]
-        ops = {4 + j: q02[j] for j in range(4)}
-        ops.update({8 + j: q13[j] for j in range(4)})
-        ops.update({12 + j: xw[g.clamp(max=M - 1), 16 * chunk[:, None] + 4 * tt + j] for j in range(4)})
-        ops.update({16 + j: xw[(g + 8).clamp(max=M - 1), 16 * chunk[:, None] + 4 * tt + j] for j in range(4)})
-        ops.update({20 + i: acc[i] for i in range(4)})
-        res = ptx.run(mma._MMA_HALF.value, ops)
-        return [torch.where(live[:, None], res[i], acc[i]) for i in range(4)]
-
-    every = torch.ones(progs, dtype=torch.bool)
-    for c in range(chunks):
-        acc = run_mma([q[:, c] for q in p02], [q[:, c] for q in p13], torch.full((progs,), c), acc, every)
-    if vt is not None:
-        words = t.verbatim.view(torch.int64)
-        blk = torch.arange(progs) // 2
-        for q in range(int(vt.vcount.max())):
-            seg = vt.vseg[blk, q].long()
-            vr = vt.vq.long()[rows, q]  # [progs, lane]
-            for r in range(t.segment // 64):
-                q02, q13 = _pool_pairs(words, vr, 16 * r + 4 * tt)
-                acc = run_mma(q02, q13, seg * (t.segment // 64) + r, acc, q < vt.vcount[blk])
-    y = torch.zeros(16, progs * 8)
-    for i, (dn, dr) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):  # d0..d3: (activation row, weight row)
-        vals = acc[i].to(torch.int32).view(torch.float32)
-        y[g + dn, 8 * torch.arange(progs)[:, None] + 2 * tt + dr] = vals
-    return y[:M, :t.n]
-
 @pytest.mark.parametrize("N,K,segment", [(37, 300, 128), (16, 512, 256)])
 def test_mma_kernel_asm_emulated(N, K, segment):
     """The tensor-core kernel's decode and mma asm, run by a PTX interpreter on the lanes' registers: one-hot
@@ -534,12 +474,6 @@ def test_mma_kernel_asm_emulated(N, K, segment):
     assert torch.equal(_emulated_mma_gemv(onehot, t), decode(t).float()[:, cols].T)
     x = make_x(5, K, torch.bfloat16)
     check("w12n mma (emulated)", w12n_gemv_ref, x, t, _emulated_mma_gemv(x, t).to(torch.bfloat16))
-    # the HALF launch (8 weight rows per program, operands swapped): also exact, and its M = 16 rows in one mma
-    assert torch.equal(_emulated_mma_half(onehot, t), decode(t).float()[:, cols].T)
-    x16 = make_x(16, K, torch.bfloat16)
-    half = _emulated_mma_half(x16, t).to(torch.bfloat16)
-    check("w12n mma half (emulated)", w12n_gemv_ref, x16, t, half)
-    assert torch.equal(_emulated_mma_half(x16[3:4], t).to(torch.bfloat16), half[3:4])  # batch invariance
 
 
 
@@ -575,8 +509,7 @@ def test_mma_kernel_asm_emulated_sparse_verbatim():
     assert torch.equal(_emulated_mma_gemv(onehot, t), decode(t).float()[:, cols].T)
     x = make_x(3, 512, torch.bfloat16)
     check("w12n mma (emulated)", w12n_gemv_ref, x, t, _emulated_mma_gemv(x, t).to(torch.bfloat16))
-    assert torch.equal(_emulated_mma_half(onehot, t), decode(t).float()[:, cols].T)
-    check("w12n mma half (emulated)", w12n_gemv_ref, x, t, _emulated_mma_half(x, t).to(torch.bfloat16))
+
 
 def test_mma_launch_rules():
     """The K split always divides the chunk count (no masked chunks) and never depends on M (batch invariance);
@@ -584,14 +517,14 @@ def test_mma_launch_rules():
     compiler's registers."""
     from types import SimpleNamespace
 
-    from specpilot.ops.w12n_gemv.mma import Launch, default_launch, default_warps, resolve_launch
+    from specpilot.ops.w12n_gemv.mma import Launch, default_launch, resolve_launch
 
     for n, k in [(6144, 4096), (4096, 4096), (5120, 17408), (248320, 5120), (40, 320), (16, 192)]:
         t = SimpleNamespace(n=n, padded_k=k)
         for m in (1, 8, 16):
             assert (k // 64) % default_launch(t, m).warps == 0
     o_proj, lm_head = (SimpleNamespace(n=n, padded_k=4096) for n in (4096, 151936))
-    assert default_launch(o_proj, 1) == default_launch(o_proj, 8) == Launch(warps=8, depth=1, maxnreg=80)
+    assert default_launch(o_proj, 1) == default_launch(o_proj, 8) == Launch(warps=8, maxnreg=80)
     assert default_launch(o_proj, 16) == Launch(warps=8)  # two x tiles: no cap; the K split stays (invariance)
     for n, k in [(6144, 4096), (5120, 6144), (5120, 17408), (24576, 4096), (248320, 5120), (40, 320)]:
         t = SimpleNamespace(n=n, padded_k=k)
@@ -607,13 +540,11 @@ def test_mma_launch_rules():
         assert default_launch(t, 1) == default_launch(t, 8) == Launch(warps=4, maxnreg=80)
         assert default_launch(t, 16) == Launch(warps=4)
     assert default_launch(SimpleNamespace(n=4096, padded_k=192), 1).maxnreg is None  # 3 chunks: 8 does not divide
-    # overrides: another K split drops the cap and loads one chunk ahead unless told otherwise
+    # overrides: another K split drops the cap unless one is given; a cap alone keeps the default's K split
     assert resolve_launch(o_proj, 1, 132, warps=4) == Launch(warps=4)
-    assert resolve_launch(o_proj, 1, 132, depth=2) == Launch(warps=8, depth=2)
+    assert resolve_launch(o_proj, 1, 132, warps=4, maxnreg=96) == Launch(warps=4, maxnreg=96)
+    assert resolve_launch(o_proj, 1, 132, maxnreg=96) == Launch(warps=8, maxnreg=96)
     assert resolve_launch(o_proj, 1, 132, warps=8) == default_launch(o_proj, 1)
-    assert resolve_launch(o_proj, 1, 132, rows=8) == Launch(warps=8, rows=8)  # HALF: opt-in only
-    assert all(default_launch(SimpleNamespace(n=n, padded_k=4096), m).rows == 16 for n in (64, 4096, 151936)
-               for m in (1, 8, 16))
 
 
 def test_fma_kernel_asm_emulated():

@@ -19,25 +19,21 @@ are mma columns, each computed on its own by the tensor cores, so row m of an M-
 bitwise (bench/kernel_check.py checks it on the GPU). The sums round differently from the FMA kernel's
 (triton.py), which stays the reference formulation that runs under the interpreter.
 
-Opt-in, HALF (rows=8): the operands swapped, W the mma's B operand and x its A operand: a lane decodes one row
-(g) of one half of the block, a program owns 8 rows, so there are twice the programs, and one mma covers all
-16 activation rows (H200: slower at M = 1 and 8, faster at M = 16 only; README.md).
-
 Verbatim segments (XE == 255) are added after the K loop, so that loop is the same code with or without them
-(61 registers against 77-98 with an inline fix-up, Triton 3.6, sm_90). A tensor that has any gets derived tables
+(docs/decisions/2026-11-30-w12n-verbatim-pass.md). A tensor that has any gets derived tables
 (`verbatim_tables`, once per tensor on its device): its tile-major planes hold zeros in verbatim segments and the
 loop reads an XE table with 0 there, so those weights decode to +0 and add nothing; then each program walks the
 list of its block's segments that have a verbatim row, and the warps run the pool's bf16 words (zeros for the
 rows whose segment is inline) through the same mmas. The sums round in a fixed order that M never changes.
-Neither issuing the first two listed segments' loads together nor running the pass before the K loop changed the
-time (H200, README.md): the pass's latency is not what verbatim segments cost.
 
 SwiGLU (`w12n_swiglu_gemv`): for an MLP's packed [gate; up] matrix the kernel forms silu(gate) * up in its
 epilogue, so no separate silu_mul kernel runs between the two projections of a decode step (a kernel that also
 broke the chain of PDL launches). Its tile-major planes take the rows in another order (`glu_rows`): block b's
 rows 0..7 are gate rows 8b..8b+7 and rows 8..15 the matching up rows, so lane (g, t) holds the gate (c0, c1) and
 the up (c2, c3) of the same two outputs. Each is rounded to bf16 as the plain product would be, then
-bf16(gate * sigmoid(gate) * up) in fp32, as the gated GEMVs form it (ops/gemv); M never changes a bit.
+bf16(gate * sigmoid(gate) * up) in fp32, as the gated GEMVs form it (ops/gemv); M never changes a bit. Under
+PDL this launch lets its dependents (the down GEMV) start after its K loop, the plain one at its start
+(docs/decisions/2026-12-01-w12n-pdl-trigger.md).
 """
 
 from __future__ import annotations
@@ -96,43 +92,22 @@ _DECODE_CHUNK = gl.constexpr(_decode_chunk_asm())
 _DECODE_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 14))
 
 
-def _mma_chunk_asm(half: bool = False) -> str:
+def _mma_chunk_asm() -> str:
     """pack = 4 over j: $4-$7 (w0, w2) of row g, $8-$11 (w1, w3) of row g, $12-$15 / $16-$19 the same for row
     g + 8, $20-$23 x words (4 bf16 of activation row n), $24-$27 the accumulator c0..c3 -> $0-$3. Word j is the
-    mma's k-step j; fragment column pairs (2t, 2t+1) and (2t+8, 2t+9) are weights (0, 2) and (1, 3) of it.
-    half (HALF programs of 8 weight rows, the operands swapped): $4-$7 / $8-$11 (w0, w2) / (w1, w3) of weight row
-    g are the B fragment (b0: k = 2t, 2t + 1 at n = g; b1: k = 2t + 8, 2t + 9); $12-$15 / $16-$19 the x words of
-    activation rows g / g + 8 permuted into the A fragment (a0 / a2: row g, a1 / a3: row g + 8); $20-$23 the
-    accumulator -> $0-$3: d0, d1 = activation row g at weight rows 2t, 2t + 1; d2, d3 = row g + 8."""
-    acc = 20 if half else 24
-    regs = "l0, l1, h0, h1, a0, a1, a2, a3" if half else "xl, xh, b0, b1"
-    lines = ["{", f".reg .b32 {regs};", ".reg .f32 d0, d1, d2, d3;"]
+    mma's k-step j; fragment column pairs (2t, 2t+1) and (2t+8, 2t+9) are weights (0, 2) and (1, 3) of it."""
+    lines = ["{", ".reg .b32 xl, xh, b0, b1;", ".reg .f32 d0, d1, d2, d3;"]
     for j in range(4):
-        src = ", ".join(f"${acc + i}" for i in range(4)) if j == 0 else "d0, d1, d2, d3"
+        src = ", ".join(f"${24 + i}" for i in range(4)) if j == 0 else "d0, d1, d2, d3"
         dst = "$0, $1, $2, $3" if j == 3 else "d0, d1, d2, d3"
-        if half:
-            lines += [f"mov.b64 {{l0, l1}}, ${12 + j};", f"mov.b64 {{h0, h1}}, ${16 + j};",
-                      "prmt.b32 a0, l0, l1, 0x5410;", "prmt.b32 a2, l0, l1, 0x7632;",
-                      "prmt.b32 a1, h0, h1, 0x5410;", "prmt.b32 a3, h0, h1, 0x7632;"]
-            frags = f"{{a0, a1, a2, a3}}, {{${4 + j}, ${8 + j}}}"
-        else:
-            lines += [f"mov.b64 {{xl, xh}}, ${20 + j};", "prmt.b32 b0, xl, xh, 0x5410;",
-                      "prmt.b32 b1, xl, xh, 0x7632;"]
-            frags = f"{{${4 + j}, ${12 + j}, ${8 + j}, ${16 + j}}}, {{b0, b1}}"
+        lines += [f"mov.b64 {{xl, xh}}, ${20 + j};", "prmt.b32 b0, xl, xh, 0x5410;", "prmt.b32 b1, xl, xh, 0x7632;"]
+        frags = f"{{${4 + j}, ${12 + j}, ${8 + j}, ${16 + j}}}, {{b0, b1}}"
         lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dst}}}, {frags}, {{{src}}};")
     return "\n".join(lines + ["}"])
 
 
 _MMA_CHUNK = gl.constexpr(_mma_chunk_asm())
 _MMA_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 16 + ["l"] * 4 + ["f"] * 4))
-_MMA_HALF = gl.constexpr(_mma_chunk_asm(half=True))
-_MMA_HALF_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 8 + ["l"] * 8 + ["f"] * 4))
-
-
-@gluon.jit
-def _mma_half(p02, p13, xl, xh, acc):
-    return gl.inline_asm_elementwise(_MMA_HALF, _MMA_HALF_CONSTRAINTS, [p02, p13, xl, xh, acc],
-                                     dtype=gl.float32, is_pure=True, pack=4)
 
 
 @gluon.jit
@@ -164,7 +139,7 @@ def _pool_pairs(v_ptr, vr, off, ok, SEGMENT: gl.constexpr):
 
 @gluon.jit
 def _verbatim_segment(acc_lo, acc_hi, s, vr_g, vr_h, v_ptr, x_lo, x_hi, K, w, lane, j, KS: gl.constexpr,
-                      SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr, HALF: gl.constexpr):
+                      SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
     """Adds segment s of this 16-row block from the pool: warp w takes the segment's chunks w, w + KS, ... and
     runs the pool words of rows g / g + 8 (pool rows vr_g / vr_h; zeros where -1) with x through the chunk's
     mmas. x_lo / x_hi: pointers to the lanes' x rows (word 0)."""
@@ -176,32 +151,26 @@ def _verbatim_segment(acc_lo, acc_hi, s, vr_g, vr_h, v_ptr, x_lo, x_hi, K, w, la
         word = s * (SEGMENT // 4) + off
         live = ok if EVEN_K else ok & (word < K // 4)
         xl = gl.load(x_lo + word, mask=live, other=0)
-        if HALF:
-            p02, p13 = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
-            xh = gl.load(x_hi + word, mask=live, other=0) if TWO_N else xl
-            acc_lo = _mma_half(p02, p13, xl, xh, acc_lo)
-        else:
-            p02_g, p13_g = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
-            p02_h, p13_h = _pool_pairs(v_ptr, vr_h, off, ok, SEGMENT)
-            acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
-            if TWO_N:
-                xh = gl.load(x_hi + word, mask=live, other=0)
-                acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+        p02_g, p13_g = _pool_pairs(v_ptr, vr_g, off, ok, SEGMENT)
+        p02_h, p13_h = _pool_pairs(v_ptr, vr_h, off, ok, SEGMENT)
+        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
+        if TWO_N:
+            xh = gl.load(x_hi + word, mask=live, other=0)
+            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
     return acc_lo, acc_hi
 
 
 @gluon.jit
 def _verbatim_pass(acc_lo, acc_hi, n_v, s0, vr0_g, vr0_h, vq_g, vq_h, vseg, v_ptr, x_lo, x_hi, K, w, lane, j,
-                   KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-                   HALF: gl.constexpr):
+                   KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
     """Adds the block's n_v listed verbatim segments (vseg: the block's list; s0 / vr0_*: its first entry and pool
     rows, loaded before the K loop) in list order."""
     if n_v > 0:
         acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, s0, vr0_g, vr0_h, v_ptr, x_lo, x_hi, K, w, lane, j, KS,
-                                           SEGMENT, EVEN_K, TWO_N, HALF)
+                                           SEGMENT, EVEN_K, TWO_N)
     for q in range(1, n_v):
         acc_lo, acc_hi = _verbatim_segment(acc_lo, acc_hi, gl.load(vseg + q), gl.load(vq_g + q), gl.load(vq_h + q),
-                                           v_ptr, x_lo, x_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
+                                           v_ptr, x_lo, x_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N)
     return acc_lo, acc_hi
 
 
@@ -226,20 +195,6 @@ def _store_tile(y_ptr, acc, row0, n0, M, N, stride_ym, KS: gl.constexpr):
     j = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, lo)), 0)
     rows = row0 + lane // 4 + 8 * (j // 2)
     n = n0 + 2 * (lane % 4) + j % 2
-    ok = (n < M) & (rows < N)
-    gl.store(y_ptr + n * stride_ym + rows, _bf16_bits(tot), mask=ok)
-
-
-@gluon.jit
-def _store_half(y_ptr, acc, row0, M, N, stride_ym, KS: gl.constexpr):
-    """HALF programs: sum the KS warps' accumulators (fixed order) and store lane (g, t)'s d0..d3 as bf16 bits at
-    y[n, row]: n = g / g + 8, rows row0 + 2t / 2t + 1."""
-    tot = gl.sum(acc, axis=0)
-    lo: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0]))
-    lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(1, lo)), 1)
-    j = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, lo)), 0)
-    n = lane // 4 + 8 * (j // 2)
-    rows = row0 + 2 * (lane % 4) + j % 2
     ok = (n < M) & (rows < N)
     gl.store(y_ptr + n * stride_ym + rows, _bf16_bits(tot), mask=ok)
 
@@ -273,9 +228,7 @@ def _bf16_float(y):
 def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, vcount_ptr, y_ptr, M, N, K, S,
                           n_iter, BASE, stride_xm, stride_xen, stride_ym,
                           KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-                          HAS_VERBATIM: gl.constexpr, DEPTH: gl.constexpr, PDL: gl.constexpr,
-                          HALF: gl.constexpr = False, SWIGLU: gl.constexpr = False,
-                          LATE_TRIGGER: gl.constexpr = False):
+                          HAS_VERBATIM: gl.constexpr, PDL: gl.constexpr, SWIGLU: gl.constexpr = False):
     # x_ptr: bf16 x as int64 words; y_ptr: the bf16 output as int16 bits; a_ptr / b_ptr: the tile-major A (int32
     # words) and B (int16 words) planes; v_ptr: the pool as int64 words; xe_ptr: XE with 0 in verbatim segments
     L: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
@@ -286,16 +239,9 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     g = lane // 4
     n_chunks = S * (SEGMENT // CHUNK)
     # chunk c of this row block: [2][32 lanes][4 words] of A and of B, contiguous; warp w starts at chunk w
-    if HALF:  # half pid % 2 of 16-row block pid // 2: rows g only, W the mma's B operand
-        blk = pid // 2
-        row0 = blk * 16 + 8 * (pid % 2)
-        a_g = a_ptr + ((blk * n_chunks + w).to(gl.int64) * 2 + pid % 2) * 128 + lane * 4 + j
-        b_g = b_ptr + ((blk * n_chunks + w).to(gl.int64) * 2 + pid % 2) * 128 + lane * 4 + j
-    else:
-        blk = pid
-        row0 = pid * 16
-        a_g = a_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
-        b_g = b_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+    row0 = pid * 16
+    a_g = a_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
+    b_g = b_ptr + ((pid * n_chunks + w).to(gl.int64) * 2) * 128 + lane * 4 + j
     # rows past N (the last block of a ragged N) read row N - 1's tables: their results are never stored
     row_g = gl.minimum(row0 + g, N - 1).to(gl.int64)
     row_h = gl.minimum(row0 + g + 8, N - 1).to(gl.int64)
@@ -312,95 +258,75 @@ def _w12n_mma_gemv_kernel(x_ptr, a_ptr, b_ptr, xe_ptr, v_ptr, vq_ptr, vseg_ptr, 
     acc_lo = gl.zeros([KS, 32, 4], gl.float32, L)
     acc_hi = gl.zeros([KS, 32, 4], gl.float32, L)
     # iterations: where an iteration spans several segments (KS > SEGMENT / 64: 8 warps at segment 256) the
-    # host's count; n_chunks // KS there left an unsigned division (the wrap below) in every iteration, 232
-    # instructions against 205 (Triton 3.6, sm_90), while elsewhere the compiler removes it from its own count
+    # host's count, since n_chunks // KS there leaves an unsigned division (the wrap below) in every iteration;
+    # elsewhere the compiler removes it from its own count (docs/decisions/2026-12-01-w12n-mma-iteration-count.md)
     n_iter = n_chunks // KS if KS <= SEGMENT // CHUNK else n_iter
     ptrs = (a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K)
-    if PDL and not LATE_TRIGGER:
+    # under PDL the SwiGLU launch lets its dependents start only after its K loop (below), the plain one at once
+    # (docs/decisions/2026-12-01-w12n-pdl-trigger.md)
+    if PDL and not SWIGLU:
         _gdc("griddepcontrol.launch_dependents; // $0")
-    # register pipeline: iteration i issues the loads of i + DEPTH before it decodes its own, so DEPTH + 1 chunks
-    # per thread are in flight. Loads past the last chunk wrap to the warp's first chunks on purpose (valid
-    # addresses, words unused, DEPTH chunks per warp read twice): a peeled loop that loads nothing there and a
-    # cp.async ring in shared memory were both measured slower (specpilot/ops/w12n_gemv/README.md). The weights
-    # never depend on the previous kernel: under PDL the first chunks stream in while it finishes.
-    cur = _weights(ptrs, 0, KS, SEGMENT, HALF)
-    nxt = _weights(ptrs, 1 % n_iter, KS, SEGMENT, HALF)
+    # register pipeline: iteration i issues the loads of chunk i + 1 before it decodes chunk i. The last loads wrap
+    # to the warp's first chunk (a valid address, words unused) rather than being peeled or masked off
+    # (docs/decisions/2026-11-30-w12n-mma-loads-ahead.md). The weights never depend on the previous kernel: under
+    # PDL the first chunk streams in while it finishes.
+    cur = _weights(ptrs, 0, KS, SEGMENT)
     if HAS_VERBATIM:  # the first listed segment's lookups (no load's address depends on another's value: a warp
         # stalls at the first use only, after the loop)
         vq_g = vq_ptr + row_g * S
         vq_h = vq_ptr + row_h * S
-        n_v = gl.load(vcount_ptr + blk)
-        s0 = gl.load(vseg_ptr + blk * S)  # 0 when the block has none (the row is zero-padded)
+        n_v = gl.load(vcount_ptr + pid)
+        s0 = gl.load(vseg_ptr + pid * S)  # 0 when the block has none (the row is zero-padded)
         vr0_g = gl.load(vq_g)
         vr0_h = gl.load(vq_h)
     if PDL:
         _gdc("griddepcontrol.wait; // $0")
     cur = cur + _xs(ptrs, 0, KS, EVEN_K, TWO_N)
-    nxt = nxt + _xs(ptrs, 1 % n_iter, KS, EVEN_K, TWO_N)
     for i in range(0, n_iter):
-        ahead = (i + DEPTH) % n_iter
-        if DEPTH == 2:
-            after = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
-        else:
-            nxt = _chunk(ptrs, ahead, KS, SEGMENT, EVEN_K, TWO_N, HALF)
-        acc_lo, acc_hi = _step(cur, acc_lo, acc_hi, base_lanes, TWO_N, HALF)
-        if DEPTH == 2:
-            cur = nxt
-            nxt = after
-        else:
-            cur = nxt
+        nxt = _chunk(ptrs, (i + 1) % n_iter, KS, SEGMENT, EVEN_K, TWO_N)
+        acc_lo, acc_hi = _step(cur, acc_lo, acc_hi, base_lanes, TWO_N)
+        cur = nxt
     if HAS_VERBATIM:  # the block's listed segments (usually none or a few), after the K loop
-        acc_lo, acc_hi = _verbatim_pass(acc_lo, acc_hi, n_v, s0, vr0_g, vr0_h, vq_g, vq_h, vseg_ptr + blk * S, v_ptr,
-                                        x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N, HALF)
-    if PDL and LATE_TRIGGER:  # the next kernel's programs take SM slots only as this grid's sums are done
+        acc_lo, acc_hi = _verbatim_pass(acc_lo, acc_hi, n_v, s0, vr0_g, vr0_h, vq_g, vq_h, vseg_ptr + pid * S, v_ptr,
+                                        x_row_lo, x_row_hi, K, w, lane, j, KS, SEGMENT, EVEN_K, TWO_N)
+    if PDL and SWIGLU:  # the down GEMV's programs take SM slots only as this grid's sums are done
         _gdc("griddepcontrol.launch_dependents; // $0")
-    if HALF:
-        _store_half(y_ptr, acc_lo, row0, M, N, stride_ym, KS)
-    elif SWIGLU:
+    if SWIGLU:
         _store_swiglu(y_ptr, acc_lo, pid, 0, M, stride_ym, KS)
         if TWO_N:
             _store_swiglu(y_ptr, acc_hi, pid, 8, M, stride_ym, KS)
     else:
-        _store_tile(y_ptr, acc_lo, pid * 16, 0, M, N, stride_ym, KS)
+        _store_tile(y_ptr, acc_lo, row0, 0, M, N, stride_ym, KS)
         if TWO_N:
-            _store_tile(y_ptr, acc_hi, pid * 16, 8, M, N, stride_ym, KS)
+            _store_tile(y_ptr, acc_hi, row0, 8, M, N, stride_ym, KS)
 
 
 @gluon.jit
-def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr,
-           HALF: gl.constexpr):
-    return _weights(ptrs, i, KS, SEGMENT, HALF) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
+def _chunk(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, EVEN_K: gl.constexpr, TWO_N: gl.constexpr):
+    return _weights(ptrs, i, KS, SEGMENT) + _xs(ptrs, i, KS, EVEN_K, TWO_N)
 
 
 @gluon.jit
-def _step(cur, acc_lo, acc_hi, base_lanes, TWO_N: gl.constexpr, HALF: gl.constexpr):
+def _step(cur, acc_lo, acc_hi, base_lanes, TWO_N: gl.constexpr):
     """Decode one chunk (its raw words in cur) and run its mmas into the accumulators."""
-    if HALF:  # one row per lane; one mma covers all 16 activation rows
-        ag, bg, eg, xl, xh = cur
-        p02, p13 = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
-        acc_lo = _mma_half(p02, p13, xl, xh, acc_lo)
-    else:
-        ag, ah, bg, bh, eg, eh, xl, xh = cur
-        p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
-        p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
-        acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
-        if TWO_N:
-            acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
+    ag, ah, bg, bh, eg, eh, xl, xh = cur
+    p02_g, p13_g = _pairs(ag.to(gl.uint32, bitcast=True), bg.to(gl.uint16, bitcast=True), eg, base_lanes)
+    p02_h, p13_h = _pairs(ah.to(gl.uint32, bitcast=True), bh.to(gl.uint16, bitcast=True), eh, base_lanes)
+    acc_lo = _mma(p02_g, p13_g, p02_h, p13_h, xl, acc_lo)
+    if TWO_N:
+        acc_hi = _mma(p02_g, p13_g, p02_h, p13_h, xh, acc_hi)
     return acc_lo, acc_hi
 
 
 @gluon.jit
-def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr, HALF: gl.constexpr):
-    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 (HALF: row g) and the chunk segment's XE."""
+def _weights(ptrs, i, KS: gl.constexpr, SEGMENT: gl.constexpr):
+    """Iteration i's A (int32) and B (int16) words of rows g and g + 8 and the chunk segment's XE."""
     a_g, b_g, xe_g, xe_h, x_lo, x_hi, word0, w, K = ptrs
     step = i * (256 * KS)
     s = (i * KS + w) // (SEGMENT // CHUNK)
     # weights are read once: evict first, so x and the small tables stay in cache
-    if HALF:
-        return (_stream(a_g + step), _stream(b_g + step), gl.load(xe_g + s).to(gl.uint32))
-    else:
-        return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
-                gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
+    return (_stream(a_g + step), _stream(a_g + step + 128), _stream(b_g + step), _stream(b_g + step + 128),
+            gl.load(xe_g + s).to(gl.uint32), gl.load(xe_h + s).to(gl.uint32))
 
 
 @gluon.jit
@@ -436,14 +362,9 @@ def _x_load(ptrs, word, K, EVEN_K: gl.constexpr):
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch of the kernel: warps (K slices) per program, chunks loaded ahead, ptxas register cap, weight rows
-    per program: 16 (W is the mma's A operand, rows g and g + 8 per lane) or 8 (HALF: W the B operand, x the A
-    operand, one row per lane, twice the programs; slower at M = 1 and 8 on an H200, faster at M = 16 only, which
-    must keep the M = 1 K split: opt-in)."""
+    """One launch of the kernel: warps (K slices) per 16-row program and the ptxas register cap."""
     warps: int
-    depth: int = 1
     maxnreg: int | None = None
-    rows: int = 16
 
 
 def default_warps(t: W12NTensor, sms: int = 132) -> int:
@@ -461,19 +382,13 @@ def _small_n(t: W12NTensor, sms: int) -> bool:
 
 
 def default_launch(t: W12NTensor, m: int, sms: int = 132) -> Launch:
-    """Small N: 8 warps, depth 1, and at M <= 8 at most 80 registers, so that 3 programs (24 warps) fit an SM.
-    Elsewhere default_warps, depth 1, the compiler's registers. The K split depends on the shape alone, never on
-    M: it fixes the order of the sums, and row m of an M-row call must equal the M = 1 call bitwise.
-    H200, weights without verbatim segments (f59217d, bench/results/w12n_gemv_clean_sweep_h200.json, against cuBLAS
-    bf16 at M = 1 / 8): 8B o_proj 1.26x / 1.18x (the old 8-warp depth-2 launch 0.99x / 0.92x), 8B down 1.28x /
-    1.27x, 8B qkv 1.34x / 1.12x, 27B down 1.25x / 1.26x, 27B o_proj 1.07x / 1.03x (the old launch 0.85x).
-    Depth 2 under a cap spills. Large N, M <= 8 (4 warps): at >= 10 blocks per SM an 80-register cap, which helped
-    gate_up (8B 41.7 -> 38.9 us, 27B 70.8 -> 67.0 us at M = 1) and left the LM heads level
-    (w12n_gemv_large_cap_clean_h200.json) but cost attn_qkv and gdn_in_proj, whose blocks then need a second wave
-    (w12n_gemv_sweep_large_h200.json); with verbatim segments a cap of 64 where it saves a wave (27B gdn_in_proj,
-    1,030 blocks: 41.2 -> 35.1 us at M = 1, 42.3 -> 36.5 at M = 8; w12n_gemv_caps_random_h200.json)."""
+    """Small N: 8 warps, and at M <= 8 at most 80 registers, so that 3 programs (24 warps) fit an SM. Elsewhere
+    default_warps and the compiler's registers, except at M <= 8: an 80-register cap at >= 10 blocks per SM, and
+    with verbatim segments a cap of 64 where it saves a wave. The K split depends on the shape alone, never on M:
+    it fixes the order of the sums, and row m of an M-row call must equal the M = 1 call bitwise. The H200
+    measurements behind each rule: docs/decisions/2026-11-30-w12n-mma-launch-rule.md."""
     if _small_n(t, sms) and (t.padded_k // CHUNK.value) % 8 == 0:
-        return Launch(warps=8, depth=1, maxnreg=80 if m <= 8 else None)
+        return Launch(warps=8, maxnreg=80 if m <= 8 else None)
     blocks, warps = -(-t.n // 16), default_warps(t, sms)
     if blocks >= 10 * sms and m <= 8:  # many blocks per SM: registers for loads in flight beat occupancy
         return Launch(warps=warps, maxnreg=80)
@@ -598,34 +513,23 @@ def glu_supported(t: W12NTensor) -> bool:
     return t.n % 16 == 0
 
 
-def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None, depth: int | None = None,
-                   maxnreg: int | None = None, rows: int | None = None) -> Launch:
-    """The launch for explicit overrides: default_launch where warps is None or the default's; another warps
-    count gets depth 1 and no cap unless given; an explicit depth drops the default's cap unless one is given;
-    rows (16 or 8) is taken as given."""
+def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None,
+                   maxnreg: int | None = None) -> Launch:
+    """The launch for explicit overrides: default_launch where warps is None or the default's and no cap is given;
+    the default's warps with a given cap; another warps count with no cap unless one is given."""
     d = default_launch(t, m, sms)
-    if rows is not None and rows != d.rows:
-        return Launch(d.warps if warps is None else warps, 1 if depth is None else depth, maxnreg, rows)
     if warps is None or warps == d.warps:
-        if depth is None and maxnreg is None:
-            return d
-        return Launch(d.warps, d.depth if depth is None else depth, maxnreg)
-    return Launch(warps, 1 if depth is None else depth, maxnreg)
+        return d if maxnreg is None else Launch(d.warps, maxnreg)
+    return Launch(warps, maxnreg)
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None, depth: int | None = None,
-                  maxnreg: int | None = None, rows: int | None = None) -> torch.Tensor:
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
+                  maxnreg: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
-    divide padded_k / 64); depth: chunks loaded ahead (1 or 2); maxnreg: a register cap per thread for ptxas;
-    rows: weight rows per program (16, or 8 with the operands swapped). Unset: default_launch (resolve_launch says
-    how overrides combine with it)."""
-    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, depth, maxnreg, rows)
+    divide padded_k / 64); maxnreg: a register cap per thread for ptxas. Unset: default_launch (resolve_launch
+    says how overrides combine with it)."""
+    cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, maxnreg)
     return _launch(x, t, cfg, swiglu=False)
-
-
-# Under PDL a SwiGLU launch lets its dependent (the MLP's down GEMV, one wave of few programs) launch only after
-# its K loop, not at its start: launched early, the down GEMV's programs land on whichever SMs free up first
-SWIGLU_LATE_TRIGGER = True
 
 
 def w12n_swiglu_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
@@ -642,12 +546,8 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
                          f"segment {t.segment}")
-    if cfg.rows not in (8, 16) or (swiglu and cfg.rows != 16):
-        raise ValueError(f"rows must be 16 or 8 (16 for the SwiGLU epilogue), got {cfg.rows}")
     if cfg.warps < 1 or (t.padded_k // CHUNK.value) % cfg.warps:
         raise ValueError(f"warps must divide padded_k / {CHUNK.value} = {t.padded_k // CHUNK.value}, got {cfg.warps}")
-    if cfg.depth not in (1, 2):
-        raise ValueError(f"depth must be 1 or 2, got {cfg.depth}")
     if t.a.device != x.device:
         raise ValueError(f"x is on {x.device} but the W12N planes are on {t.a.device}")
     if torch.cuda.is_current_stream_capturing() and swiglu not in _TILED.get(t, {}):
@@ -664,12 +564,12 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         xe, pool, vq, vseg, vcount = vt.xe, t.verbatim.view(torch.int64), vt.vq, vt.vseg, vt.vcount
     else:  # never read: any tensors of the right types
         xe, pool, vq, vseg, vcount = t.xe, a.view(torch.int64), t.rvb, t.rvb, t.rvb
-    _w12n_mma_gemv_kernel[(-(-t.n // 16) * (16 // cfg.rows),)](
+    _w12n_mma_gemv_kernel[(-(-t.n // 16),)](
         xw, a, b, xe, pool, vq, vseg, vcount, y.view(torch.int16), M, t.n, t.k, t.padded_k // t.segment,
         t.padded_k // CHUNK.value // cfg.warps, t.base,
         xw.stride(0), xe.stride(0), y.stride(0),
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
-        DEPTH=cfg.depth, PDL=on, HALF=cfg.rows == 8, SWIGLU=swiglu, LATE_TRIGGER=swiglu and SWIGLU_LATE_TRIGGER,
+        PDL=on, SWIGLU=swiglu,
         num_warps=cfg.warps,
         **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y
