@@ -4,8 +4,8 @@ Side by side in one process: specpilot's decode step (CUDA graph) and transforme
 weights (HF parameters are views of ours), against the roofline = bytes a decode step must read / measured
 device copy bandwidth. Correctness first: our prefill logits and decode logits are compared with HF's.
 
-    PYTHONPATH=. python3 bench/ar_decode.py --out bench/results/ar_decode_h200.json
-    PYTHONPATH=. python3 bench/ar_decode.py --out /tmp/ar.json --device cpu --shapes tiny-dense tiny-hybrid \
+    python3 -m bench ar_decode --out bench/results/ar_decode_h200.json
+    python3 -m bench ar_decode --out /tmp/ar.json --device cpu --shapes tiny-dense tiny-hybrid \
         --configs 1x16 2x16 --steps 3 --hf-tokens 3 --w12n --profile   # dry run
 
 Prints a table last and writes the full JSON (GPU, commit, command, every timing), again after every
@@ -14,17 +14,13 @@ With --w12n, the W12N step's logits are first compared with the bf16 step's (sam
 With --w12n-only, after every bf16 run the same model drops its bf16 copies (EngineConfig.weight_format
 "w12n_only"), is checked against the bf16 logits and timed: what lets a whole Qwen3.5-27B run W12N on one GPU.
 --variant NAME:FIELD=VALUE,... times the step with EngineConfig fields changed, beside the main one, after a
-greedy check against it. --gemv-sweep NxK ... replaces the runs by the batch-1 step timed with every M = 1 GEMV
-config of STEP_GRID (tile, warps, tiles loaded before the PDL wait) for those projection shapes
-(ops/gemv/configs.py holds the winners):
-
-    PYTHONPATH=. python3 bench/ar_decode.py --out /tmp/gs.json --shapes Qwen3-8B --configs 1x512 --steps 30 \
-        --gemv-sweep 4096x4096 6144x4096 4096x12288
+greedy check against it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -32,7 +28,7 @@ import time
 import torch
 import transformers
 
-from bench.common import Report, attempt, failed, run_record, sync
+from bench.common import Report, attempt, copy_bandwidth, failed, run_record, sync
 from specpilot.bench import shapes
 from specpilot.config import EngineConfig
 from specpilot.runtime.runner import ModelRunner
@@ -43,32 +39,6 @@ DEVICE = "cuda"
 
 SHAPES = shapes.SHAPES
 BASE: dict = {}  # EngineConfig fields under every runner (--no-fused-prologue)
-
-
-def copy_bandwidth(nbytes: int = 4 << 30, reps: int = 20, device: str | None = None) -> float:
-    """Bytes read + written per second by a large device-to-device copy (median)."""
-    device = device or DEVICE
-    if device != "cuda":
-        nbytes = min(nbytes, 64 << 20)
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(reps + 3):
-        if device == "cuda":
-            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            torch.cuda.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            seconds = time.perf_counter() - t0
-        if i >= 3:
-            times.append(seconds)
-    del src, dst
-    return 2 * nbytes / statistics.median(times)
 
 
 class _Stamp:
@@ -233,14 +203,14 @@ def _empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def profile_step(runner, vocab: int, steps: int = 5) -> dict:
-    """Kernel time per decode step by kernel name (eager replay of the same step, compiled pointwise)."""
+def profile_step(model, engine: EngineConfig, vocab: int, steps: int = 5) -> dict:
+    """Kernel time per decode step by kernel name (the step of `engine` run eagerly, compiled pointwise)."""
     from torch.profiler import ProfilerActivity, profile
 
+    runner = ModelRunner(model, dataclasses.replace(engine, cuda_graphs=False))
     runner.allocate(1, 600)
     logits = runner.prefill(0, torch.randint(0, vocab, (512,)).tolist())
     tokens, positions = logits.argmax()[None], torch.tensor([512], device=DEVICE)
-    use_graphs, runner.use_graphs = runner.use_graphs, False
     for _ in range(3):
         tokens = runner.decode(tokens, positions).argmax(-1)
     sync(DEVICE)
@@ -249,7 +219,7 @@ def profile_step(runner, vocab: int, steps: int = 5) -> dict:
         for _ in range(steps):
             tokens = runner.decode(tokens, positions).argmax(-1)
         sync(DEVICE)
-    runner.use_graphs = use_graphs
+    _release(runner)
     rows = {}
     for e in prof.key_averages():
         t = e.self_device_time_total if cuda else e.self_cpu_time_total
@@ -298,20 +268,14 @@ def _release(runner) -> None:
 
 
 def w12n_ab(model, batch: int, ctx: int, steps: int, vocab: int) -> dict:
-    """--w12n-ab: the W12N step (planes already attached) without the SwiGLU epilogue (product, then silu_mul),
-    and with it but its PDL trigger at the kernel's start (mma.SWIGLU_LATE_TRIGGER off), each timed as the main
-    W12N step is; then the default again (drift)."""
-    from specpilot.ops.w12n_gemv import mma
-
+    """--w12n-ab: the W12N step (planes already attached) without the SwiGLU epilogue (product, then silu_mul,
+    EngineConfig.w12n_swiglu off), timed as the main W12N step is; then the default again (drift)."""
     out = {}
-    for name, fields, late in (("no_swiglu", {"w12n_swiglu": False}, True), ("swiglu_early_trigger", {}, False),
-                               ("default_again", {}, True)):
+    for name, fields in (("no_swiglu", {"w12n_swiglu": False}), ("default_again", {})):
         runner = ModelRunner(model, EngineConfig(**{**BASE, "weight_format": "w12n", **fields}))
-        mma.SWIGLU_LATE_TRIGGER = late
         try:
             out[name] = time_ours(runner, batch, ctx, steps, vocab)
         finally:
-            mma.SWIGLU_LATE_TRIGGER = True
             _release(runner)
     return out
 
@@ -334,8 +298,7 @@ _MAIN_GREEDY: dict[tuple[int, int], tuple[list[int], torch.Tensor]] = {}
 
 
 def main_greedy(model, ctx: int, vocab: int) -> tuple[list[int], torch.Tensor]:
-    """The main runner's greedy continuation of the check prompt, computed once per model and context (the
-    first call must come before anything changes the kernels' launch tables, as gemv_sweep does)."""
+    """The main runner's greedy continuation of the check prompt, computed once per model and context."""
     key = (id(model), ctx)
     if key not in _MAIN_GREEDY:
         main = ModelRunner(model, EngineConfig(**BASE))
@@ -346,51 +309,6 @@ def main_greedy(model, ctx: int, vocab: int) -> tuple[list[int], torch.Tensor]:
 
 def _check_prompt(ctx: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(1)).tolist()
-
-
-# the in-step sweep's M = 1 configs (block_n, block_k, num_warps, pre_tiles): tiles of at most 32K weights
-STEP_GRID = [(bn, bk, nw, pre) for bn in (4, 8, 16, 32) for bk in (512, 1024) for nw in (4, 8) for pre in (1, 2)
-             if bn * bk * pre <= 32768]
-
-
-def gemv_sweep(model, shapes: list[tuple[int, int]], ctx: int, steps: int, vocab: int, deadline: float,
-               save=lambda: None) -> dict:
-    """The batch-1 decode step with each M = 1 GEMV launch config of STEP_GRID for one projection shape at a
-    time, the other shapes at their table entry: configs tuned on a lone GEMV need not be best inside the step
-    (PDL overlaps each GEMV with the kernel before it). The table's own config is timed first and last, as the
-    run's drift. Stops at `deadline` (time.monotonic()) with what it has."""
-    from specpilot.ops.gemv import configs
-
-    out = {}
-    main_greedy(model, ctx, vocab)  # the reference, with the table as it stands
-    for n, k in shapes:
-        table = configs.H200.get((n, k))
-        rows = []
-        out[f"{n}x{k}"] = entry = {"table": table, "rows": rows}
-        grid = [table or configs.DEFAULT] + [c for c in STEP_GRID if c != table] + [table or configs.DEFAULT]
-        try:
-            for i, cfg in enumerate(grid):
-                if time.monotonic() > deadline:
-                    entry["cut_by_deadline"] = True
-                    break
-                configs.H200[(n, k)] = cfg
-                r = attempt(f"gemv sweep {n}x{k} {cfg}", time_variant, model, {}, 1, ctx, steps, vocab)
-                ok = isinstance(r, dict)
-                rows.append({"block_n": cfg[0], "block_k": cfg[1], "num_warps": cfg[2], "pre_tiles": cfg[3],
-                             "is_table": cfg == table, "repeat": i == len(grid) - 1,
-                             "step_ms": r.get("step_ms_median") if ok else None,
-                             "check_vs_main": r.get("check_vs_main") if ok else None})
-                print(f"gemv sweep {n}x{k} {cfg}: {rows[-1]['step_ms']}", flush=True)
-                save()
-        finally:
-            if table is None:
-                configs.H200.pop((n, k), None)
-            else:
-                configs.H200[(n, k)] = table
-        timed = [r for r in rows if r["step_ms"]]
-        entry["best"] = min(timed, key=lambda r: r["step_ms"]) if timed else None
-        save()
-    return out
 
 
 def greedy_run(runner, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
@@ -473,12 +391,14 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
         print(name, "W12N vs bf16", result["correctness_w12n_vs_bf16"], flush=True)
         report.save()
     if args.profile:
-        result["profile_b1_ctx512"] = attempt(f"{name} profile", profile_step, runner, cfg.vocab_size)
+        result["profile_b1_ctx512"] = attempt(f"{name} profile", profile_step, ours, EngineConfig(**BASE),
+                                              cfg.vocab_size)
         print(name, json.dumps(result["profile_b1_ctx512"], indent=0)[:3000], flush=True)
         if w12n is not None:  # the same step with W12N projections: where its time goes besides the GEMVs
-            result["profile_w12n_b1_ctx512"] = attempt(f"{name} W12N profile", profile_step, w12n, cfg.vocab_size)
+            result["profile_w12n_b1_ctx512"] = attempt(f"{name} W12N profile", profile_step, ours,
+                                                       EngineConfig(**{**BASE, "weight_format": "w12n"}),
+                                                       cfg.vocab_size)
             print(name, "W12N", json.dumps(result["profile_w12n_b1_ctx512"], indent=0)[:3000], flush=True)
-            _release(w12n)
         report.save()
     runs = result["runs"] = []
     for batch, ctx in args.configs:
@@ -543,9 +463,9 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     global DEVICE, CLEAN_WEIGHTS
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(prog="python3 -m bench ar_decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=["Qwen3-8B", "Qwen3.5-27B"])
     p.add_argument("--configs", nargs="+", default=["1x512", "1x4096", "8x512", "32x512"],
@@ -565,19 +485,15 @@ def main() -> None:
                    help="last, time the step with the bf16 copies dropped (weight_format w12n_only; batch <= 16): "
                         "the model holds W12N planes alone, so a whole Qwen3.5-27B fits one GPU")
     p.add_argument("--w12n-ab", action="store_true",
-                   help="with --w12n: also time the W12N step without the SwiGLU epilogue, and with its early trigger")
+                   help="with --w12n: also time the W12N step without the SwiGLU epilogue")
     p.add_argument("--no-fused-prologue", action="store_true",
                    help="every runner with EngineConfig(fused_qk_rope_store=False) (if the fused kernel fails)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE[,...]",
                    help="also time the step with these EngineConfig fields changed, side by side (repeatable)")
     p.add_argument("--base", default="", metavar="FIELD=VALUE[,...]", help="EngineConfig fields of every runner")
-    p.add_argument("--gemv-sweep", nargs="*", default=None, metavar="NxK",
-                   help="instead of the runs: the batch-1 step (first --configs context) with every M = 1 GEMV "
-                        "config of each projection shape NxK")
-    p.add_argument("--sweep-budget-s", type=float, default=1e9, help="--gemv-sweep stops after this many seconds")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     DEVICE = args.device
     CLEAN_WEIGHTS = args.clean_weights
     if args.no_fused_prologue:
@@ -587,27 +503,12 @@ def main() -> None:
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
     torch.manual_seed(0)
     report = Report(args.out, {**run_record(DEVICE, args.commit), "engine_base": dict(BASE), "shapes": []})
-    bandwidth = attempt("copy bandwidth", copy_bandwidth)
+    bandwidth = attempt("copy bandwidth", copy_bandwidth, DEVICE)
     if failed(bandwidth):
         report["copy_bandwidth_error"] = bandwidth
         bandwidth = 4.2e12  # the H200's usual figure, so that the rooflines still print
     report["copy_bandwidth_bytes_per_s"] = bandwidth
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-    if args.gemv_sweep is not None:
-        ctx = args.configs[0][1]
-        for name in args.shapes:
-            config_cls, kw = SHAPES[name]
-            model = random_model(config_cls(**kw))
-            shapes = [tuple(map(int, s.split("x"))) for s in args.gemv_sweep]
-            entry = {"shape": name, "ctx": ctx}
-            report["shapes"].append(entry)
-            entry["gemv_sweep"] = gemv_sweep(model, shapes, ctx, args.steps, model.config.vocab_size,
-                                             time.monotonic() + args.sweep_budget_s, report.save)
-            report.save()
-            _MAIN_GREEDY.clear()
-            del model
-            _empty_cache()
-        return
     for name in args.shapes:
         r = attempt(f"shape {name}", bench_shape, name, args, bandwidth, report)
         if failed(r):
@@ -630,6 +531,3 @@ def main() -> None:
                   f"{f(r.get('w12n_variant') or r.get('w12n_only_variant'), 'step_ms_median', '8.2f')} "
                   f"{f(r.get('hf'), 'tok_per_s', '8.1f')}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,7 @@
-"""What the GPU benchmark scripts share: the run record (GPU, commit, command), a JSON written again after every
-section (a timeout or a crash keeps what was measured), per-variant error capture that tells a dead CUDA
-context from an ordinary exception, device-agnostic timing, and the verdicts of bench/kernel_check.py.
+"""What the benchmarks share: the run record (GPU, commit, command), a JSON written again after every section (a
+timeout or a crash keeps what was measured), per-variant error capture that tells a dead CUDA context from an
+ordinary exception, device-agnostic timing, the device's copy bandwidth (the rooflines' denominator) and the
+relative error of an output against its reference.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import traceback
 from pathlib import Path
 
 import torch
-
-KERNEL_CHECK_ENV = "SPECPILOT_KERNEL_CHECK"  # path of kernel_check.py's JSON (set by bench/gpu_suite.sh)
 
 
 def run_record(device: str, commit: str | None = None) -> dict:
@@ -36,8 +35,15 @@ def run_record(device: str, commit: str | None = None) -> dict:
             versions[name] = None
     cuda = device == "cuda" and torch.cuda.is_available()
     return {"gpu": torch.cuda.get_device_name() if cuda else "cpu", "device": device, "commit": commit,
-            "command": "PYTHONPATH=. python3 " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            **versions}
+            "command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), **versions}
+
+
+def command_line() -> str:
+    """This run's command as typed: `python3 -m bench NAME ...` (sys.argv[0] is then bench/__main__.py)."""
+    script = Path(sys.argv[0])
+    if script.name == "__main__.py" and script.parent.name == "bench":
+        return " ".join(["python3 -m bench", *sys.argv[1:]])
+    return " ".join(["python3", *sys.argv])
 
 
 def write_json(path: str | Path, data) -> None:
@@ -194,6 +200,38 @@ def graph_ms(fn, calls: int = 24, reps: int = 10) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in times) / calls
 
 
+def time_replays(replay, device, reps: int) -> float:
+    """Median seconds of one call of replay() (a CUDA-graph replay): CUDA events around each of `reps` back-to-back
+    calls, so the host's launch time is hidden as it is in a real step; on the CPU, the median wall time of a call."""
+    return statistics.median(time_ms(replay, device, reps, warmup=3)) / 1e3
+
+
+def copy_bandwidth(device, nbytes: int = 4 << 30, reps: int = 20) -> float:
+    """Bytes read + written per second by a large device-to-device copy (median; 64 MiB on the CPU)."""
+    cuda = torch.device(device).type == "cuda"
+    if not cuda:
+        nbytes = min(nbytes, 64 << 20)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(reps + 3):
+        if cuda:
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            seconds = time.perf_counter() - t0
+        if i >= 3:
+            times.append(seconds)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
 def median(xs) -> float:
     return statistics.median(xs)
 
@@ -205,22 +243,3 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"rel_rms_err": (diff.pow(2).mean().sqrt() / r.pow(2).mean().sqrt().clamp_min(1e-30)).item(),
             "max_abs_err": diff.nan_to_num(float("inf")).max().item() if diff.numel() else 0.0,
             "nan": int(torch.isnan(o).sum())}
-
-
-def kernel_verdict(family: str) -> dict | None:
-    """kernel_check.py's verdict for a kernel family (tree_attention, gdn_tree, w12n_gemv, fp8_gemv), if it ran."""
-    path = os.environ.get(KERNEL_CHECK_ENV)
-    if not path or not Path(path).is_file():
-        return None
-    try:
-        return json.loads(Path(path).read_text()).get("kernels", {}).get(family)
-    except (OSError, ValueError):
-        return None
-
-
-def kernel_crashed(family: str) -> str | None:
-    """Why a variant using this kernel must not run in-process: the kernel check saw it kill its CUDA context."""
-    v = kernel_verdict(family)
-    if v is not None and v.get("status") == "crash":
-        return f"skipped: {family} crashed its process in bench/kernel_check.py ({v.get('error', '')[:300]})"
-    return None

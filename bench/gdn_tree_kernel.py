@@ -4,8 +4,8 @@ L2) and its error against the torch tree form (chunk.py), also timed. The table 
 TREE_GDN_CONFIG: warps and the fp32 products' dot precision (ieee FMAs vs tf32 or tf32x3 tensor cores: time, and
 the error of the output and of the fp32 stash the commit folds into the state).
 
-    PYTHONPATH=. python3 bench/gdn_tree_kernel.py --out bench/results/gdn_tree_kernel_h200.json
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/gdn_tree_kernel.py --out /tmp/gk.json --device cpu \
+    python3 -m bench gdn_tree_kernel --out bench/results/gdn_tree_kernel_h200.json
+    TRITON_INTERPRET=1 python3 -m bench gdn_tree_kernel --out /tmp/gk.json --device cpu \
         --batches 1 --nodes 4 --warps 4 --precisions ieee --reps 1 --heads 2 6 --dim 16   # dry run
 """
 
@@ -18,7 +18,7 @@ import statistics
 import torch
 
 from bench.common import Report, attempt, graph_ms, rel_err, run_record, time_ms
-from bench.verify_cost import random_tree
+from bench.trees import random_tree
 from specpilot.ops.gdn_tree import ancestor_mask, chunk
 from specpilot.ops.gdn_tree import triton as kernels
 
@@ -54,8 +54,8 @@ def one(sets, B, T, warps, precision, reps, device) -> dict:
             "stash_u_rel_rms_err": rel_err(u, ref_u)["rel_rms_err"]}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench gdn_tree_kernel", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 64])
@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     rng = random.Random(0)
     torch.manual_seed(0)
     report = Report(args.out, {**run_record(args.device, args.commit), "heads": args.heads, "dim": args.dim,
@@ -85,7 +85,3 @@ def main() -> None:
                 report.save()
                 print(f"B={B} T={T:3} warps={w:2} {prec:>6}: kernel {r.get('kernel_ms', float('nan')):8.4f} ms, rel err {r.get('rel_rms_err', r.get('error'))}",
                       flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -6,8 +6,8 @@ verify block of M tokens costs over one token). Correctness first (each config a
 then the median time of each over weights rotated through more memory than the L2 holds, as achieved
 bandwidth against the measured copy bandwidth.
 
-    PYTHONPATH=. python3 bench/gemv.py --out bench/results/gemv_h200.json
-    PYTHONPATH=. python3 bench/gemv.py --skinny --out bench/results/gemv_skinny_h200.json
+    python3 -m bench gemv --out bench/results/gemv_h200.json
+    python3 -m bench gemv --skinny --out bench/results/gemv_skinny_h200.json
 """
 
 from __future__ import annotations
@@ -15,25 +15,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from bench.ar_decode import copy_bandwidth
-from bench.common import graph_ms
+from bench.common import command_line, copy_bandwidth
+from bench.projections import SHAPES, time_fn
 from specpilot.ops.gemv.reference import gemv_ref
 from specpilot.ops.gemv.configs import gemv_config
 from specpilot.ops.gemv.triton import gemv, skinny
 
-SHAPES = {  # name -> (N, K)
-    "8B.qkv": (6144, 4096), "8B.o_proj": (4096, 4096), "8B.gate_up": (24576, 4096), "8B.down": (4096, 12288),
-    "8B.lm_head": (151936, 4096),
-    "27B.attn_qkv": (14336, 5120), "27B.o_proj": (5120, 6144), "27B.gdn_in_proj": (16480, 5120),
-    "27B.gdn_out_proj": (5120, 6144), "27B.gate_up": (34816, 5120), "27B.down": (5120, 17408),
-    "27B.lm_head": (248320, 5120),
-}
 CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w) for bn, bk, w in itertools.product((4, 8, 16), (512, 1024), (4, 8))]
 SKINNY_CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
                   for bn, bk, w, st in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))
@@ -41,28 +33,22 @@ SKINNY_CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
 SKINNY_ROWS = (4, 8, 16, 24, 32)
 
 
-def time_fn(fn, weights, x, calls: int = 24, reps: int = 10) -> float:
-    """Median seconds per call of fn(x, w), weights rotated (no call finds its matrix in L2), measured as CUDA
-    graph replays of `calls` back-to-back launches so that host launch overhead is not counted."""
-    return graph_ms(lambda i: fn(x, weights[i % len(weights)]), calls, reps) / 1e3
-
-
 def _shapes(args) -> list[tuple[str, tuple[int, int]]]:
     return [(n, s) for n, s in SHAPES.items() if args.shapes is None or n.startswith(tuple(args.shapes))]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench gemv", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default="unknown")
     p.add_argument("--skinny", action="store_true", help="M = 2..32: the skinny kernel's sweep")
     p.add_argument("--rows", type=int, nargs="+", default=list(SKINNY_ROWS), help="--skinny: the M values")
     p.add_argument("--shapes", nargs="+", default=None, help="only the shapes whose name starts with one of these")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.skinny:
         return skinny_sweep(args)
-    bw = copy_bandwidth()
-    out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": " ".join(sys.argv),
+    bw = copy_bandwidth("cuda")
+    out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": command_line(),
            "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "shapes": {}}
     for name, (N, K) in _shapes(args):
         nbytes = N * K * 2
@@ -95,8 +81,8 @@ def main() -> None:
 
 
 def skinny_sweep(args) -> None:
-    bw = copy_bandwidth()
-    out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": " ".join(sys.argv),
+    bw = copy_bandwidth("cuda")
+    out = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "command": command_line(),
            "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_bytes_per_s": bw, "rows": args.rows, "shapes": {}}
     for name, (N, K) in _shapes(args):
         nbytes = N * K * 2
@@ -131,7 +117,3 @@ def skinny_sweep(args) -> None:
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
 # The GPU benchmark suite (H200) in four calls of under 10 minutes each: run from the repository root,
 #
-#     SUITE_ONLY="kernel_check w12n_gemv spec_step" bash bench/gpu_suite.sh OUTDIR COMMIT           # caps 360 s
+#     SUITE_ONLY="kernel_tests w12n_gemv spec_step" bash bench/gpu_suite.sh OUTDIR COMMIT           # caps 360 s
 #     SUITE_ONLY="bench_27b bench_8b" SUITE_BUDGET_S=1400 bash bench/gpu_suite.sh OUTDIR COMMIT     # caps 570 s
 #     SUITE_ONLY="verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 350 s
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
-#     SUITE_ONLY="gemv_step_sweep" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, cap 300 s: 8B GEMV configs
 #     SUITE_ONLY="batched_prefill" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, caps 2 x 90 s: one prefill
 #
-# (measured 2026-11-30, fifth and sixth sessions: kernel_check 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
+# (measured 2026-11-30, fifth and sixth sessions: the kernel checks 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # about 200 s with the ninth session's tensor-core variants,
 # spec_step 63-70 s, verify_cost --skip-sweep with the A/B 62-80 s, hybrid_tree with its checks 92-116 s; at 128
 # tokens per prompt with the probing oracle bench_27b 277 s and bench_8b 116 s. The 27B bench at 2 prompts x 2,048
 # tokens, stock + one tree, batch 1 only, took ~240 s: run it alone, see docs/performance.md)
 #
-# (without kernel_check in a call, SUITE_KERNEL_CHECK=FILE points the later steps at an earlier call's verdicts)
+# (without kernel_tests in a call, SUITE_KERNEL_TESTS=FILE points the later steps at an earlier call's JUnit XML)
 #
 # Writes 8 JSON files and suite.log (more than 8 files: split the suite over calls, as above) (every step's stdout and stderr) into OUTDIR, nothing else:
-#   kernel_check_h200.json   every Triton kernel that had only run interpreted, vs its reference (crash-isolated):
-#                            fused decode prologue, tree attention, GDN tree, W12N and FP8-view GEMVs
+#   kernel_tests_h200.xml    JUnit XML of tests/gpu/test_kernels.py: every Triton kernel vs its reference (fused
+#                            decode prologue, tree attention, GDN tree, W12N and FP8-view GEMVs, ...)
 #   bench_27b_h200.json      specpilot bench, random:Qwen3.5-27B + random DFlash, synthetic:dflash2-gsm8k
 #   verify_cost_h200.json    t(N)/t(1) for N = 1..256 tree tokens (Qwen3-8B shape), host overhead per step
 #   hybrid_tree_h200.json    tree verify on the hybrid 27B shape: cost vs nodes, GDN kernel, commit, memory
@@ -33,7 +32,7 @@
 #
 # Most important first. Each step runs under `timeout`: step i must end by the sum of the caps of the steps run
 # so far (time a step leaves unused goes to the next ones). The caps come from the H200 run of 2026-11-30, where
-# kernel_check, verify_cost and hybrid_tree all hit caps of 45 / 75 / 60 s; SUITE_BUDGET_S (default 540) scales
+# the kernel checks, verify_cost and hybrid_tree all hit caps of 45 / 75 / 60 s; SUITE_BUDGET_S (default 540) scales
 # them by SUITE_BUDGET_S / 540. A step that
 # fails or times out leaves its JSON as far as it got (each script rewrites it after every measurement) and
 # the next step runs. The bench plots go to /tmp (OUTDIR may hold 8 files).
@@ -60,7 +59,7 @@ if [ ! -f "$DATA/eagle/gsm8k_question.jsonl" ]; then  # the bench's gsm8k set: t
 fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export SPECPILOT_COMMIT="$COMMIT"
-export SPECPILOT_KERNEL_CHECK="${SUITE_KERNEL_CHECK:-$OUT/kernel_check_h200.json}"  # an earlier call's verdicts
+KERNEL_TESTS="${SUITE_KERNEL_TESTS:-$OUT/kernel_tests_h200.xml}"  # or an earlier call's
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
     export TRITON_INTERPRET=1
@@ -94,10 +93,19 @@ step() {
     log "END $name: $what after $((SECONDS - t0))s"
 }
 
-# kernel_check's verdict for a kernel family: ok, mismatch, error, crash or unknown
+# the kernel tests' verdict for the checks named PREFIX.*: ok, failed (a test failed or errored), or unknown (no
+# report, or every such test skipped)
 kstatus() {
-    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["kernels"].get(sys.argv[2], {}).get("status", "unknown"))' \
-        "$SPECPILOT_KERNEL_CHECK" "$1" 2>/dev/null || echo unknown
+    python3 - "$KERNEL_TESTS" "$@" <<'PY' 2>/dev/null || echo unknown
+import sys
+import xml.etree.ElementTree as ET
+
+prefixes = tuple(p + "." for p in sys.argv[2:])
+cases = [c for c in ET.parse(sys.argv[1]).iter("testcase") if c.get("name", "").partition("[")[2].startswith(prefixes)]
+bad = any(c.find("failure") is not None or c.find("error") is not None for c in cases)
+ran = any(c.find("skipped") is None for c in cases)
+print("failed" if bad else "ok" if ran else "unknown")
+PY
 }
 
 : >"$LOG"
@@ -133,30 +141,37 @@ else
     AR_ONE=(1x512 --steps 100)
 fi
 
-# 0. Triton kernels vs references, each crash confined to a child process (the later steps read the verdicts)
-step kernel_check 150 python3 bench/kernel_check.py --out "$OUT/kernel_check_h200.json" --commit "$COMMIT" "${DEV[@]}"
-QK=$(kstatus qk_norm_rope_store); TA=$(kstatus tree_attention); GT=$(kstatus gdn_tree)
-log "kernel verdicts: qk_norm_rope_store=$QK tree_attention=$TA gdn_tree=$GT w12n_gemv=$(kstatus w12n_gemv)" \
-    "fp8_gemv=$(kstatus fp8_gemv)"
+# 0. Triton kernels vs references (GPU tests; skipped on a dry run); a kernel that failed is left out of the later
+# steps: its configurations, and the steps that time it
+step kernel_tests 150 env TRITON_INTERPRET=0 python3 -m pytest -m gpu tests/gpu/test_kernels.py -q -p no:cacheprovider \
+    --junitxml="$KERNEL_TESTS"
+QK=$(kstatus qk_norm_rope_store); TA=$(kstatus tree_attention); GT=$(kstatus gdn_tree tree_conv)
+WN=$(kstatus w12n_gemv fp8_gemv)
+log "kernel verdicts: qk_norm_rope_store=$QK tree_attention=$TA gdn_tree=$GT w12n_gemv+fp8_gemv=$WN"
+# step_unless VERDICT NAME CAP COMMAND...: the step, unless its kernel failed its tests
+step_unless() {
+    if [ "$1" = failed ]; then
+        log "SKIP $2: its kernel failed tests/gpu/test_kernels.py"
+    else
+        step "${@:2}"
+    fi
+}
 # the fused decode prologue runs in every AR decode step (EngineConfig.fused_qk_rope_store, on by default): if it
 # failed its check, every runner goes without it
 # AR, stock and every configuration run the engine's GPU path: the captured verify graph with the tree-attention
 # op ("stock" is the speculation setting, chain:7, bf16, no tuning, not an eager runtime)
 ENGINE="block_attention:tree;verify_graphs:true"; AR_BASE=()
-[ "$TA" = crash ] && ENGINE="block_attention:sdpa"
-case "$QK" in
-    mismatch|error|crash) ENGINE="$ENGINE;fused_qk_rope_store:false"; AR_BASE=(--no-fused-prologue) ;;
-esac
+[ "$TA" = failed ] && ENGINE="block_attention:sdpa"
+[ "$QK" = failed ] && ENGINE="$ENGINE;fused_qk_rope_store:false" && AR_BASE=(--no-fused-prologue)
 BASE_ENGINE=(--engine "$ENGINE")
 
-# the bench configurations beside AR and stock: none that needs a kernel which crashed its process in the check
-# (a dead CUDA context would take the later rows with it). Trees are at most 7 deep (a DFlash block of 8); under
+# the bench configurations beside AR and stock: none that needs a kernel which failed its tests. Trees are at most 7 deep (a DFlash block of 8); under
 # synthetic acceptance a dynamic tree is shaped by the profile's chances. Expected tau under dflash2-gsm8k
 # (AcceptanceProfile.expected_tau): chain:7 5.46, dynamic:4,7,15 (16 rows, the skinny GEMV's 16-row tile) 5.79,
 # dynamic:4,7,28 (29 rows) 6.10.
 configs() {  # configs dense|hybrid
     local out=()
-    if [ "$1" = dense ] || [ "$GT" != crash ]; then
+    if [ "$1" = dense ] || [ "$GT" != failed ]; then
         out+=("tree16=tree:dynamic:4,7,15" "tree29=tree:dynamic:4,7,28")
     fi
     [ "${#out[@]}" -gt 0 ] && printf '%s\n' "${out[@]}"
@@ -166,7 +181,7 @@ mapfile -t C27 < <(configs hybrid)
 mapfile -t C8 < <(configs dense)
 
 # 5. where a 27B speculative step's time goes (per phase and kernel), then the 27B shape end to end
-step spec_step 90 python3 bench/spec_step.py --target "${T27#random:}" --tree chain:7 --engine "$ENGINE" \
+step spec_step 90 python3 -m bench spec_step --target "${T27#random:}" --tree chain:7 --engine "$ENGINE" \
     --out "$OUT/spec_step_27b_h200.json" --commit "$COMMIT" "${SS[@]}" "${DEV[@]}"
 : AR vs stock vs the fast configurations, batch 1 and 8, token forcing
 step bench_27b 140 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
@@ -183,7 +198,7 @@ if [[ " ${SUITE_ONLY:-} " == *" bench_27b_long "* ]]; then
 fi
 
 # the skinny GEMV at 16, 24 and 32 rows on the 27B projections (tree verify blocks above 16 nodes)
-[ "$DRY" = 1 ] || step gemv_skinny 100 python3 bench/gemv.py --skinny --rows 16 24 32 --shapes 27B \
+[ "$DRY" = 1 ] || step gemv_skinny 100 python3 -m bench gemv --skinny --rows 16 24 32 --shapes 27B \
     --out "$OUT/gemv_skinny32_h200.json" --commit "$COMMIT"
 
 # the zoo pairs with their real acceptance (issue 7): trained targets, their DFlash drafters, HumanEval held out
@@ -195,14 +210,14 @@ for pair in dense hybrid; do
 done
 
 # 3. verify cost vs tree size (SDPA and tree attention) and host overhead per step at batch 1
-step verify_cost 200 python3 bench/verify_cost.py --out "$OUT/verify_cost_h200.json" --commit "$COMMIT" \
+step_unless "$TA" verify_cost 200 python3 -m bench verify_cost --out "$OUT/verify_cost_h200.json" --commit "$COMMIT" \
     "${VC[@]}" "${DEV[@]}"
 
 # 4. hybrid tree verification (27B shape): the GDN tree kernel alone first (warps and dot precision), then the
 # verify path end to end
-step gdn_tree_kernel 90 python3 bench/gdn_tree_kernel.py --out "$OUT/gdn_tree_kernel_h200.json" --commit "$COMMIT" \
+step_unless "$GT" gdn_tree_kernel 90 python3 -m bench gdn_tree_kernel --out "$OUT/gdn_tree_kernel_h200.json" --commit "$COMMIT" \
     "${GK[@]}" "${DEV[@]}"
-step hybrid_tree 150 python3 bench/hybrid_tree.py --out "$OUT/hybrid_tree_h200.json" --commit "$COMMIT" \
+step_unless "$GT" hybrid_tree 150 python3 -m bench hybrid_tree --out "$OUT/hybrid_tree_h200.json" --commit "$COMMIT" \
     "${HT[@]}" "${DEV[@]}"
 
 # 6. the 8B shape end to end
@@ -211,19 +226,11 @@ step bench_8b 80 python3 -m specpilot bench --target "$T8" --drafter random-dfla
     --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C8[@]}" --out "$OUT/bench_8b_h200.json" --plot /tmp/bench_8b_h200.png "${DEV[@]}"
 
 # 1. W12N GEMV per projection shape
-step w12n_gemv 260 python3 bench/w12n_gemv.py --out "$OUT/w12n_gemv_h200.json" --commit "$COMMIT" "${WG[@]}" "${DEV[@]}"
+step_unless "$WN" w12n_gemv 260 python3 -m bench w12n_gemv --out "$OUT/w12n_gemv_h200.json" --commit "$COMMIT" "${WG[@]}" "${DEV[@]}"
 
 # 2. AR decode: ours vs cuBLAS vs W12N vs HF generate (8B first: the 27B part gets what time is left)
-step ar_decode 300 python3 bench/ar_decode.py --out "$OUT/ar_decode_h200.json" --commit "$COMMIT" --w12n --profile \
+step ar_decode 300 python3 -m bench ar_decode --out "$OUT/ar_decode_h200.json" --commit "$COMMIT" --w12n --profile \
     "${AR[@]}" "${AR_BASE[@]}" "${DEV[@]}"
-
-# issue 2's open experiment, opt-in: the 8B batch-1 step with each M = 1 GEMV config (ar_decode.STEP_GRID) of the
-# o_proj, qkv, down and gate_up shapes in turn (the table's config first and last, as the drift)
-if [[ " ${SUITE_ONLY:-} " == *" gemv_step_sweep "* ]]; then
-    step gemv_step_sweep 300 python3 bench/ar_decode.py --out "$OUT/gemv_step_sweep_h200.json" --commit "$COMMIT" \
-        --shapes "${T8#random:}" --configs 1x512 --steps 30 --sweep-budget-s 270 \
-        --gemv-sweep 4096x4096 6144x4096 4096x12288 24576x4096 "${DEV[@]}"
-fi
 
 # opt-in: the 8B bench at batch 8 (stock chain:7 and AR) with one prefill per request, then with the whole batch
 # in one (EngineConfig.batched_prefill, for AR and speculation alike); the engine's `start` split shows the change

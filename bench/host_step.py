@@ -15,8 +15,8 @@ dynamic trees) is the host side of a tree drafter's propose for one request, whi
 tree.grow with a scorer that costs nothing (random log-probs, so a dynamic tree takes a new shape most steps, as
 EAGLE-2's do), through the new shape's verify rows (TreeLayout.padded).
 
-    PYTHONPATH=. python3 bench/host_step.py --out /tmp/host_step.json
-    PYTHONPATH=. python3 bench/host_step.py --trees chain:4 --batches 1 --steps 50 --out /tmp/hs.json  # quick
+    python3 -m bench host_step --out /tmp/host_step.json
+    python3 -m bench host_step --trees chain:4 --batches 1 --steps 50 --out /tmp/hs.json  # quick
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from unittest import mock
 import torch
 
 from bench.common import Report, run_record
-from bench.verify_cost import FullTreeDrafter
+from bench.trees import FullTreeDrafter
 from specpilot.bench.shapes import hf_config, random_model
 from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.bench.synthetic import shape as full_shape
@@ -214,15 +214,15 @@ def print_table(rows: list[dict]) -> None:
     Console(width=160).print(table)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python3 -m bench host_step", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--trees", nargs="+", default=list(TREES))
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier timings)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = random_model(hf_config("tiny-dense"), "cpu", torch.float32)
     report = Report(args.out, {"run": run_record("cpu"), "args": vars(args), "rows": []})
@@ -232,6 +232,3 @@ def main() -> None:
             report.save()
     print_table(report["rows"])
 
-
-if __name__ == "__main__":
-    main()

@@ -14,8 +14,8 @@ Then timing: AR decode tok/s of the two targets at batch 1 and --batch, the medi
 interleaved margin, flat, margin, ... after a warm-up of each: the same shapes and kernels must give the same
 speed within noise.
 
-    PYTHONPATH=. python3 bench/margin_check.py --out bench/results/margin_check_h200.json
-    PYTHONPATH=. python3 bench/margin_check.py --out /tmp/mc.json --device cpu --shapes tiny-dense tiny-hybrid \
+    python3 -m bench margin_check --out bench/results/margin_check_h200.json
+    python3 -m bench margin_check --out /tmp/mc.json --device cpu --shapes tiny-dense tiny-hybrid \
         --layers 0 --prompts 2 --batch 2 --tokens 12 --reps 1   # dry run
 """
 
@@ -171,8 +171,8 @@ def summary(r: dict) -> str:
             f"argmax agree {100 * f['argmax_agree']:.1f}%{speed}")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m bench margin_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=["Qwen3.5-27B", "Qwen3-8B"])
     p.add_argument("--layers", type=int, nargs="+", default=[4, 8, 0], help="depth cuts (0: the full depth)")
@@ -187,7 +187,7 @@ def main() -> int:
                                                                "hidden sizes with a smaller vocabulary, ...)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     overrides = {k: int(v) for k, v in (o.split("=") for o in args.override)}
     report = Report(args.out, {**run_record(args.device, args.commit), "ratio": RATIO, "share": SHARE, "runs": []})
     ok = True
@@ -200,6 +200,3 @@ def main() -> int:
             ok = ok and r.get("margin", {}).get("passed", False)
     return 0 if ok else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

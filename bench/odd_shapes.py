@@ -15,15 +15,14 @@ weights give peaked next-token distributions. Exit status 1 if any config fails.
 in a process of its own (Triton and inductor compile on the host's cores in parallel, and a kernel fault that kills
 a CUDA context stays inside its config).
 
-    PYTHONPATH=. python3 bench/odd_shapes.py --out $OUT/odd_shapes.json              # GPU: every config at once
-    PYTHONPATH=. python3 bench/odd_shapes.py --device cpu --quick --out /tmp/odd.json  # the plumbing, on CPU
+    python3 -m bench odd_shapes --out $OUT/odd_shapes.json              # GPU: every config at once
+    python3 -m bench odd_shapes --device cpu --quick --out /tmp/odd.json  # the plumbing, on CPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -194,15 +193,15 @@ def run_shape(shape: Shape, sizes: Sizes, root: Path, draft_dir: Path, device: s
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m bench odd_shapes", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON report path")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help=f"two configs ({', '.join(QUICK)}) at tiny sizes")
     p.add_argument("--configs", nargs="+", default=None, help="grid points by name (default: all, or --quick's)")
     p.add_argument("--jobs", type=int, default=None, help="configs run at once, one process each (default: 8 on "
                    "cuda, 1 on cpu)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     jobs = args.jobs if args.jobs is not None else (8 if args.device == "cuda" else 1)
     if jobs < 1:
         print(f"error: --jobs {jobs}: must be at least 1", file=sys.stderr)
@@ -250,7 +249,7 @@ def _in_this_process(names: list[str], sizes: Sizes, device: str):
 
 
 def _in_processes(names: list[str], args, jobs: int):
-    """(name, result) per config, as each finishes: this script on one config per process, `jobs` at a time."""
+    """(name, result) per config, as each finishes: this benchmark on one config per process, `jobs` at a time."""
     with tempfile.TemporaryDirectory(prefix="odd_shapes-") as tmp, ThreadPoolExecutor(jobs) as pool:
         futures = {pool.submit(_child, name, args, Path(tmp)): name for name in names}
         for future in as_completed(futures):
@@ -259,11 +258,11 @@ def _in_processes(names: list[str], args, jobs: int):
 
 def _child(name: str, args, tmp: Path) -> dict:
     out, log = tmp / f"{name}.json", tmp / f"{name}.log"
-    cmd = [sys.executable, os.path.abspath(__file__), "--out", str(out), "--device", args.device, "--configs", name,
+    cmd = [sys.executable, "-m", "bench", "odd_shapes", "--out", str(out), "--device", args.device, "--configs", name,
            "--jobs", "1"] + (["--quick"] if args.quick else [])
     t0 = time.perf_counter()
-    with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    with open(log, "w") as f:  # from the repository root, where `-m bench` finds the package
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1]).returncode
     try:
         return json.loads(out.read_text())["configs"][name]
     except (OSError, ValueError, KeyError):  # the child died before it wrote its result
@@ -285,6 +284,3 @@ def _table(data: dict) -> None:
               f"{r.get('hf_min_top2_margin', float('nan')):7.3f} {fell:24} {error}")
     print("PASS" if data["ok"] else "FAIL")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,11 +8,11 @@ shallowest cut, where the paths must agree to ~1e-5): per decode position, the l
 its RMS relative to the logits' RMS, whether the argmax agrees, and the forced logits' top-1 - top-2 gap.
 An error that grows with the position points at state carried between steps (KV, conv window, recurrent
 state); one that is large from the first position and grows with depth is the network amplifying rounding.
---kind margin profiles the margin targets instead (specpilot/bench/shapes.py; bench/margin_check.py holds their
-gate against this noise and their speed).
+--kind margin profiles the margin targets instead (specpilot/bench/shapes.py; the margin_check benchmark holds
+their gate against this noise and their speed).
 
-    PYTHONPATH=. python3 bench/path_noise.py --out bench/results/path_noise_h200.json
-    PYTHONPATH=. python3 bench/path_noise.py --out /tmp/pn.json --device cpu --shapes tiny-hybrid \
+    python3 -m bench path_noise --out bench/results/path_noise_h200.json
+    python3 -m bench path_noise --out /tmp/pn.json --device cpu --shapes tiny-hybrid \
         --layers 2 --prompt 16 --tokens 8   # dry run
 """
 
@@ -24,21 +24,20 @@ import random
 
 import torch
 
-import bench.ar_decode as ar
 from bench.common import Report, attempt, run_record
-from specpilot.bench.shapes import margin_model
+from specpilot.bench.shapes import SHAPES, margin_model, random_model
 from specpilot.runtime.runner import ModelRunner
 from specpilot.layers.metadata import BatchMetadata
 
 
 @torch.inference_mode()
 def profile(shape: str, layers: int, dtype: torch.dtype, prompt_len: int, tokens: int, seed: int,
-            kind: str = "flat") -> dict:
-    config_cls, kw = ar.SHAPES[shape]
+            kind: str = "flat", device: str = "cuda") -> dict:
+    config_cls, kw = SHAPES[shape]
     depth = min(layers, kw.get("num_hidden_layers", layers)) if layers > 0 else kw.get("num_hidden_layers")
     cfg = config_cls(**{**kw, "num_hidden_layers": depth})
-    model = margin_model(cfg, ar.DEVICE, dtype) if kind == "margin" else ar.random_model(cfg, dtype)
-    runner, dev = ModelRunner(model), ar.DEVICE
+    model = (margin_model if kind == "margin" else random_model)(cfg, device, dtype)
+    runner, dev = ModelRunner(model), device
     rng = random.Random(seed)
     prompt = [rng.randrange(model.config.vocab_size) for _ in range(prompt_len)]
     runner.allocate(1, prompt_len + tokens + 1)
@@ -79,8 +78,8 @@ def summary(r: dict) -> str:
             f"{sorted(r['top1_gap'])[n // 2]:.3g}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench path_noise", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=["Qwen3.5-27B", "Qwen3-8B"])
     p.add_argument("--layers", type=int, nargs="+", default=[4, 16, 0], help="depth cuts (0: the full depth)")
@@ -89,19 +88,15 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--kind", choices=["flat", "margin"], default="flat", help="random weights: flat or margin")
     p.add_argument("--commit", default=None)
-    args = p.parse_args()
-    ar.DEVICE = args.device
+    args = p.parse_args(argv)
     torch.manual_seed(0)
-    report = Report(args.out, {**run_record(ar.DEVICE, args.commit), "runs": []})
+    report = Report(args.out, {**run_record(args.device, args.commit), "runs": []})
     for shape in args.shapes:
         runs = [(layers, torch.bfloat16) for layers in args.layers] + [(min(args.layers) or 4, torch.float32)]
         for layers, dtype in runs:
             r = attempt(f"{shape} {layers}L {dtype}", profile, shape, layers, dtype, args.prompt, args.tokens, 0,
-                        args.kind)
+                        args.kind, args.device)
             report["runs"].append(r)
             report.save()
             print(summary(r) if "max_abs_diff" in r else json.dumps(r)[:400], flush=True)
 
-
-if __name__ == "__main__":
-    main()

@@ -14,116 +14,18 @@ Normalisation, per kernel and M:
 so per_weight includes everything in the iteration: loads, decode, x loads/converts, the M FMAs per weight
 and the per-tile reductions.
 
-    PYTHONPATH=. python3 bench/sass_count.py --out bench/results/sass_count.json [--sass-dir /tmp/sass]
+    python3 -m bench sass_count --out bench/results/sass_count.json [--sass-dir /tmp/sass]
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import re
 from types import SimpleNamespace
 
-ALIGNED = ("x_ptr", "a_ptr", "b_ptr", "xe_ptr", "rvb_ptr", "v_ptr", "y_ptr", "w_ptr", "vq_ptr", "vseg_ptr",
-           "vcount_ptr", "stride_xm", "stride_an", "stride_bn", "stride_xen", "stride_ym", "stride_wn")
-# x, A, B and the pool as the wrappers pass them: word views (bf16 x as int64, K % 4 == 0: X_WORDS)
-ARG_TYPES = {"x_ptr": "*i64", "a_ptr": "*i32", "b_ptr": "*i16", "xe_ptr": "*u8", "rvb_ptr": "*i32",
-             "v_ptr": "*i64", "y_ptr": "*i16", "w_ptr": "*i64", "vq_ptr": "*i32", "vseg_ptr": "*i32",
-             "vcount_ptr": "*i32"}
-# every other runtime argument is an i32 scalar (SCALE: fp32)
-
-
-# one instruction, as cuobjdump (`/*0040*/  @P0 LDG.E ...;`, Triton 3.6's get_sass) or nvdisasm with control
-# codes (`--:-:0:-:1\t@P0 LDG.E ...;`, Triton 3.9's) print it
-_INSTRUCTION = re.compile(r"\s*(?:/\*[0-9a-f]+\*/|[0-9a-f-]{2}:[-0-9]:[-0-9]:[-Y]:[0-9a-f])\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*);")
-
-
-def loop_instructions(sass: str) -> tuple[int, dict] | None:
-    """Instructions in the main backward-branch loop of a SASS listing (_main_loop), and its commonest opcodes."""
-    found = _main_loop(_parse(sass))
-    if found is None:
-        return None
-    ins, a, b = found
-    return b - a + 1, _opcodes(ins[a:b + 1])
-
-
-def _parse(sass: str) -> tuple[list, dict]:
-    """SASS text -> ([(opcode, operands)], {label: index of the next instruction})."""
-    labels, ins = {}, []
-    for line in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+|LBB\d+):", line)
-        if m:
-            labels[m.group(1)] = len(ins)
-            continue
-        m = _INSTRUCTION.match(line)
-        if m:
-            ins.append((m.group(2), m.group(3)))
-    return ins, labels
-
-
-def _branch_target(op: str, rest: str, labels: dict) -> int | None:
-    target = re.search(r"(\.L_x_\d+|LBB\d+)", rest) if op.startswith("BRA") else None
-    return labels.get(target.group(1)) if target else None
-
-
-def _main_loop(parsed) -> tuple[list, int, int] | None:
-    """The main loop: the first in program order of at least half the longest one's size (the tensor-core kernel
-    runs its last DEPTH iterations in a second, longer copy of the loop, after the main one)."""
-    ins, labels = parsed
-    loops = [(t, i) for i, (op, rest) in enumerate(ins)
-             if (t := _branch_target(op, rest, labels)) is not None and t < i]
-    if not loops:
-        return None
-    longest = max(i - t for t, i in loops)
-    t, i = min((t, i) for t, i in loops if 2 * (i - t) >= longest)
-    return ins, t, i
-
-
-def _opcodes(ins) -> dict:
-    return dict(collections.Counter(op.split(".")[0] for op, _ in ins).most_common(12))
-
-
-def loop_breakdown(sass: str) -> dict | None:
-    """The main loop (_main_loop): its static size, the size of its fast path (minus the largest
-    forward-skipped region, the verbatim fix-up) and the opcodes of that fast path."""
-    found = _main_loop(_parse(sass))
-    if found is None:
-        return None
-    ins, a, b = found
-    _, labels = _parse(sass)
-    skip = (0, 0)
-    for i in range(a, b):
-        t = _branch_target(*ins[i], labels)
-        if t is not None and i < t <= b and t - i - 1 > skip[1] - skip[0]:
-            skip = (i + 1, t)
-    fast = ins[a:skip[0]] + ins[skip[1]:b + 1] if skip[1] else ins[a:b + 1]
-    return {"loop": b - a + 1, "fast": len(fast), "skipped": skip[1] - skip[0], "ops_fast": _opcodes(fast)}
-
-
-def compile_sass(fn, constexprs: dict, num_warps: int, arch: int = 90, types: dict | None = None) -> tuple[str, dict]:
-    """Compiles a Triton kernel for sm_<arch> offline -> (SASS text, {triton version}); `types` overrides the
-    argument types (default: ARG_TYPES, else i32)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.experimental.gluon._runtime import GluonJITFunction
-    from triton.tools.disasm import get_sass
-
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = {**ARG_TYPES, **(types or {})}.get(name, "fp32" if name == "SCALE" else "i32")
-        if name in ALIGNED:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    if isinstance(fn, GluonJITFunction):
-        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                       target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
-    return get_sass(k.asm["cubin"]), {"triton": triton.__version__}
+from bench.sass import compile_sass, loop_breakdown
 
 
 def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1, 8, 16)):
@@ -151,20 +53,16 @@ def kernel_cases(block_n: int = 8, segment: int = 512, num_warps: int = 4, ms=(1
     from specpilot.ops.w12n_gemv import mma
 
     # the tensor-core kernel: one iteration is one 64-column chunk of rows g and g + 8 per lane (32 weights)
-    # (with verbatim segments: their pass comes after the K loop, which must stay the same code); HALF: 8 weight
-    # rows per program, one row (16 weights) per lane and iteration, one mma for all 16 activation rows
+    # (with verbatim segments: their pass comes after the K loop, which must stay the same code)
     # (SWIGLU: the epilogue forming silu(gate) * up, after the loop, which must not change)
-    for m, two_n, verbatim, half, swiglu in ((1, False, False, False, False), (16, True, False, False, False),
-                                             (1, False, True, False, False), (1, False, False, False, True),
-                                             (1, False, False, True, False), (16, True, False, True, False)):
-        consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=verbatim, DEPTH=1, PDL=False,
-                      HALF=half, SWIGLU=swiglu, LATE_TRIGGER=False)
-        name = (f"w12n_mma{'_verbatim' if verbatim else ''}{'_swiglu' if swiglu else ''}"
-                f"{'_half' if half else ''}.M{m}")
-        out.append((name, mma._w12n_mma_gemv_kernel, consts, 4, 16 if half else 32, None))
+    for m, two_n, verbatim, swiglu in ((1, False, False, False), (16, True, False, False), (1, False, True, False),
+                                       (1, False, False, True)):
+        consts = dict(KS=4, SEGMENT=segment, EVEN_K=True, TWO_N=two_n, HAS_VERBATIM=verbatim, PDL=False,
+                      SWIGLU=swiglu)
+        name = f"w12n_mma{'_verbatim' if verbatim else ''}{'_swiglu' if swiglu else ''}.M{m}"
+        out.append((name, mma._w12n_mma_gemv_kernel, consts, 4, 32, None))
     # 8 warps (the small-N launch) at segment 256 with verbatim segments: an iteration spans two segments
-    consts = dict(KS=8, SEGMENT=256, EVEN_K=True, TWO_N=False, HAS_VERBATIM=True, DEPTH=1, PDL=False, HALF=False,
-                  SWIGLU=False, LATE_TRIGGER=False)
+    consts = dict(KS=8, SEGMENT=256, EVEN_K=True, TWO_N=False, HAS_VERBATIM=True, PDL=False, SWIGLU=False)
     out.append(("w12n_mma_verbatim_ks8.M1", mma._w12n_mma_gemv_kernel, consts, 8, 32, None))
     return out
 
@@ -211,14 +109,14 @@ def gdn_tree_spills(nodes=(16, 32, 64), precisions=("ieee", "tf32")) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench sass_count", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None)
     p.add_argument("--sass-dir", default=None, help="also write each kernel's SASS listing here")
     p.add_argument("--segment", type=int, default=512)
     p.add_argument("--block-ns", type=int, nargs="+", default=[8], help="GEMV tile rows (8: the default)")
     p.add_argument("--gdn-tree", action="store_true", help="also the GDN tree kernel's register spills (LDL/STL)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.sass_dir:
         os.makedirs(args.sass_dir, exist_ok=True)
     res = {}
@@ -240,6 +138,3 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
 
-
-if __name__ == "__main__":
-    main()

@@ -6,8 +6,8 @@ Each request verifies a random tree of N nodes (topological, depth <= 8) under i
 engine's verify path: one CUDA graph per shape (tree-attention op, Triton GEMVs up to 16 rows, compiled
 pointwise helpers). t(N) is the median of CUDA-event-timed graph replays, so it is GPU time, as in a real
 step where the host launches one graph; the AR decode step of the same batch is timed the same way beside
-it. Correctness first: the tree-attention kernel against its reference at this shape's heads, then per N the
-graph's greedy tokens against eager masked SDPA.
+it. Correctness first: per N the graph's greedy tokens against eager masked SDPA (the tree-attention kernel
+itself is checked against its reference at these heads by tests/gpu/test_kernels.py).
 
 Host overhead (issue 3: at most 5% of a step at batch 1): a SpecEngine step (schedule, propose, verify,
 accept, commit, emit) with a drafter that proposes the tree spec's full shape at no device cost, at batch 1
@@ -24,8 +24,8 @@ each, the host time of launching the verify graph onto an idle GPU (cudaGraphLau
 means 0 against N), their steps interleaved (the same configuration varied 3-9% between runs on the H200 host:
 only a paired comparison can see ~0.1 ms).
 
-    PYTHONPATH=. python3 bench/verify_cost.py --out bench/results/verify_cost_h200.json
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/verify_cost.py --out /tmp/vc.json --device cpu \
+    python3 -m bench verify_cost --out bench/results/verify_cost_h200.json
+    TRITON_INTERPRET=1 python3 -m bench verify_cost --out /tmp/vc.json --device cpu \
         --shape tiny-dense --sizes 1 4 --configs 1x32 2x16 --reps 2 --overhead-steps 3   # dry run
 
 Every measurement runs inside its own try/except (an error is recorded in the JSON and the rest goes on), and
@@ -44,89 +44,26 @@ import time
 
 import torch
 
-from bench.ar_decode import SHAPES, random_model
-from bench.common import Report, attempt, engine_step, failed, host_ms, kernel_crashed, run_record, sync
-from specpilot.bench.synthetic import AcceptanceProfile
-from specpilot.bench.synthetic import shape as full_shape
+from bench.common import Report, attempt, engine_step, failed, host_ms, run_record, sync, time_replays
+from bench.trees import FullTreeDrafter, random_tree
+from specpilot.bench.shapes import SHAPES, random_model
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
-from specpilot.spec_decode.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.tree import TreeSpec
 from specpilot.spec_decode.verify import tree_metadata
-
-DEVICE = "cuda"
-
-
-def random_tree(n: int, vocab: int, rng: random.Random) -> DraftTree:
-    parents, depth = [-1], [0]
-    for i in range(1, n):
-        p = rng.randrange(max(0, i - 8), i)
-        while depth[p] >= 8:
-            p = parents[p]
-        parents.append(p)
-        depth.append(depth[p] + 1)
-    return DraftTree(tuple(rng.randrange(vocab) for _ in range(n)), tuple(parents))
-
-
-def _sync():
-    sync(DEVICE)
-
-
-def time_replays(replay, reps: int) -> float:
-    """Median seconds of one CUDA-graph replay (CUDA events around each of `reps` back-to-back replays, so the
-    host's launch time is hidden as it is in a real step); on the CPU, the median wall time of a call."""
-    for _ in range(3):
-        replay()
-    _sync()
-    times = []
-    for _ in range(reps):
-        if DEVICE == "cuda":
-            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            replay()
-            end.record()
-            times.append((start, end))
-        else:
-            t0 = time.perf_counter()
-            replay()
-            times.append(time.perf_counter() - t0)
-    _sync()
-    if DEVICE == "cuda":
-        return statistics.median(s.elapsed_time(e) for s, e in times) / 1e3
-    return statistics.median(times)
-
-
-def check_tree_kernel(cfg) -> dict:
-    """The Triton tree-attention kernel vs its reference at this model's heads (small batch, odd sizes)."""
-    from bench.kernel_check import check_tree_attention
-
-    if DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return {"skipped": "Triton on the CPU needs TRITON_INTERPRET=1"}
-    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    out = {}
-    for kind, prefixes, lens in (("tree", [61, 3], [9, 5]), ("causal", [37], [8])):
-        out[kind] = attempt(f"tree kernel check {kind}", check_tree_attention, DEVICE, dtype, B=len(lens),
-                            H=cfg.num_attention_heads, KVH=cfg.num_key_value_heads, D=cfg.head_dim,
-                            prefixes=prefixes, lens=lens, kind=kind)
-    errs = [r["rel_rms_err"] for r in out.values() if "rel_rms_err" in r]
-    out["max_rel_rms_err"] = max(errs) if errs else None
-    out["ok"] = len(errs) == 2 and all(r["rel_rms_err"] <= r["tol"] and not r["nan"] for r in out.values()
-                                       if isinstance(r, dict) and "tol" in r)
-    return out
 
 
 @torch.inference_mode()
-def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.Random, paths: list[str],
-          report: Report) -> dict:
+def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.Random, report: Report) -> dict:
     """t(N) of the engine's verify path (CUDA graph per shape, tree-attention op, GEMVs up to 16 rows, compiled
     pointwise) for N tree nodes per request, and the AR decode step of the same batch in the same run. Each N
     is checked first: the graph's greedy tokens against eager masked SDPA (agreement; bf16 random weights have
     near-ties, so a few flips are expected and reported, not hidden)."""
-    vocab = model.config.vocab_size
-    graphs = "tree" in paths and DEVICE == "cuda"
-    fast = ModelRunner(model, EngineConfig(block_attention="tree" if "tree" in paths else "sdpa",
-                                           verify_graphs=graphs))
+    vocab, device = model.config.vocab_size, next(model.parameters()).device
+    graphs = device.type == "cuda"
+    fast = ModelRunner(model, EngineConfig(block_attention="tree", verify_graphs=graphs))
     ref = ModelRunner(model, EngineConfig(block_attention="sdpa"))
     fast.allocate(batch, ctx + max(sizes) + reps + 16)
     for b in range(batch):
@@ -138,7 +75,7 @@ def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.
     slots = list(range(batch))
     for n in sizes:
         trees = [random_tree(n, vocab, rng) for _ in range(batch)]
-        meta = tree_metadata(trees, [ctx] * batch, slots, DEVICE)
+        meta = tree_metadata(trees, [ctx] * batch, slots, device)
         want = attempt(f"b{batch} ctx{ctx} n{n} sdpa", lambda: model.logits(ref.forward(meta)).argmax(-1))
         got = attempt(f"b{batch} ctx{ctx} n{n} verify", lambda: fast.verify(meta)[0].clone())
         if failed(got) or failed(want):
@@ -150,7 +87,7 @@ def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.
         out["greedy_agreement"].append((got == want).float().mean().item())
         graph = next(iter(fast.verify_graphs.values()), None)
         replay = graph.graph.replay if graph is not None else lambda: fast.verify(meta)
-        r = attempt(f"b{batch} ctx{ctx} n{n} timing", time_replays, replay, reps)
+        r = attempt(f"b{batch} ctx{ctx} n{n} timing", time_replays, replay, device, reps)
         if failed(r):
             out["errors"][f"n{n}_timing"] = r["error"]
             r = None
@@ -168,55 +105,22 @@ def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.
 
 def time_ar_step(runner: ModelRunner, batch: int, ctx: int, reps: int) -> float:
     """One AR decode step of the batch at this context (the runner's decode graph, replayed)."""
-    ids = torch.zeros(batch, dtype=torch.long, device=DEVICE)
-    positions = torch.full((batch,), ctx, dtype=torch.long, device=DEVICE)
+    device = runner.device
+    ids = torch.zeros(batch, dtype=torch.long, device=device)
+    positions = torch.full((batch,), ctx, dtype=torch.long, device=device)
     runner.decode(ids, positions)
     graph = runner.graphs.get(batch)
     if graph is None:  # no graphs (CPU): time the eager step
-        return time_replays(lambda: runner.decode(ids, positions.fill_(ctx)), reps)
+        return time_replays(lambda: runner.decode(ids, positions.fill_(ctx)), device, reps)
     graph.positions.fill_(ctx)
-    return time_replays(graph.graph.replay, reps)
+    return time_replays(graph.graph.replay, device, reps)
 
 
-class FullTreeDrafter:
-    """Proposes the tree spec's full shape with random tokens, at no device cost: a step is then the engine's
-    own work (verify, accept, commit, emit) plus a trivial draft. The tokens come from a pool drawn per spec
-    up front (dynamic:4,7,28's 28 draws a step would add ~10-15 us of the benchmark's own host time)."""
-
-    name = "full-tree"
-    target_layers = ()
-    POOL = 61  # rows of draft tokens, cycled
-
-    def __init__(self, vocab: int, seed: int = 0):
-        self.vocab, self.rng, self.shapes, self.step = vocab, random.Random(seed), {}, 0
-
-    def allocate(self, num_slots: int, max_seq_len: int) -> None:
-        pass
-
-    def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
-        pass
-
-    def commit(self, slot: int, accepted: list[int], features=None) -> None:
-        pass
-
-    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
-        key = str(spec)
-        if key not in self.shapes:
-            par = full_shape(spec, 0, AcceptanceProfile.load("dflash2-gsm8k")).parents
-            self.shapes[key] = par, [tuple(self.rng.randrange(self.vocab) for _ in par[1:]) for _ in range(self.POOL)]
-        par, pool = self.shapes[key]
-        trees = []
-        for root in roots:
-            self.step += 1
-            trees.append(DraftTree((root,) + pool[self.step % self.POOL], par))
-        return trees
-
-
-def _busy_ms(prof, steps: int) -> float:
+def _busy_ms(prof, steps: int, device: torch.device) -> float:
     """Device time per step from a torch.profiler run: kernels and copies (CPU op self time on the CPU)."""
     total = 0.0
     for e in prof.key_averages():
-        if DEVICE == "cuda":
+        if device.type == "cuda":
             if e.device_type.name == "CUDA":
                 total += e.self_device_time_total
         else:
@@ -224,49 +128,49 @@ def _busy_ms(prof, steps: int) -> float:
     return total / 1e3 / steps
 
 
-def _profiled(fn, steps: int) -> float:
+def _profiled(fn, steps: int, device: torch.device) -> float:
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CUDA] if DEVICE == "cuda" else [ProfilerActivity.CPU]
+    acts = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
     with profile(activities=acts) as prof:
         for _ in range(steps):
             fn()
-        _sync()
-    return _busy_ms(prof, steps)
+        sync(device)
+    return _busy_ms(prof, steps, device)
 
 
-def _walls(fn, steps: int) -> list[float]:
+def _walls(fn, steps: int, device: torch.device) -> list[float]:
     """Milliseconds of each call, synchronised after each."""
     out = []
     for _ in range(steps):
         t0 = time.perf_counter()
         fn()
-        _sync()
+        sync(device)
         out.append((time.perf_counter() - t0) * 1e3)
     return out
 
 
-def _step_walls(step, steps: int) -> list[float]:
+def _step_walls(step, steps: int, device: torch.device) -> list[float]:
     """Milliseconds between consecutive step starts, the steps run back to back as generate() runs them (a step
     waits for its own verify in accept): no device sync of the benchmark's own between them."""
     marks = [time.perf_counter()]
     for _ in range(steps):
         step()
         marks.append(time.perf_counter())
-    _sync()
+    sync(device)
     return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
 
 
-def _trace(step, path: str, steps: int = 6) -> None:
+def _trace(step, path: str, device: torch.device, steps: int = 6) -> None:
     """A chrome trace (gzipped JSON) of a few steps, each phase labelled: where the GPU waits for the host."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(steps):
             with record_function("step"):
                 step(record_function)
-            _sync()
+            sync(device)
     prof.export_chrome_trace(path)
 
 
@@ -295,17 +199,18 @@ def host_overhead_ab(model, cfg_a: EngineConfig, cfg_b: EngineConfig, tree: str,
     """Step wall of two engine configurations interleaved step by step (the order alternating), so that drift
     of the host or the GPU over the run falls on both alike: medians, quartiles and the paired differences."""
     a, b = (_stepper(model, cfg, tree, ctx, steps, rng) for cfg in (cfg_a, cfg_b))
+    device = a[0].device
     for _, _, step, _ in (a, b):
         for _ in range(3):
             step()
-    _sync()
+    sync(device)
     walls = {"a": [], "b": []}
     for i in range(steps):
         order = (("a", a[2]), ("b", b[2])) if i % 2 == 0 else (("b", b[2]), ("a", a[2]))
         for name, step in order:
             t0 = time.perf_counter()
             step()
-            _sync()
+            sync(device)
             walls[name].append((time.perf_counter() - t0) * 1e3)
     diffs = sorted(y - x for x, y in zip(walls["a"], walls["b"]))
 
@@ -328,30 +233,30 @@ def host_overhead(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: i
                   trace: str | None = None) -> dict:
     """Wall vs GPU busy time of one SpecEngine step and of its verify call alone, batch 1."""
     runner, reqs, step, state = _stepper(model, engine_cfg, tree, ctx, steps, rng)
-    engine = state["engine"]
+    engine, device = state["engine"], runner.device
 
     for _ in range(3):  # warm-up: kernel compiles, verify graph capture
         step()
-    _sync()
+    sync(device)
     emitted0 = len(reqs[0].result.token_ids)
-    walls = _step_walls(step, steps)
+    walls = _step_walls(step, steps, device)
     emitted = len(reqs[0].result.token_ids) - emitted0
-    busy = _profiled(step, steps)
+    busy = _profiled(step, steps, device)
     if trace:
-        _trace(step, trace)
+        _trace(step, trace, device)
     # the verify call alone, repeated on the last step's trees (dense targets: it rewrites the same K/V slots)
     verify = lambda: engine.verify(state["active"], state["trees"])  # noqa: E731
     verify()
-    v_walls = _walls(verify, steps)
-    v_busy = _profiled(verify, steps)
+    v_walls = _walls(verify, steps, device)
+    v_busy = _profiled(verify, steps, device)
     wall, v_wall = statistics.median(walls), statistics.median(v_walls)
     # the verify graph replayed back to back: its GPU time with the launch gaps between its kernels, which are
     # the device's own (a replay loop with no host work has them too), unlike the kernel-time sum `v_busy`
     graph = next(iter(runner.verify_graphs.values()), None)
-    graph_ms = time_replays(graph.graph.replay, steps) * 1e3 if graph is not None else None
+    graph_ms = time_replays(graph.graph.replay, device, steps) * 1e3 if graph is not None else None
     # negative under PDL: a kernel's profiled span then includes its wait on the one before, so spans overlap
     in_graph_gaps = graph_ms - v_busy if graph_ms is not None else 0.0
-    launch_ms = host_ms(graph.graph.replay, DEVICE, steps) if graph is not None else None
+    launch_ms = host_ms(graph.graph.replay, device, steps) if graph is not None else None
     gpu_step = busy + in_graph_gaps  # what the step costs the GPU with an infinitely fast host
     runner.verify_graphs.clear()  # graphs hold the cache: free both now
     runner.cache = None
@@ -384,9 +289,8 @@ OVERHEAD_VARIANTS = {
 }
 
 
-def main() -> None:
-    global DEVICE
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench verify_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--shape", default="Qwen3-8B")
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -404,33 +308,19 @@ def main() -> None:
                    help="write a chrome trace of a few host-overhead steps per tree here (host_trace_<kind>.json.gz)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
-    args = p.parse_args()
-    DEVICE = args.device
-    import bench.ar_decode as ar
-
-    ar.DEVICE = DEVICE
+    args = p.parse_args(argv)
+    device = args.device
     rng = random.Random(0)
     torch.manual_seed(0)
-    report = Report(args.out, {**run_record(DEVICE, args.commit), "shape": args.shape, "runs": [],
+    report = Report(args.out, {**run_record(device, args.commit), "shape": args.shape, "runs": [],
                                "host_overhead": {}})
     config_cls, kw = SHAPES[args.shape]
-    model = random_model(config_cls(**kw))
-    crashed = kernel_crashed("tree_attention")
-    if crashed:
-        report["tree_kernel_check"] = {"skipped": crashed}
-        paths = ["sdpa"]
-    else:
-        report["tree_kernel_check"] = check_tree_kernel(model.config)
-        print("tree kernel check", json.dumps(report["tree_kernel_check"])[:600], flush=True)
-        paths = ["sdpa", "tree"]
+    model = random_model(config_cls(**kw), device)
     # host overhead first: it is issue 3's number and costs seconds
     for name in args.overhead_variants:
         fields = OVERHEAD_VARIANTS[name]
         for tree in args.overhead_trees:
             key = f"{name}/{tree}"
-            if fields.get("block_attention") == "tree" and crashed:
-                report["host_overhead"][key] = {"skipped": crashed}
-                continue
             trace = (os.path.join(args.trace_dir, f"host_trace_{tree.split(':')[0]}.json.gz")
                      if args.trace_dir else None)
             r = attempt(f"host overhead {key}", host_overhead, model, EngineConfig(**fields), tree,
@@ -438,7 +328,7 @@ def main() -> None:
             report["host_overhead"][key] = r
             report.save()
             print("host overhead", key, json.dumps(r)[:400], flush=True)
-            if DEVICE == "cuda":
+            if device == "cuda":
                 torch.cuda.empty_cache()
     spacings = ab_spacings(args.ab_layers_per_graph)
     if spacings is not None:  # two cut spacings of the verify graphs, a against b, interleaved
@@ -459,7 +349,7 @@ def main() -> None:
     if not args.skip_sweep:
         for c in args.configs:
             batch, ctx = map(int, c.split("x"))
-            r = attempt(f"sweep {c}", sweep, model, batch, ctx, args.sizes, args.reps, rng, paths, report)
+            r = attempt(f"sweep {c}", sweep, model, batch, ctx, args.sizes, args.reps, rng, report)
             if failed(r):
                 runs = report["runs"]
                 if not (runs and (runs[-1].get("batch"), runs[-1].get("ctx")) == (batch, ctx)):
@@ -469,7 +359,7 @@ def main() -> None:
                 continue
             print(json.dumps({k: r[k] for k in ("batch", "ctx", "ratio", "greedy_agreement", "ar_step_s")}),
                   flush=True)
-            if DEVICE == "cuda":
+            if device == "cuda":
                 torch.cuda.empty_cache()
     report.save()
 
@@ -493,6 +383,3 @@ def main() -> None:
         else:
             print(f"{key:34} {r.get('error', r.get('skipped', ''))[:80]}")
 
-
-if __name__ == "__main__":
-    main()

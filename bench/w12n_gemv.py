@@ -4,11 +4,11 @@ Qwen3.5-27B at M = 1, 4, 8, 16; plus SASS instructions per weight in the kernels
 Correctness first: each kernel against its reference (W12N bitwise-exact weights: the fp32-accumulated GEMV of
 the decoded matrix), and batch invariance (row 0 of M rows equals M=1 bitwise); errors are recorded per shape
 and M (a failed check is reported, the timing still runs). Times are CUDA-graph replays of back-to-back
-launches over weights rotated past the L2 (same method as bench/gemv.py). Every timing runs in its own
-try/except, and the JSON is written again after each shape.
+launches over weights rotated past the L2 (bench/projections.py, as the gemv benchmark). Every timing runs in
+its own try/except, and the JSON is written again after each shape.
 
-    PYTHONPATH=. python3 bench/w12n_gemv.py --out bench/results/w12n_gemv_h200.json
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/w12n_gemv.py --out /tmp/w.json --device cpu   # dry run
+    python3 -m bench w12n_gemv --out bench/results/w12n_gemv_h200.json
+    TRITON_INTERPRET=1 python3 -m bench w12n_gemv --out /tmp/w.json --device cpu   # dry run
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.ar_decode import copy_bandwidth
-from bench.common import Report, attempt, failed, kernel_crashed, rel_err, run_record
-from bench.gemv import SHAPES, time_fn
-from bench.sass_count import loop_instructions
+from bench.common import Report, attempt, copy_bandwidth, failed, rel_err, run_record
+from bench.projections import SHAPES, time_fn
+from bench.sass import loop_instructions
 from specpilot.bench.shapes import clean
 from specpilot.layers import pointwise as pw
 from specpilot.ops import gemv as bf16_gemv
@@ -99,9 +98,9 @@ def timer(device: str):
     return cpu_time
 
 
-def check(x, t, rows8: bool = False, fp8_launches: dict | None = None) -> dict:
-    """Both kernels against their references, and batch invariance of the exact one (rows8: the HALF launch too;
-    fp8_launches: name -> fp8_gemv keywords, each against the reference too)."""
+def check(x, t, fp8_launches: dict | None = None) -> dict:
+    """Both kernels against their references, and batch invariance of the exact one (fp8_launches: name ->
+    fp8_gemv keywords, each against the reference too)."""
     fp8_ref = fp8_gemv_ref(x, t).float()
     out = {"w12n": rel_err(kernels.w12n_gemv(x, t).float(), w12n_gemv_ref(x, t).float()),
            "fp8": rel_err(kernels.fp8_gemv(x, t).float(), fp8_ref),
@@ -116,16 +115,9 @@ def check(x, t, rows8: bool = False, fp8_launches: dict | None = None) -> dict:
         out["mma"] = rel_err(mma.float(), w12n_gemv_ref(x, t).float())
         out["mma_batch_invariant"] = all(torch.equal(mma_kernel.w12n_mma_gemv(x[m:m + 1], t), mma[m:m + 1])
                                          for m in range(x.shape[0]))
-        if rows8:  # the HALF launch: the same checks
-            half = mma_kernel.w12n_mma_gemv(x, t, warps=4, rows=8)
-            out["mma_r8"] = rel_err(half.float(), w12n_gemv_ref(x, t).float())
-            out["mma_batch_invariant"] &= all(
-                torch.equal(mma_kernel.w12n_mma_gemv(x[m:m + 1], t, warps=4, rows=8), half[m:m + 1])
-                for m in range(x.shape[0]))
     out["ok"] = (out["w12n"]["rel_rms_err"] < 1e-2 and out["fp8"]["rel_rms_err"] < 1e-2 and not out["w12n"]["nan"]
                  and out.get("batch_invariant", True) and all(out["block_n_bitwise"].values())
                  and out.get("mma", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2 and out.get("mma_batch_invariant", True)
-                 and out.get("mma_r8", {"rel_rms_err": 0})["rel_rms_err"] < 1e-2
                  and all(e["rel_rms_err"] < 1e-2 for e in out["fp8_launches"].values()))
     return out
 
@@ -183,8 +175,7 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             kw["block_k"] = min(kw["block_k"], encoded[0].padded_k & -encoded[0].padded_k)
     for m in args.ms:
         x = torch.randn(m, K, device=dev).to(torch.bfloat16)
-        r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0], args.mma_rows8,
-                                            fp8_launches)}
+        r = row["m"][m] = {"check": attempt(f"{name} M={m} check", check, x, encoded[0], fp8_launches)}
         if dev == "cuda":
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             r["mma_launch"] = dataclasses.asdict(mma_kernel.default_launch(encoded[0], m, sms))
@@ -201,23 +192,14 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
             if args.mma_swiglu and mma_kernel.glu_supported(encoded[0]):  # the matrix read as an MLP's [gate; up]
                 variants["w12n_mma_silu_mul"] = lambda a, wt: pw.silu_mul(mma_kernel.w12n_mma_gemv(a, wt[1]))
                 variants["w12n_mma_swiglu"] = lambda a, wt: mma_kernel.w12n_swiglu_gemv(a, wt[1])
-            for depth in (1, 2):  # chunks loaded ahead (the default picks one per shape)
-                variants[f"w12n_mma_depth{depth}"] = lambda a, wt, d=depth: mma_kernel.w12n_mma_gemv(a, wt[1], depth=d)
             for ks in args.mma_warps:
                 if (encoded[0].padded_k // 64) % ks == 0:
                     variants[f"w12n_mma_ks{ks}"] = lambda a, wt, ks=ks: mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks)
-                    for cap in args.mma_regs:  # a register cap: more programs per SM (ncu: 120 registers, 25%)
-                        for d in (1, 2):
-                            variants[f"w12n_mma_ks{ks}_d{d}_r{cap}"] = lambda a, wt, ks=ks, cap=cap, d=d: (
-                                mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, maxnreg=cap))
+                    for cap in args.mma_regs:  # a register cap: more programs per SM
+                        variants[f"w12n_mma_ks{ks}_r{cap}"] = lambda a, wt, ks=ks, cap=cap: (
+                            mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, maxnreg=cap))
             for seg in args.segments:
                 variants[f"w12n_mma_seg{seg}"] = lambda a, wt, seg=seg: mma_kernel.w12n_mma_gemv(a, wt[2][seg])
-            if args.mma_rows8:  # 8 weight rows per program, operands swapped: twice the programs
-                for ks in (4, 8):
-                    if (encoded[0].padded_k // 64) % ks == 0:
-                        for d in (1, 2):
-                            variants[f"w12n_mma_r8_ks{ks}_d{d}"] = lambda a, wt, ks=ks, d=d: (
-                                mma_kernel.w12n_mma_gemv(a, wt[1], warps=ks, depth=d, rows=8))
         for seg in args.segments:
             variants[f"w12n_seg{seg}"] = lambda a, wt, seg=seg: kernels.w12n_gemv(a, wt[2][seg])
         variants["ours_bf16"] = lambda a, wt: bf16_gemv.gemv(a, wt[0])
@@ -262,8 +244,8 @@ def bench_shape(name, N, K, args, bw, time_it) -> dict:
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench w12n_gemv", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default=None)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 4, 8, 16])
@@ -274,14 +256,11 @@ def main() -> None:
     p.add_argument("--clean-weights", action="store_true",
                    help="weights without escapes or verbatim segments (the kernels' fast path only)")
     p.add_argument("--mma-regs", type=int, nargs="*", default=[],
-                   help="also time each --mma-warps config at these register caps (maxnreg), depth 1 and 2")
+                   help="also time each --mma-warps config at these register caps (maxnreg)")
     p.add_argument("--block-ns", type=int, nargs="*", default=[],
                    help="also time the W12N GEMV at these block_n (default 8 is the 'w12n' column)")
     p.add_argument("--segments", type=int, nargs="*", default=[],
                    help="also time encodings at these fixed segments (block_n 8 and --block-ns)")
-    p.add_argument("--mma-rows8", action="store_true",
-                   help="also check and time the tensor-core kernel with 8 weight rows per program (operands "
-                        "swapped), 4 and 8 warps, depth 1 and 2")
     p.add_argument("--fp8-configs", nargs="*", default=[],
                    help="also time the FP8 view at these launches, e.g. bn16.bk1024.w8.p1 (block_n, block_k, "
                         "warps, prefetch)")
@@ -290,7 +269,7 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=None, help="subset of the projection shapes (default: all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on tiny shapes (needs TRITON_INTERPRET=1)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     for cfg in args.fp8_configs:  # a typo fails here, not after minutes of encoding
         fp8_config(cfg)
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -300,12 +279,7 @@ def main() -> None:
         shapes = {k: v for k, v in shapes.items() if k in args.shapes}
     torch.manual_seed(0)
     report = Report(args.out, {**run_record(args.device, args.commit), "shapes": {}})
-    crashed = kernel_crashed("w12n_gemv") or kernel_crashed("fp8_gemv")
-    if crashed:  # a fault would poison this process: only the error is recorded
-        report["error"] = crashed
-        print(crashed)
-        return
-    bw = attempt("copy bandwidth", copy_bandwidth, device=args.device)
+    bw = attempt("copy bandwidth", copy_bandwidth, args.device)
     if failed(bw):
         report["copy_bandwidth_error"] = bw
         bw = 4.2e12
@@ -326,6 +300,3 @@ def main() -> None:
     print(f"correctness: {len(checks) - len(bad)}/{len(checks)} (shape, M) checks ok"
           + (f"; failed: {bad}" if bad else ""))
 
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ fp32). Requests run in batches through the speculative engine; every output goes
 stock teacher-forced pass) so a reported tau is a tau of lossless output. The JSON feeds the synthetic
 acceptance profiles (specpilot/bench/synthetic.py).
 
-    python3 bench/zoo_acceptance.py --out bench/results/zoo_acceptance.json
+    python3 -m bench zoo_acceptance --out bench/results/zoo_acceptance.json
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def chain_profile(row: dict) -> dict:
                       "(bench/results/zoo_acceptance.json); sibling_decay assumed"}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench zoo_acceptance", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--zoo", default="zoo")
     p.add_argument("--prompts", default="humaneval")
@@ -92,14 +92,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--device", default="cpu")
     p.add_argument("--profiles", default=None, help="also write each chain row as a synthetic profile here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     zoo = Path(args.zoo)
     tok = load_tokenizer(str(zoo / "dense"))
     texts = [q.text for q in load_prompts(resolve_prompt_set(args.prompts), args.limit)]
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    doc = {"command": "python3 bench/zoo_acceptance.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+    doc = {"command": "python3 -m bench zoo_acceptance " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
                                                                     vars(args).items() if k != "out"),
            "commit": commit, "device": args.device, "cpu": platform.processor() or platform.machine(),
            "zoo": json.loads((zoo / "zoo.json").read_text()).get("built_at_commit"), "dtype": "float32",
@@ -117,6 +117,3 @@ def main() -> None:
             print(f"{target:7s} {drafter:14s} {tree:16s} tau {row['tau']:.2f} per depth {row['acceptance_per_depth']}"
                   f" forcing {'pass' if row['forcing']['passed'] else 'FAIL'} ({row['seconds']:.0f} s)", flush=True)
 
-
-if __name__ == "__main__":
-    main()

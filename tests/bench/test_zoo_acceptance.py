@@ -1,15 +1,11 @@
-"""bench/zoo_acceptance.py: per-depth counts add up over requests whose lists have different lengths, and a
+"""The zoo_acceptance benchmark: per-depth counts add up over requests whose lists have different lengths, and a
 chain row becomes a synthetic profile of conditional acceptance."""
 
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("zoo_acceptance", Path(__file__).parents[2] / "bench/zoo_acceptance.py")
-za = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(za)
+import bench.zoo_acceptance as za
 
 
 def test_a_drafter_equal_to_the_target_is_always_accepted(checkpoint_factory, tmp_path):

@@ -308,7 +308,7 @@ def test_rejects_bad_calls():
 
 def test_asm_decode_compiles_for_sm90(tmp_path):
     """The PTX decode (never run by the interpreter) compiles for an H100/H200 with Triton's own ptxas, and its
-    main loop stays within the measured instruction budget (bench/sass_count.py, README.md). Runs in a child
+    main loop stays within the measured instruction budget (python3 -m bench sass_count, README.md). Runs in a child
     process: the kernels are plain @triton.jit functions only without TRITON_INTERPRET."""
     import json
     import os
@@ -325,7 +325,7 @@ def test_asm_decode_compiles_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(root), TRITON_DEFAULT_FP_FUSION="1")
     out = tmp_path / "sass.json"
-    proc = subprocess.run([sys.executable, str(root / "bench" / "sass_count.py"), "--out", str(out)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "bench", "sass_count", "--out", str(out)], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
