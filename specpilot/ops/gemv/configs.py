@@ -3,7 +3,7 @@
 (block_n, block_k, num_warps, num_stages) for the skinny kernel (M = 2..32; tuned at 4..16, 32-row tiles take
 fewer stages where shared memory runs out).
 
-Measured on an H200 by bench/gemv.py (bench/results/gemv_h200.json: each best config with its speed-up over
+Measured on an H200 by `python3 -m bench gemv` (bench/results/gemv_h200.json: each best config with its speed-up over
 cuBLAS at M = 1), or inside the decode step where marked. Shapes not listed use DEFAULT. The tuner will own
 this table per GPU later.
 """
@@ -33,7 +33,7 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int, int]:
 
 SKINNY_DEFAULT = (64, 256, 4, 4)
 
-# measured by bench/gemv.py --skinny (bench/results/gemv_skinny_h200.json): the best config at M = 4, 8 and 16
+# measured by python3 -m bench gemv --skinny (bench/results/gemv_skinny_h200.json): the best config at M = 4, 8, 16
 # was the same for every shape; time at M = 16 over our M = 1 GEMV in the comment
 SKINNY_H200 = {
     (6144, 4096): (64, 256, 4, 4),  # Qwen3-8B qkv: 1.08x
