@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 
 from ..dispatch import fits_tile, tile_width
+from .blocks import (decay_matrix, dot, l2_norm_factors, neumann_solve, program_heads, qk_state_products,
+                     slice_mask)
 from .reference import L2NORM_EPS
 
 _EPS = tl.constexpr(L2NORM_EPS)
@@ -29,11 +31,7 @@ def _fused_recurrent_gdn_kernel(
 ):
     """Program (i_v, b * HV + hv) owns the state tile [K, BLOCK_V] of value head hv of request b (K padded to
     BLOCK_K: the padding rows hold zeros and are never stored)."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = (i_bh // HV).to(tl.int64)
-    i_hv = i_bh % HV
-    i_h = i_hv // GROUP
+    i_v, i_b, i_hv, i_h = program_heads(HV, GROUP)
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
     offs_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -140,26 +138,6 @@ def fused_recurrent_gated_delta_rule(
 
 
 @triton.jit
-def _dot(a, b, PREC: tl.constexpr):
-    return tl.dot(a, b, input_precision=PREC)
-
-
-@triton.jit
-def slice_mask(ok, offs_c, c0, K: tl.constexpr, EVEN_K: tl.constexpr, rows: tl.constexpr = False):
-    """The mask of a K slice [c0, c0 + BK): `ok` (per token or tree node, or with rows=True per value column of a
-    [BK, BV] state tile) and, without EVEN_K, the slice's columns (rows) inside K. Shared with ops/gdn_tree."""
-    if rows:
-        m = ok[None, :]
-        if not EVEN_K:
-            m = m & (c0 + offs_c < K)[:, None]
-    else:
-        m = ok[:, None]
-        if not EVEN_K:
-            m = m & (c0 + offs_c < K)[None, :]
-    return m
-
-
-@triton.jit
 def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
                       T, HV, V, scale,
                       sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, ws_n,
@@ -172,11 +150,7 @@ def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
     element could otherwise be rewritten before another thread has read it); a barrier per chunk publishes the
     writes to the next chunk. K goes in BK-wide slices; without EVEN_K the last slice is masked (its padding
     columns load as zeros and are never stored)."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    b = (i_bh // HV).to(tl.int64)
-    hv = i_bh % HV
-    h = hv // GROUP
+    i_v, b, hv, h = program_heads(HV, GROUP)
     offs_c = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     v_ok = offs_v < V
@@ -193,32 +167,11 @@ def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
         dst = tile + (c % 2) * ws_n
         q_rows = q_base + t[:, None] * sq_t + offs_c[None, :] * sq_k
         k_rows = k_base + t[:, None] * sk_t + offs_c[None, :] * sk_k
-        # q and k go through K in BK-wide slices (as the tree kernel does), so no [BT, K] tile stays live: one pass
-        # for the norms, one for the products with k and the state, one for the state's update
-        q_ss = tl.zeros([BT], dtype=tl.float32)
-        k_ss = tl.zeros([BT], dtype=tl.float32)
-        for kc0 in tl.static_range(0, K, BK):
-            qk_ok = slice_mask(row_ok, offs_c, kc0, K, EVEN_K)
-            qc = tl.load(q_rows + kc0 * sq_k, mask=qk_ok, other=0.0).to(tl.float32)
-            kc = tl.load(k_rows + kc0 * sk_k, mask=qk_ok, other=0.0).to(tl.float32)
-            q_ss += tl.sum(qc * qc, axis=1)
-            k_ss += tl.sum(kc * kc, axis=1)
-        q_scale = tl.rsqrt(q_ss + _EPS) * scale
-        k_scale = tl.rsqrt(k_ss + _EPS)
-        kk = tl.zeros([BT, BT], dtype=tl.float32)
-        qk = tl.zeros([BT, BT], dtype=tl.float32)
-        ks = tl.zeros([BT, BV], dtype=tl.float32)
-        qs = tl.zeros([BT, BV], dtype=tl.float32)
-        for kc0 in tl.static_range(0, K, BK):
-            qk_ok = slice_mask(row_ok, offs_c, kc0, K, EVEN_K)
-            qc = tl.load(q_rows + kc0 * sq_k, mask=qk_ok, other=0.0).to(tl.float32) * q_scale[:, None]
-            kc = tl.load(k_rows + kc0 * sk_k, mask=qk_ok, other=0.0).to(tl.float32) * k_scale[:, None]
-            sc = tl.load(src + kc0 * V, mask=slice_mask(v_ok, offs_c, kc0, K, EVEN_K, rows=True), other=0.0)
-            kk += _dot(kc, tl.trans(kc), PREC)
-            qk += _dot(qc, tl.trans(kc), PREC)
-            ks += _dot(kc, sc, PREC)
-            qs += _dot(qc, sc, PREC)
-
+        # q and k go through K in BK-wide slices (blocks.py): one pass for the norms, one for the products with k
+        # and the state, one for the state's update
+        q_scale, k_scale = l2_norm_factors(q_rows, k_rows, sq_k, sk_k, row_ok, offs_c, scale, _EPS, K, BK, EVEN_K)
+        kk, qk, ks, qs = qk_state_products(q_rows, k_rows, sq_k, sk_k, q_scale, k_scale, src, V, row_ok, v_ok, offs_c,
+                                           None, None, False, K, BK, BV, EVEN_K, PREC)
         vals = tl.load(v_base + t[:, None] * sv_t + offs_v[None, :] * sv_v, mask=row_ok[:, None] & v_ok[None, :],
                        other=0.0).to(tl.float32)
         gb = (b * T + t) * HV + hv
@@ -227,16 +180,12 @@ def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
         # padded rows have g = beta = 0 and k = 0: their u is 0 and they leave the state alone
         G = tl.sum(tl.where(causal, g[None, :], 0.0), axis=1)  # [BT] cumulative log-decay within the chunk
         G_last = tl.sum(g, axis=0)
-        D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+        D = decay_matrix(G, causal)
         A = tl.where(t[:, None] > t[None, :], beta[:, None] * D * kk, 0.0)
         qkd = qk * D  # formed now, so that kk, qk and D are dead before the solve
         rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * ks)
-        # (I + A) u = rhs with A strictly lower triangular: the Neumann iteration u <- rhs - A u is exact after
-        # (tokens in the chunk - 1) steps
-        u = rhs
-        for _ in range(1, tl.minimum(T - c * BT, BT)):
-            u = rhs - _dot(A, u, PREC)
-        o = tl.exp(G)[:, None] * qs + _dot(qkd, u, PREC)
+        # a chunk is a chain: its longest path is its token count
+        o, u = neumann_solve(A, rhs, qkd, qs, G, tl.minimum(T - c * BT, BT), PREC)
         tl.store(o_ptr + ((b * T + t[:, None]) * HV + hv) * V + offs_v[None, :], o.to(o_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & v_ok[None, :])
         w = tl.exp(G_last - G) * k_scale  # [BT] each write's decay to the chunk's end, with k's norm
@@ -245,7 +194,7 @@ def _chunk_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ws_ptr, o_ptr,
             kc = kc.to(tl.float32) * w[:, None]
             s_ok = slice_mask(v_ok, offs_c, kc0, K, EVEN_K, rows=True)
             sc = tl.load(src + kc0 * V, mask=s_ok, other=0.0)
-            tl.store(dst + kc0 * V, tl.exp(G_last) * sc + _dot(tl.trans(kc), u, PREC), mask=s_ok)
+            tl.store(dst + kc0 * V, tl.exp(G_last) * sc + dot(tl.trans(kc), u, PREC), mask=s_ok)
         # the next chunk reads state columns that other threads of this program wrote
         tl.debug_barrier()
 

@@ -4,8 +4,10 @@ and for the commit of kept paths (the fold and the conv windows of every layer a
 One program per (value-tile, request * value head). The tree's T nodes (padded to BT, a power of two >= 16)
 fit one tile: the program builds the path-summed decay G = P g, the masked decay D, A = beta D (K K^T) below the
 diagonal, solves the unit lower-triangular (I + A) u = rhs by the Neumann iteration u <- rhs - A u (A is nilpotent:
-exact after as many steps as the longest path has nodes, minus one), and writes the outputs and the fold stash (normalised k, u, G).
-Value columns are independent in the solve, so the [K, V] committed state is read in [K, BV] tiles.
+exact after as many steps as the longest path has nodes, minus one), and writes the outputs and the fold stash
+(normalised k, u, G). Value columns are independent in the solve, so the [K, V] committed state is read in [K, BV]
+tiles. The K-sliced norms and products, the decay matrix and the solve are the chunked prefill kernel's too
+(ops/gated_delta_rule/blocks.py).
 
 The fold runs one program per (layer * request * value head, value tile): it walks the request's path (up to the
 longest, masked) accumulating exp(G_leaf - G_j) k_j u_j^T into a [K, BV] tile, then rewrites that tile of the
@@ -19,21 +21,16 @@ import triton
 import triton.language as tl
 
 from specpilot.ops.dispatch import fits_tile, tile_width
+from specpilot.ops.gated_delta_rule.blocks import (decay_matrix, l2_norm_factors, neumann_solve, program_heads,
+                                                  qk_state_products)
 from specpilot.ops.gated_delta_rule.reference import L2NORM_EPS
-from specpilot.ops.gated_delta_rule.triton import slice_mask
 from specpilot.ops.path_index import NODES, PathIndex
 
 
-# (num_warps, dot precision) by node tile (BT), the fastest of 4/8 warps x ieee/tf32/tf32x3 at the 27B heads on the
-# H200 among those as accurate as fp32 FMAs (tf32 alone errs 2.7e-3 on the output): 6.9 / 28.8 / 32.1 us per layer
-# at 1 / 32 / 64 nodes, batch 1 (bench/results/gdn_tree_kernel_h200.json). tf32x3 is three tf32 tensor-core
-# products (hi*hi + hi*lo + lo*hi), fp32-accurate; ieee FMA products spill at BT = 64 (offline ptxas).
+# (num_warps, dot precision) by node tile (BT): the fastest at the 27B heads on the H200 among the settings as accurate
+# as fp32 (docs/decisions/2026-12-01-gdn-chunk-kernels.md). tf32x3 is three tf32 tensor-core products
+# (hi*hi + hi*lo + lo*hi), fp32-accurate; ieee is fp32 FMAs.
 TREE_GDN_CONFIG = {16: (4, "tf32x3"), 32: (4, "ieee"), 64: (4, "tf32x3")}
-
-
-@triton.jit
-def _dot(a, b, PREC: tl.constexpr):
-    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -43,11 +40,7 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
                      GROUP: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                      EPS: tl.constexpr, HAS_SLOTS: tl.constexpr, PREC: tl.constexpr, BK: tl.constexpr,
                      EVEN_K: tl.constexpr):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    b = (i_bh // HV).to(tl.int64)
-    hv = i_bh % HV
-    h = hv // GROUP
+    i_v, b, hv, h = program_heads(HV, GROUP)
     rows = tl.arange(0, BT)
     row_ok = rows < T
     offs_c = tl.arange(0, BK)
@@ -63,34 +56,11 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
     write_k = (i_v == 0) & (hv % GROUP == 0)  # k is per key head: one of its value heads writes it
     key_rows = (b * T + rows) * (HV // GROUP) + h
 
-    # q and k go through K in BK-wide slices, so no [BT, K] tile stays live (at K = 128 in fp32 those spilled):
-    # one pass for the L2 norms, one for the products with k (and with the committed state)
-    q_ss = tl.zeros([BT], dtype=tl.float32)
-    k_ss = tl.zeros([BT], dtype=tl.float32)
-    for c in tl.static_range(0, K, BK):
-        qk_ok = slice_mask(row_ok, offs_c, c, K, EVEN_K)
-        qc = tl.load(q_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32)
-        kc = tl.load(k_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32)
-        q_ss += tl.sum(qc * qc, axis=1)
-        k_ss += tl.sum(kc * kc, axis=1)
-    q_scale = tl.rsqrt(q_ss + EPS) * scale
-    k_scale = tl.rsqrt(k_ss + EPS)
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    qk = tl.zeros([BT, BT], dtype=tl.float32)
-    ks = tl.zeros([BT, BV], dtype=tl.float32)
-    qs = tl.zeros([BT, BV], dtype=tl.float32)
-    for c in tl.static_range(0, K, BK):
-        qk_ok = slice_mask(row_ok, offs_c, c, K, EVEN_K)
-        qc = tl.load(q_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32) * q_scale[:, None]
-        kc = tl.load(k_rows + c + offs_c[None, :], mask=qk_ok, other=0.0).to(tl.float32) * k_scale[:, None]
-        sc = tl.load(s0_rows + (c + offs_c[:, None]) * V, mask=slice_mask(v_ok, offs_c, c, K, EVEN_K, rows=True),
-                     other=0.0)
-        kk += _dot(kc, tl.trans(kc), PREC)
-        qk += _dot(qc, tl.trans(kc), PREC)
-        ks += _dot(kc, sc, PREC)
-        qs += _dot(qc, sc, PREC)
-        if write_k:
-            tl.store(kn_ptr + key_rows[:, None] * K + c + offs_c[None, :], kc, mask=qk_ok)
+    # q and k go through K in BK-wide slices (blocks.py): one pass for the L2 norms, one for the products with k
+    # (and with the committed state)
+    q_scale, k_scale = l2_norm_factors(q_rows, k_rows, 1, 1, row_ok, offs_c, scale, EPS, K, BK, EVEN_K)
+    kk, qk, ks, qs = qk_state_products(q_rows, k_rows, 1, 1, q_scale, k_scale, s0_rows, V, row_ok, v_ok, offs_c,
+                                       kn_ptr, key_rows, write_k, K, BK, BV, EVEN_K, PREC)
 
     vals = tl.load(v_ptr + b * sv_b + rows[:, None] * sv_t + hv * sv_h + offs_v[None, :],
                    mask=row_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
@@ -101,19 +71,12 @@ def _tree_gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, s0_ptr, slo
                 other=0) != 0
 
     G = tl.sum(tl.where(m, g[None, :], 0.0), axis=1)  # [BT] log-decay summed along the path to the root
-    D = tl.where(m, tl.exp(tl.where(m, G[:, None] - G[None, :], 0.0)), 0.0)
-    strict = rows[:, None] != rows[None, :]
-    A = tl.where(strict, beta[:, None] * D * kk, 0.0)
+    D = decay_matrix(G, m)
+    A = tl.where(rows[:, None] != rows[None, :], beta[:, None] * D * kk, 0.0)
     qkd = qk * D  # formed now, so that kk, qk and D are dead before the solve
-    path_len = tl.max(tl.sum(m.to(tl.int32), axis=1), axis=0)
+    path_len = tl.max(tl.sum(m.to(tl.int32), axis=1), axis=0)  # the longest path: the solve's step count
     rhs = beta[:, None] * (vals - tl.exp(G)[:, None] * ks)
-    # (I + A) u = rhs where A links a node only to its proper ancestors: A^n = 0 for n >= the longest path, so the
-    # Neumann iteration u <- rhs - A u is exact after longest path - 1 steps (none for a single node), and keeps
-    # only A and u live (a product of [BT, BT] powers spilled at BT = 64)
-    u = rhs
-    for _ in range(1, path_len):
-        u = rhs - _dot(A, u, PREC)
-    o = tl.exp(G)[:, None] * qs + _dot(qkd, u, PREC)
+    o, u = neumann_solve(A, rhs, qkd, qs, G, path_len, PREC)
 
     out_rows = (b * T + rows) * HV + hv
     ov_mask = row_ok[:, None] & v_ok[None, :]
