@@ -430,13 +430,10 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor, *, block_n: int = 8, block_k: int 
 
 
 def fp8_launch(t: W12NTensor, m: int) -> dict:
-    """The FP8 view's default launch. block_k, which fixes each lane's order of sums, depends on the shape alone (the
-    padded K's largest power-of-two factor, at most 1024), so row m of an M-row call equals the M = 1 call; rows
-    per program, warps and the prefetch change no bit. H200, against cuBLAS bf16 (bench/results/
-    w12n_gemv_fp8_sweep_h200.json, w12n_gemv_all_clean_fp8launch_h200.json): at M = 1, 8 rows x 1024 on 4 warps
-    runs 1.82-2.45x on the 8B / 27B projection shapes (8 x 512 or the segment, before: 1.53-1.98x); at M = 8 the
-    one-tile prefetch takes 8B o_proj from 25.0 to 17.3 us; at M = 16, 4 rows without it was the fastest of eight
-    launches on four shapes (w12n_gemv_fp8_m8_m16_h200.json: 8B o_proj 45.6 us against 86.3 for 8 rows)."""
+    """The FP8 view's default launch: 8 rows per program on 4 warps, a one-tile prefetch at M = 5..8, 4 rows without
+    it above 8. block_k, which fixes each lane's order of sums, depends on the shape alone (the padded K's largest
+    power-of-two factor, at most 1024), so row m of an M-row call equals the M = 1 call; rows per program, warps
+    and the prefetch change no bit. The H200 sweeps behind it: docs/decisions/2026-11-30-w12n-fp8-view-launch.md."""
     return {"block_n": 4 if m > 8 else 8, "block_k": min(1024, t.padded_k & -t.padded_k), "num_warps": 4,
             "prefetch": 4 < m <= 8}
 
