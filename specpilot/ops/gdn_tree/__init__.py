@@ -16,9 +16,8 @@ __all__ = ["PathIndex", "ancestor_mask", "commit_paths", "tree_causal_conv1d", "
            "tree_gated_delta_rule_ref"]
 
 
-# the Triton kernel holds the whole tree in one register tile: measured up to 64 nodes on the H200, where it takes
-# 32 us per 27B layer against 149 us for the torch form (bench/results/gdn_tree_kernel_h200.json); larger trees
-# take the torch form
+# the Triton kernel holds the whole tree in one register tile; larger trees take the torch form
+# (docs/decisions/2026-11-30-gdn-tree-kernel-node-limit.md)
 TRITON_MAX_NODES = 64
 
 

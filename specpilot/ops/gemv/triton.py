@@ -1,13 +1,12 @@
 """Triton GEMV for decode and small verify blocks (M = 1..32 rows): each program streams BLOCK_N weight rows
 once, fp32 accumulate.
 
-At batch 1 the decode step is a chain of weight reads; cuBLAS picks split-K or small-tile kernels for the
-narrower projections (o_proj, out_proj, qkv) that reach only 72-84% of the copy bandwidth on an H200, plus
-split-K reduce kernels. One pass over the rows with no split keeps the whole matrix in one kernel.
-M = 1 multiplies on the FMA units (`_gemv_kernel`); M = 2..32 (a verify block of a tree, or a small decode batch)
-runs each weight tile once through a tensor-core dot against all rows padded to 16 or 32 (`_skinny_kernel`), so
-the weight bytes, not M, set the time. cuBLAS at 17..32 rows made a 27B verify of 32 nodes 1.21x the time of one
-node (bench/results/hybrid_tree_h200.json), against 1.04x at 16 on the skinny kernel.
+At batch 1 the decode step is a chain of weight reads; where cuBLAS splits K for the narrower projections
+(o_proj, out_proj, qkv) it streams well below the copy bandwidth and adds reduce kernels. One pass over the rows
+with no split keeps the whole matrix in one kernel. M = 1 multiplies on the FMA units (`_gemv_kernel`); M = 2..32
+(a verify block of a tree, or a small decode batch) runs each weight tile once through a tensor-core dot against
+all rows padded to 16 or 32 (`_skinny_kernel`), so the weight bytes, not M, set the time. The H200 measurements
+behind both and their launch configs (configs.py): docs/decisions/2026-11-30-gemv-launch-configs.md.
 """
 
 import os
