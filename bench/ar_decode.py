@@ -24,6 +24,7 @@ import dataclasses
 import json
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import transformers
@@ -35,17 +36,30 @@ from specpilot.runtime.runner import ModelRunner
 from specpilot.layers.packed import PackedLinear
 from specpilot.models.loader import build_empty
 
-DEVICE = "cuda"
-
 SHAPES = shapes.SHAPES
-BASE: dict = {}  # EngineConfig fields under every runner (--no-fused-prologue)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every measurement of a run shares: the device, the kind of random weights, and the EngineConfig under
+    every runner (--base, --no-fused-prologue; each variant changes fields of it)."""
+
+    device: str = "cuda"
+    clean_weights: bool = False  # --clean-weights
+    base: EngineConfig = EngineConfig()
+
+    def model(self, hf_cfg, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+        return shapes.random_model(hf_cfg, self.device, dtype, clean_weights=self.clean_weights)
+
+    def engine(self, **fields) -> EngineConfig:
+        return dataclasses.replace(self.base, **fields)
 
 
 class _Stamp:
     """A point on the device timeline: a CUDA event on the GPU, the wall clock on the CPU."""
 
-    def __init__(self):
-        self.event = torch.cuda.Event(True) if DEVICE == "cuda" else None
+    def __init__(self, device: torch.device):
+        self.event = torch.cuda.Event(True) if device.type == "cuda" else None
         if self.event is not None:
             self.event.record()
         else:
@@ -55,13 +69,6 @@ class _Stamp:
         if self.event is not None:
             return start.event.elapsed_time(self.event)
         return (self.t - start.t) * 1e3
-
-
-CLEAN_WEIGHTS = False  # --clean-weights
-
-
-def random_model(hf_cfg, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
-    return shapes.random_model(hf_cfg, DEVICE, dtype, clean_weights=CLEAN_WEIGHTS)
 
 
 def hf_view(ours, hf_cfg):
@@ -82,34 +89,36 @@ def hf_view(ours, hf_cfg):
         else:
             state[name] = params[name]
     hf.load_state_dict(state, strict=True, assign=True)
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf.config).to(DEVICE)
+    device = next(ours.parameters()).device
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf.config).to(device)
     for name, buf in hf.named_buffers():
-        assert buf.device.type == DEVICE, f"buffer {name} left on {buf.device}"
+        assert buf.device == device, f"buffer {name} left on {buf.device}"
     return hf.eval()
 
 
 def time_ours(runner, batch: int, ctx: int, steps: int, vocab: int) -> dict:
+    device = runner.device
     runner.allocate(batch, ctx + 2 * steps + 8)
-    prompts = torch.randint(0, vocab, (batch, ctx), device=DEVICE)
+    prompts = torch.randint(0, vocab, (batch, ctx), device=device)
     t0 = time.perf_counter()
     logits = torch.stack([runner.prefill(i, prompts[i].tolist()) for i in range(batch)])
-    sync(DEVICE)
+    sync(device)
     prefill_s = time.perf_counter() - t0
     tokens = logits.argmax(-1)
-    positions = torch.full((batch,), ctx, dtype=torch.long, device=DEVICE)
+    positions = torch.full((batch,), ctx, dtype=torch.long, device=device)
     for _ in range(3):  # capture + warm-up (writes beyond the timed region are overwritten)
         tokens = runner.decode(tokens, positions).argmax(-1)
     per_step = []
     for _ in range(steps):
-        start = _Stamp()
+        start = _Stamp(device)
         tokens = runner.decode(tokens, positions).argmax(-1)
-        per_step.append((start, _Stamp()))
-    sync(DEVICE)
+        per_step.append((start, _Stamp(device)))
+    sync(device)
     ms = [e.ms_since(s) for s, e in per_step]
     t0 = time.perf_counter()
     for _ in range(steps):
         tokens = runner.decode(tokens, positions).argmax(-1)
-    sync(DEVICE)
+    sync(device)
     loop_s = (time.perf_counter() - t0) / steps
     return {"batch": batch, "ctx": ctx, "prefill_s": prefill_s, "step_ms_median": statistics.median(ms),
             "step_ms_p10": sorted(ms)[len(ms) // 10], "loop_step_ms": loop_s * 1e3,
@@ -117,14 +126,14 @@ def time_ours(runner, batch: int, ctx: int, steps: int, vocab: int) -> dict:
 
 
 def time_hf(hf, ctx: int, new_tokens: int, vocab: int) -> dict:
-    ids = torch.randint(0, vocab, (1, ctx), device=DEVICE)
+    ids = torch.randint(0, vocab, (1, ctx), device=hf.device)
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
     def run(n):
-        sync(DEVICE)
+        sync(hf.device)
         t0 = time.perf_counter()
         hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        sync(DEVICE)
+        sync(hf.device)
         return time.perf_counter() - t0
 
     run(2)
@@ -138,9 +147,9 @@ def ours_logits(runner, ids: torch.Tensor, forced: list[int]) -> torch.Tensor:
     """Last prefill logits, then one decode step per forced token: [1 + len(forced), vocab] fp32."""
     runner.allocate(1, ids.shape[1] + len(forced) + 8)
     rows = [runner.prefill(0, ids[0].tolist())]
-    positions = torch.tensor([ids.shape[1]], device=DEVICE)
+    positions = torch.tensor([ids.shape[1]], device=runner.device)
     for tok in forced:
-        rows.append(runner.decode(torch.tensor([tok], device=DEVICE), positions)[0].clone())
+        rows.append(runner.decode(torch.tensor([tok], device=runner.device), positions)[0].clone())
     return torch.stack(rows)
 
 
@@ -149,7 +158,7 @@ def hf_logits(hf, ids: torch.Tensor, forced: list[int]) -> torch.Tensor:
     out = hf(ids, use_cache=True)
     rows, cache = [out.logits[0, -1].float()], out.past_key_values
     for tok in forced:
-        out = hf(torch.tensor([[tok]], device=DEVICE), past_key_values=cache, use_cache=True)
+        out = hf(torch.tensor([[tok]], device=hf.device), past_key_values=cache, use_cache=True)
         rows.append(out.logits[0, -1].float())
         cache = out.past_key_values
     return torch.stack(rows)
@@ -163,7 +172,7 @@ def compare(a: torch.Tensor, ref: torch.Tensor) -> dict:
 
 def check_correctness(ours, hf, runner, vocab: int, steps: int = 8) -> dict:
     """Our prefill + decode logits vs transformers on the same weights, HF's greedy tokens forced on both."""
-    ids = torch.randint(0, vocab, (1, 64), device=DEVICE)
+    ids = torch.randint(0, vocab, (1, 64), device=runner.device)
     ref = hf_logits(hf, ids, [])
     forced = []
     for _ in range(steps):
@@ -172,7 +181,7 @@ def check_correctness(ours, hf, runner, vocab: int, steps: int = 8) -> dict:
     return compare(ours_logits(runner, ids, forced), ref)
 
 
-def check_fp32_few_layers(name: str) -> dict:
+def check_fp32_few_layers(name: str, setup: Setup) -> dict:
     """The real shape cut to 4 layers, in fp32 on the GPU: every kernel path (Triton decode attention, fused
     recurrent delta rule, conv update, chunked prefill, compiled pointwise, CUDA graph) against transformers.
     Then the bf16 rounding error of ours and of transformers, both against that fp32 truth."""
@@ -180,18 +189,18 @@ def check_fp32_few_layers(name: str) -> dict:
     hf_cfg = config_cls(**{**kw, "num_hidden_layers": 4})
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    ours = random_model(hf_cfg, torch.float32)
+    ours = setup.model(hf_cfg, torch.float32)
     hf = hf_view(ours, hf_cfg)
-    result = {"fp32": check_correctness(ours, hf, ModelRunner(ours, EngineConfig(**BASE)), hf_cfg.vocab_size)}
-    ids = torch.randint(0, hf_cfg.vocab_size, (1, 64), device=DEVICE)
+    result = {"fp32": check_correctness(ours, hf, ModelRunner(ours, setup.base), hf_cfg.vocab_size)}
+    ids = torch.randint(0, hf_cfg.vocab_size, (1, 64), device=setup.device)
     forced = torch.randint(0, hf_cfg.vocab_size, (8,)).tolist()
     truth = hf_logits(hf, ids, forced)
-    ours16 = build_empty(ours.config, torch.device(DEVICE), torch.bfloat16)
+    ours16 = build_empty(ours.config, torch.device(setup.device), torch.bfloat16)
     with torch.no_grad():
         for p16, p32 in zip(ours16.parameters(), ours.parameters()):
             p16.copy_(p32)
     hf16 = hf_view(ours16, hf_cfg)
-    result["bf16_ours_vs_fp32"] = compare(ours_logits(ModelRunner(ours16, EngineConfig(**BASE)), ids, forced), truth)
+    result["bf16_ours_vs_fp32"] = compare(ours_logits(ModelRunner(ours16, setup.base), ids, forced), truth)
     result["bf16_hf_vs_fp32"] = compare(hf_logits(hf16, ids, forced), truth)
     del hf, ours, hf16, ours16
     _empty_cache()
@@ -199,7 +208,7 @@ def check_fp32_few_layers(name: str) -> dict:
 
 
 def _empty_cache() -> None:
-    if DEVICE == "cuda":
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
@@ -208,17 +217,18 @@ def profile_step(model, engine: EngineConfig, vocab: int, steps: int = 5) -> dic
     from torch.profiler import ProfilerActivity, profile
 
     runner = ModelRunner(model, dataclasses.replace(engine, cuda_graphs=False))
+    device = runner.device
     runner.allocate(1, 600)
     logits = runner.prefill(0, torch.randint(0, vocab, (512,)).tolist())
-    tokens, positions = logits.argmax()[None], torch.tensor([512], device=DEVICE)
+    tokens, positions = logits.argmax()[None], torch.tensor([512], device=device)
     for _ in range(3):
         tokens = runner.decode(tokens, positions).argmax(-1)
-    sync(DEVICE)
-    cuda = DEVICE == "cuda"
+    sync(device)
+    cuda = device.type == "cuda"
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             tokens = runner.decode(tokens, positions).argmax(-1)
-        sync(DEVICE)
+        sync(device)
     _release(runner)
     rows = {}
     for e in prof.key_averages():
@@ -233,23 +243,23 @@ def profile_step(model, engine: EngineConfig, vocab: int, steps: int = 5) -> dic
 def check_w12n(runner, w12n_runner, vocab: int, steps: int = 8) -> dict:
     """The W12N step against the bf16 step on the same (bit-exact) weights: logits of a prefill and of decode
     steps with the same forced tokens. They differ only by accumulation order in the projections."""
-    ids = torch.randint(0, vocab, (1, 64), device=DEVICE)
+    ids = torch.randint(0, vocab, (1, 64), device=runner.device)
     forced = torch.randint(0, vocab, (steps,)).tolist()
     return compare(ours_logits(w12n_runner, ids, forced), ours_logits(runner, ids, forced))
 
 
-def w12n_only_runs(name: str, ours, runner, runs: list, args, vocab: int) -> dict:
+def w12n_only_runs(name: str, setup: Setup, ours, runner, runs: list, args, vocab: int) -> dict:
     """--w12n-only, after every bf16 run: the bf16 reference logits, then the same model with its bf16 copies
     dropped (weight_format w12n_only: a 27B fits), checked against them and timed at each config of <= 16 rows."""
-    ids = torch.randint(0, vocab, (1, 64), device=DEVICE)
+    ids = torch.randint(0, vocab, (1, 64), device=setup.device)
     forced = torch.randint(0, vocab, (8,)).tolist()
     ref = ours_logits(runner, ids, forced)
     _release(runner)
     t0 = time.perf_counter()
-    only = ModelRunner(ours, EngineConfig(**{**BASE, "weight_format": "w12n_only"}))
+    only = ModelRunner(ours, setup.engine(weight_format="w12n_only"))
     out = {"w12n_only_encode_s": time.perf_counter() - t0,
            "w12n_only_vs_bf16": compare(ours_logits(only, ids, forced), ref)}
-    if DEVICE == "cuda":
+    if setup.device == "cuda":
         out["w12n_only_gpu_bytes"] = torch.cuda.memory_allocated()
     print(name, "W12N only vs bf16", out["w12n_only_vs_bf16"], flush=True)
     for r in runs:
@@ -267,12 +277,12 @@ def _release(runner) -> None:
     _empty_cache()
 
 
-def w12n_ab(model, batch: int, ctx: int, steps: int, vocab: int) -> dict:
+def w12n_ab(model, setup: Setup, batch: int, ctx: int, steps: int, vocab: int) -> dict:
     """--w12n-ab: the W12N step (planes already attached) without the SwiGLU epilogue (product, then silu_mul,
     EngineConfig.w12n_swiglu off), timed as the main W12N step is; then the default again (drift)."""
     out = {}
     for name, fields in (("no_swiglu", {"w12n_swiglu": False}), ("default_again", {})):
-        runner = ModelRunner(model, EngineConfig(**{**BASE, "weight_format": "w12n", **fields}))
+        runner = ModelRunner(model, setup.engine(weight_format="w12n", **fields))
         try:
             out[name] = time_ours(runner, batch, ctx, steps, vocab)
         finally:
@@ -280,11 +290,11 @@ def w12n_ab(model, batch: int, ctx: int, steps: int, vocab: int) -> dict:
     return out
 
 
-def time_variant(model, fields: dict, batch: int, ctx: int, steps: int, vocab: int) -> dict:
+def time_variant(model, setup: Setup, fields: dict, batch: int, ctx: int, steps: int, vocab: int) -> dict:
     """The main runner's step with some EngineConfig fields changed: first its greedy continuation against the
     main runner's (same prompt, batch 1), then timed the same way; freed after."""
-    want, want_logits = main_greedy(model, ctx, vocab)
-    runner = ModelRunner(model, EngineConfig(**{**BASE, **fields}))
+    want, want_logits = main_greedy(model, setup.base, ctx, vocab)
+    runner = ModelRunner(model, setup.engine(**fields))
     try:
         got, got_logits = greedy_run(runner, _check_prompt(ctx, vocab), 16)
         check = {"greedy_tokens_equal": sum(a == b for a, b in zip(want, got)), "of": len(want),
@@ -297,11 +307,11 @@ def time_variant(model, fields: dict, batch: int, ctx: int, steps: int, vocab: i
 _MAIN_GREEDY: dict[tuple[int, int], tuple[list[int], torch.Tensor]] = {}
 
 
-def main_greedy(model, ctx: int, vocab: int) -> tuple[list[int], torch.Tensor]:
+def main_greedy(model, engine: EngineConfig, ctx: int, vocab: int) -> tuple[list[int], torch.Tensor]:
     """The main runner's greedy continuation of the check prompt, computed once per model and context."""
     key = (id(model), ctx)
     if key not in _MAIN_GREEDY:
-        main = ModelRunner(model, EngineConfig(**BASE))
+        main = ModelRunner(model, engine)
         _MAIN_GREEDY[key] = greedy_run(main, _check_prompt(ctx, vocab), 16)
         _release(main)
     return _MAIN_GREEDY[key]
@@ -315,7 +325,7 @@ def greedy_run(runner, prompt: list[int], steps: int) -> tuple[list[int], torch.
     """Greedy tokens of `steps` decode steps after the prompt (slot 0), and the first step's logits."""
     runner.allocate(1, len(prompt) + steps + 8)
     token = runner.prefill(0, prompt).argmax(-1).view(1)
-    positions = torch.full((1,), len(prompt), dtype=torch.long, device=DEVICE)
+    positions = torch.full((1,), len(prompt), dtype=torch.long, device=runner.device)
     out, first = [], None
     for _ in range(steps):
         logits = runner.decode(token, positions)
@@ -335,7 +345,7 @@ def parse_fields(text: str) -> dict:
     return out
 
 
-def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
+def bench_shape(name: str, setup: Setup, args, bandwidth: float, report: Report) -> dict:
     config_cls, kw = SHAPES[name]
     result = {"shape": name}
     if args.layers:
@@ -343,17 +353,17 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
         result["layers"] = args.layers
     report["shapes"].append(result)
     if not args.skip_checks:
-        result["correctness_fp32_4_layers"] = attempt(f"{name} fp32 check", check_fp32_few_layers, name)
+        result["correctness_fp32_4_layers"] = attempt(f"{name} fp32 check", check_fp32_few_layers, name, setup)
         print(name, "fp32 4-layer correctness", result["correctness_fp32_4_layers"], flush=True)
         report.save()
     hf_cfg = config_cls(**kw)
-    ours = random_model(hf_cfg)
+    ours = setup.model(hf_cfg)
     hf = (attempt(f"{name} transformers view", hf_view, ours, hf_cfg) if not args.skip_checks
           else {"error": "skipped (--skip-checks)"})
-    runner = ModelRunner(ours, EngineConfig(**BASE))
-    alt = ModelRunner(ours, EngineConfig(**{**BASE, "decode_gemv": False}))  # cuBLAS for every projection
+    runner = ModelRunner(ours, setup.base)
+    alt = ModelRunner(ours, setup.engine(decode_gemv=False))  # cuBLAS for every projection
     # q/k norm-RoPE and K/V store unfused (the main runner already is with --no-fused-prologue)
-    unfused = ModelRunner(ours, EngineConfig(fused_qk_rope_store=False)) if not BASE else None
+    unfused = ModelRunner(ours, setup.engine(fused_qk_rope_store=False)) if setup.base.fused_qk_rope_store else None
     cfg = ours.config
     weight_bytes = ours.weight_bytes_per_token()
     kv_per_token = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * cfg.head_dim * 2
@@ -374,7 +384,7 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
     w12n = None
     if args.w12n:
         t0 = time.perf_counter()
-        w = attempt(f"{name} W12N encode", ModelRunner, ours, EngineConfig(**{**BASE, "weight_format": "w12n"}))
+        w = attempt(f"{name} W12N encode", ModelRunner, ours, setup.engine(weight_format="w12n"))
         result["w12n_encode_s"] = time.perf_counter() - t0
         if failed(w):
             result["correctness_w12n_vs_bf16"] = w
@@ -391,13 +401,11 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
         print(name, "W12N vs bf16", result["correctness_w12n_vs_bf16"], flush=True)
         report.save()
     if args.profile:
-        result["profile_b1_ctx512"] = attempt(f"{name} profile", profile_step, ours, EngineConfig(**BASE),
-                                              cfg.vocab_size)
+        result["profile_b1_ctx512"] = attempt(f"{name} profile", profile_step, ours, setup.base, cfg.vocab_size)
         print(name, json.dumps(result["profile_b1_ctx512"], indent=0)[:3000], flush=True)
         if w12n is not None:  # the same step with W12N projections: where its time goes besides the GEMVs
             result["profile_w12n_b1_ctx512"] = attempt(f"{name} W12N profile", profile_step, ours,
-                                                       EngineConfig(**{**BASE, "weight_format": "w12n"}),
-                                                       cfg.vocab_size)
+                                                       setup.engine(weight_format="w12n"), cfg.vocab_size)
             print(name, "W12N", json.dumps(result["profile_w12n_b1_ctx512"], indent=0)[:3000], flush=True)
         report.save()
     runs = result["runs"] = []
@@ -422,7 +430,7 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
             if ok and "step_ms_median" in r["unfused_variant"]:
                 r["fusion_speedup"] = r["unfused_variant"]["step_ms_median"] / r["step_ms_median"]
         for vname, fields in args.variant:
-            vr = attempt(f"{name} {batch}x{ctx} {vname}", time_variant, ours, fields, batch, ctx, args.steps,
+            vr = attempt(f"{name} {batch}x{ctx} {vname}", time_variant, ours, setup, fields, batch, ctx, args.steps,
                          cfg.vocab_size)
             r.setdefault("variants", {})[vname] = {"engine": fields, **(vr if isinstance(vr, dict) else {})}
             if ok and "step_ms_median" in vr:
@@ -434,7 +442,7 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
             if ok and "step_ms_median" in r["w12n_variant"]:
                 r["w12n_speedup_vs_bf16"] = r["step_ms_median"] / r["w12n_variant"]["step_ms_median"]
             if args.w12n_ab:
-                r["w12n_ab"] = attempt(f"{name} {batch}x{ctx} W12N A/B", w12n_ab, ours, batch, ctx, args.steps,
+                r["w12n_ab"] = attempt(f"{name} {batch}x{ctx} W12N A/B", w12n_ab, ours, setup, batch, ctx, args.steps,
                                        cfg.vocab_size)
         moved = weight_bytes + batch * (ctx * kv_per_token + state_bytes)
         r["roofline_ms_weights"] = weight_bytes / bandwidth * 1e3
@@ -454,7 +462,7 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
         del hf, alt, unfused
         _empty_cache()
         hf = alt = unfused = None
-        result["w12n_only"] = attempt(f"{name} W12N only", w12n_only_runs, name, ours, runner, runs, args,
+        result["w12n_only"] = attempt(f"{name} W12N only", w12n_only_runs, name, setup, ours, runner, runs, args,
                                       cfg.vocab_size)
         report.save()
     _MAIN_GREEDY.clear()  # keyed by id(model): a later model may reuse the id
@@ -464,7 +472,6 @@ def bench_shape(name: str, args, bandwidth: float, report: Report) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    global DEVICE, CLEAN_WEIGHTS
     p = argparse.ArgumentParser(prog="python3 -m bench ar_decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=["Qwen3-8B", "Qwen3.5-27B"])
@@ -494,23 +501,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     p.add_argument("--commit", default=None, help="commit hash to record (default: git rev-parse HEAD)")
     args = p.parse_args(argv)
-    DEVICE = args.device
-    CLEAN_WEIGHTS = args.clean_weights
-    if args.no_fused_prologue:
-        BASE["fused_qk_rope_store"] = False
-    BASE.update(parse_fields(args.base))
+    base = {"fused_qk_rope_store": False} if args.no_fused_prologue else {}
+    base.update(parse_fields(args.base))
     args.variant = [(v.partition(":")[0], parse_fields(v.partition(":")[2])) for v in args.variant]
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
+    try:  # a misspelt field fails here, not after the first shape's checks
+        setup = Setup(args.device, args.clean_weights, EngineConfig(**base))
+        for _, fields in args.variant:
+            setup.engine(**fields)
+    except (TypeError, ValueError) as e:
+        p.error(f"--base / --variant: {e}")
     torch.manual_seed(0)
-    report = Report(args.out, {**run_record(DEVICE, args.commit), "engine_base": dict(BASE), "shapes": []})
-    bandwidth = attempt("copy bandwidth", copy_bandwidth, DEVICE)
+    report = Report(args.out, {**run_record(setup.device, args.commit), "engine_base": base, "shapes": []})
+    bandwidth = attempt("copy bandwidth", copy_bandwidth, setup.device)
     if failed(bandwidth):
         report["copy_bandwidth_error"] = bandwidth
         bandwidth = 4.2e12  # the H200's usual figure, so that the rooflines still print
     report["copy_bandwidth_bytes_per_s"] = bandwidth
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     for name in args.shapes:
-        r = attempt(f"shape {name}", bench_shape, name, args, bandwidth, report)
+        r = attempt(f"shape {name}", bench_shape, name, setup, args, bandwidth, report)
         if failed(r):
             report["shapes"][-1]["error"] = r["error"]
         report.save()
