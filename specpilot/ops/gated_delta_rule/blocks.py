@@ -114,8 +114,8 @@ def qk_state_products(q_rows, k_rows, sq_k, sk_k, q_scale, k_scale, s, V, row_ok
 @triton.jit
 def decay_matrix(G, m):
     """D [BT, BT] = exp(G_i - G_j) where m (row j on row i's path: its causal prefix or its ancestors, itself
-    included), else 0; G [BT] the log-decay summed along each row's path. Masked before the exp: G_i - G_j > 0
-    off the path could overflow."""
+    included), else 0; G [BT] the log-decay summed along each row's path. The exp's argument is masked too, so
+    that it stays <= 0 (off the path G_i - G_j can be large)."""
     return tl.where(m, tl.exp(tl.where(m, G[:, None] - G[None, :], 0.0)), 0.0)
 
 
