@@ -33,6 +33,7 @@ import torch
 
 from bench.common import Report, engine_step, run_record, sync
 from specpilot.bench.harness import BenchConfig, OracleClock
+from specpilot.bench.probing import ProbingEngine
 from specpilot.bench.shapes import hf_config, random_dflash, random_model
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
@@ -92,17 +93,16 @@ def profile_steps(args) -> dict:
     stock = ModelRunner(model, cfg)
     truth = Generator(stock).generate([prompt], SamplingParams(max_new_tokens=tokens, ignore_eos=True))[0].token_ids
     runner = ModelRunner(model, cfg)
-    drafter = SyntheticDrafter(random_dflash(model, args.target), {0: list(truth)},
-                               AcceptanceProfile.load(args.profile), vocab)
-    spec = TreeSpec.parse(args.tree)
-    engine = SpecEngine(runner, drafter, spec)
     clock, labels = OracleClock(torch.device(device)), [contextlib.nullcontext]
 
     def oracle(fn, *args):
         with labels[0]("oracle"):
             return clock(fn, *args)
 
-    drafter.probe, drafter.untimed = engine.peek, oracle
+    drafter = SyntheticDrafter(random_dflash(model, args.target), {0: list(truth)},
+                               AcceptanceProfile.load(args.profile), vocab, untimed=oracle)
+    spec = TreeSpec.parse(args.tree)
+    engine = ProbingEngine(runner, drafter, spec)  # hands the drafter its probe
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     t_start = time.perf_counter()
     reqs = engine.requests = engine._start([prompt], params, None, t_start)

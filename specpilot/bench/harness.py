@@ -13,7 +13,7 @@ checkpoints may instead use a tie tolerance calibrated on the target (2 x the la
 decode and the teacher-forced pass over the same tokens), recorded in each row with its source; such a row
 shows the run did not break the model outright, not that it is exact. Each row names its target kind (margin,
 flat, checkpoint). Under synthetic acceptance the oracle probes the target (a verify pass over the step's trees
-that commits nothing, outside the timing), so that its right drafts are what this verify answers.
+that commits nothing, outside the timing: bench/probing.py), so that its right drafts are what this verify answers.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.bench.probing import ProbingEngine
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
@@ -118,18 +119,17 @@ class OracleClock:
 
 def run_generation(make, prompts: list[list[int]], batch: int, params: SamplingParams, device, truth=None,
                    clock: OracleClock | None = None):
-    """Generates every prompt in batches; returns (outputs, per-request stats or None, seconds). With `truth`
-    (synthetic acceptance) the engine's oracle gets each group's stock continuations by slot; the clock's
-    seconds (the oracle's work, not the engine's) are not counted."""
+    """Generates every prompt in batches; returns (outputs, per-request stats or None, seconds). make(truth)
+    builds a group's engine: with `truth` (synthetic acceptance) it gets the group's stock continuations by slot
+    (requests start at slot 0 in every group), else None; the clock's seconds (the oracle's work, not the
+    engine's) are not counted."""
     outputs, stats = [], []
     hidden = clock.seconds if clock is not None else 0.0
     _sync(device)
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
         group = prompts[i:i + batch]
-        engine = make()
-        if truth is not None:
-            engine.drafter.truth = {j: truth[i + j] for j in range(len(group))}
+        engine = make(None if truth is None else dict(enumerate(truth[i:i + len(group)])))
         for res in engine.generate(group, params):
             result, s = res if isinstance(res, tuple) else (res, None)
             outputs.append(result.token_ids)
@@ -308,7 +308,7 @@ def _ar_cache_len(tokenizer, conversations, chat: bool, max_new_tokens: int) -> 
 
 def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, batch, configs, stock: BenchConfig,
                params, profile, stock_runner, policy: Forcing, chat, device, progress) -> list[dict]:
-    ar_make = lambda: Generator(stock_runner, eos)  # noqa: E731
+    ar_make = lambda _truth: Generator(stock_runner, eos)  # noqa: E731
     firsts = [encode_turn(tokenizer, [c.turns[0]], [], chat) for c in conversations[:batch]]
     # the cache at its final size first: a cache that grows inside the timed run drops its captured graphs
     stock_runner.allocate(batch, _ar_cache_len(tokenizer, conversations, chat, params.max_new_tokens))
@@ -351,16 +351,14 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
     clock = OracleClock(device) if profile is not None else None
     seeds, oracles = itertools.count(), []
 
-    def make():
+    def make(group_truth):
         if profile is None:
             return SpecEngine(runner, base_drafter, TreeSpec.parse(cfg.tree), eos)
-        # requests start at slot 0 in every batch: index the truth by slot within the current group
         # a seed per group: with one seed every group would draw the same acceptance pattern
-        drafter = SyntheticDrafter(base_drafter, {}, profile, model.config.vocab_size, seed=next(seeds))
-        engine = SpecEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)
-        drafter.probe, drafter.untimed = engine.peek, clock
+        drafter = SyntheticDrafter(base_drafter, group_truth, profile, model.config.vocab_size, seed=next(seeds),
+                                   untimed=clock)
         oracles.append(drafter)
-        return engine
+        return ProbingEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)  # hands the drafter its probe
 
     synthetic_truth = truth if profile is not None else None
     try:

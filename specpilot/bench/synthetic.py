@@ -9,20 +9,21 @@ sibling_decay**r when the earlier ranks missed. At most one child of a node is r
 The probe: in bf16 a random target's logits are nearly flat, so the AR decode path and the verify block (two
 equally valid kernels) round a near-tie differently on ~20% of tokens, and a truth taken from the stock AR
 continuation would cut the accepted run there (27B: tau 3.65 against the profile's 5.45). With a `probe` (a
-verify pass over the step's trees that commits nothing, SpecEngine.peek; the caller keeps it out of the timing)
-the oracle learns what this verify will answer: the profile's draws decide which nodes are right, then the
-right nodes take the target's own greedy token at their parent and the wrong ones anything else, probe after
-probe until the trees agree with the answers (one more probe per depth whose guess was wrong). The stock
-continuation is then only a guess that saves probes: on a margin target (bench/shapes.py), whose greedy token
-leads by many logits, the verify answers what AR decode did and the first probe of a step confirms the guess.
+verify pass over the step's trees that commits nothing: ProbingEngine.probe in bench/probing.py, which hands it
+over through set_probe) the oracle learns what this verify will answer: the profile's draws decide which nodes
+are right, then the right nodes take the target's own greedy token at their parent and the wrong ones anything
+else, probe after probe until the trees agree with the answers (one more probe per depth whose guess was
+wrong). The stock continuation is then only a guess that saves probes: on a margin target (bench/shapes.py),
+whose greedy token leads by many logits, the verify answers what AR decode did and the first probe of a step
+confirms the guess.
 Without a probe (CPU runs in fp32, where the two paths agree) the stock continuation is the truth.
 
 The oracle cannot reveal a verify or commit bug: it follows whatever the verify answers, and the accepted
 tokens are then what a faulty verify emitted. Exact forcing on margin targets is the check that can fail.
 
 The oracle's own work (drawing, probing, fixing: host Python and verify passes between which the GPU idles) is
-no part of the engine's step: it runs inside `untimed`, which a benchmark sets to a clock that takes its
-seconds out of the run. Only the inner drafter's proposal is the step's draft cost.
+no part of the engine's step: it runs inside `untimed`, a clock the benchmark passes in (bench/harness.py's
+OracleClock) that takes its seconds out of the run. Only the inner drafter's proposal is the step's draft cost.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Callable
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
+Probe = Callable[[list[int], list[DraftTree]], list[list[int]]]
 
 
 @dataclass(frozen=True)
@@ -89,16 +91,22 @@ class SyntheticDrafter:
     tokens come from the oracle."""
 
     def __init__(self, inner, truth: dict[int, list[int]], profile: AcceptanceProfile, vocab_size: int, seed: int = 0,
-                 probe: Callable[[list[int], list[DraftTree]], list[list[int]]] | None = None):
+                 probe: Probe | None = None, untimed: Callable | None = None):
+        """truth: per slot, the stock continuation (the guess); probe: see set_probe; untimed(fn, *args): runs
+        the oracle's work, a benchmark's clock that excludes it (default: a plain call)."""
         self.inner, self.truth, self.profile, self.vocab = inner, truth, profile, vocab_size
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
         self.rng = random.Random(seed)
-        # probe(slots, trees): the target's greedy token after every node, from a verify that commits nothing
         self.probe = probe
         self.probes = 0  # probe passes so far (each one a verify forward)
-        self.untimed = lambda fn, *args: fn(*args)  # runs the oracle's work; a benchmark's clock excludes it
+        self.untimed = untimed or (lambda fn, *args: fn(*args))
         self.out: dict[int, list[int]] = {}  # per slot: the tokens emitted so far, the current root last
+
+    def set_probe(self, probe: Probe) -> None:
+        """probe(slots, trees): the target's greedy token after every node of the trees, from a verify that commits
+        nothing; the engine that runs this drafter provides it once built (ProbingEngine)."""
+        self.probe = probe
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         self.inner.allocate(num_slots, max_seq_len)

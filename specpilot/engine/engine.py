@@ -175,17 +175,11 @@ class SpecEngine:
         greedy, self._features = self.runner.verify(meta, layers)
         return greedy
 
-    @inference
-    def peek(self, slots: list[int], trees: list[DraftTree]) -> list[list[int]]:
-        """The target's greedy token after every node of the running requests' trees, from a verify pass that
-        commits nothing (the verify a step would run on these trees answers the same, bit for bit): the synthetic
-        oracle's probe, for benchmarks. Read back as accept reads a step's (a sync that frees the staged metadata
-        buffer); recurrent state a chain pass advanced in place is put back."""
-        by_slot = {r.slot: r for r in self.requests}
-        greedy = self.runner.staging.read_tokens(self.verify([by_slot[s] for s in slots], trees))
+    def rewind(self, rows: list[int] | None = None) -> None:
+        """Puts back the recurrent state that the last verify advanced in place (a replayed chain), for the given
+        rows of its batch (default: all); after a verify that left the state (trees, folded chains) nothing to do."""
         if self._snapshot is not None:
-            self.runner.cache.restore(self._snapshot)
-        return [row[:t.num_nodes] for row, t in zip(greedy, trees)]
+            self.runner.cache.restore(self._snapshot, rows)
 
     def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
         # the step's one sync, which also frees verify's staged metadata buffer for the next step
@@ -215,7 +209,7 @@ class SpecEngine:
         rows = [i for i, acc in enumerate(accepted) if len(acc.path) < width]
         if not rows:
             return
-        self.runner.cache.restore(self._snapshot, rows)
+        self.rewind(rows)
         for i in rows:
             r, tree, acc = active[i], trees[i], accepted[i]
             self.runner.extend(r.slot, [tree.tokens[j] for j in acc.path], r.committed)

@@ -274,8 +274,7 @@ def test_only_the_inner_drafter_is_timed():
         where.append(("probe", bool(untimed)))
         return target.probe(slots, trees)
 
-    d = SyntheticDrafter(Inner(), {}, AcceptanceProfile.load("dflash2-gsm8k"), 50, probe=probe)
-    d.untimed = clock
+    d = SyntheticDrafter(Inner(), {}, AcceptanceProfile.load("dflash2-gsm8k"), 50, probe=probe, untimed=clock)
     d.start(0, [1])
     d.propose([0], [3], TreeSpec.parse("chain:4"))
     assert ("drafter", False) in where and ("drafter", True) not in where

@@ -273,25 +273,6 @@ def test_verify_on_the_decode_gemv_path_keeps_output(name, checkpoint_factory, m
     assert set(gated_rows) <= {1}
 
 
-@pytest.mark.parametrize("name,commit,tree", [("qwen3_5", "replay", "chain:4"), ("qwen3_5", "fold", "chain:4"),
-                                              ("qwen3_5", "fold", "static:2,2"), ("qwen3", "fold", "dynamic:3,4,8")])
-def test_peek_commits_nothing(name, commit, tree, checkpoint_factory):
-    """peek (the synthetic oracle's probe) runs the step's verify on the step's trees and leaves the cache as it
-    found it: a replayed hybrid chain advances the recurrent state in place, and peek restores it. With peeks
-    before every verify, and the proposals made of peeked answers, output still equals AR."""
-    from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
-
-    target, _ = _models(checkpoint_factory, name)
-    prompts = _prompts()
-    truth = _reference(target, prompts)
-    drafter = SyntheticDrafter(NgramDrafter(), {}, AcceptanceProfile("mostly", (0.8,) * 7), target.config.vocab_size)
-    engine = SpecEngine(ModelRunner(target, EngineConfig(hybrid_chain_commit=commit)), drafter, TreeSpec.parse(tree))
-    drafter.probe = engine.peek
-    out = engine.generate(prompts, PARAMS)
-    assert [r.token_ids for r, _ in out] == truth
-    assert drafter.probes > 0 and any(s.tau > 2 for _, s in out)
-
-
 class _RecordingDrafter:
     """A draft LM that also asks for target features at start and keeps them, to compare two prefill paths."""
 

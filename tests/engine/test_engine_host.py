@@ -257,8 +257,9 @@ def test_staging_hands_a_buffer_out_again_only_after_a_sync():
 
 
 def test_staging_buffers_first_taken_in_inference_mode_are_written_outside_it():
-    """A peek (inference mode) may take a buffer size first; the next step's accept writes it outside inference
-    mode, which an inference tensor refuses (the 27B bench failed so on the GPU at 5551485)."""
+    """A probe of the synthetic oracle (inference mode) may take a buffer size first; the next step's accept
+    writes it outside inference mode, which an inference tensor refuses (the 27B bench failed so on the GPU at
+    5551485)."""
     from specpilot.runtime.runner import HostStaging, _host_buffer
 
     staging = HostStaging(torch.device("cpu"))
