@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specpilot.bench.probing import ProbingEngine
 from specpilot.bench.synthetic import SyntheticDrafter
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
@@ -45,9 +46,7 @@ class Setup:
         ar = self.ar[batch]
         if oracle:
             drafter = SyntheticDrafter(drafter, dict(enumerate(ar)), G.ORACLE, self.target.config.vocab_size, seed)
-        engine = SpecEngine(self.spec_runner, drafter, TreeSpec.parse(tree))
-        if oracle:
-            drafter.probe = engine.peek
+        engine = (ProbingEngine if oracle else SpecEngine)(self.spec_runner, drafter, TreeSpec.parse(tree))
         out = engine.generate(self.prompts[batch], PARAMS)
         return [r.token_ids for r, _ in out], engine, [s for _, s in out]
 
