@@ -19,7 +19,7 @@ from pathlib import Path
 from specpilot import __version__
 from specpilot.bench import commands as bench_commands
 from specpilot.cli_util import err, pick_device
-from specpilot.config import ConfigError, EngineConfig
+from specpilot.config import Ablations, ConfigError, EngineConfig
 from specpilot.models.loader import CheckpointError
 from specpilot.train import commands as train_commands
 from specpilot.weights import commands as weights_commands
@@ -219,13 +219,14 @@ def demo_speculative(args, model, tokenizer, drafter_name: str) -> dict:
 
     ids = encode_prompt(tokenizer, args.prompt, False)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    runner = ModelRunner(model)
-    drafter = build_drafter(drafter_name, model, tokenizer)
+    runtime = engine_runtime(args, model)
+    runner = ModelRunner(model, runtime)
+    drafter = build_drafter(drafter_name, model, tokenizer, runtime=runtime)
     t0 = time.perf_counter()
     ar = Generator(runner, ()).generate([ids], params)[0]
     t1 = time.perf_counter()
     tree = _drafted_tree(TreeSpec.parse(args.tree), drafter)
-    out, stats = SpecEngine(ModelRunner(model), drafter, tree).generate([ids], params)[0]
+    out, stats = SpecEngine(ModelRunner(model, runtime), drafter, tree).generate([ids], params)[0]
     t2 = time.perf_counter()
     report = ForcingReport()
     force_check(runner, ids, out.token_ids, report)
@@ -242,9 +243,7 @@ def run_generation(args, model, tokenizer, load_s: float) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     prompt_ids = encode_prompt(tokenizer, args.prompt, args.chat)
-    engine = EngineConfig(cuda_graphs=not args.eager, compile_pointwise=not args.eager, decode_gemv=not args.eager,
-                          fused_qk_rope_store=not args.eager, weight_format=args.weight_format)
-    gen = _generator(args, ModelRunner(model, engine), tokenizer)
+    gen = _generator(args, ModelRunner(model, engine_runtime(args, model)), tokenizer)
     stream = None if args.json else _Streamer(tokenizer, params.stop)
     out = gen.generate([prompt_ids], params, on_token=stream.push if stream else None)[0]
     result, spec = out if isinstance(out, tuple) else (out, None)
@@ -265,6 +264,22 @@ def run_generation(args, model, tokenizer, load_s: float) -> int:
     return 0
 
 
+def engine_config(args) -> EngineConfig:
+    """generate's and demo's flags as an EngineConfig: --eager turns off the decode CUDA graphs, torch.compile, the
+    Triton GEMVs and the fused q/k norm + RoPE + K/V store; --weight-format."""
+    fast = not args.eager
+    return EngineConfig(cuda_graphs=fast, weight_format=args.weight_format,
+                        ablations=Ablations(compile_pointwise=fast, decode_gemv=fast, fused_qk_rope_store=fast))
+
+
+def engine_runtime(args, model):
+    """The Runtime of generate's and demo's flags on the model's device: the target's runner and its drafter
+    share it."""
+    from specpilot.runtime.settings import Runtime
+
+    return Runtime.build(engine_config(args), next(model.parameters()).device)
+
+
 def _eos(model, tokenizer) -> tuple[int, ...]:
     extra = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
     return tuple(model.config.eos_token_ids) + extra
@@ -277,7 +292,8 @@ def _generator(args, runner, tokenizer):
     from specpilot.spec_decode.drafters.registry import build_drafter
     from specpilot.spec_decode.tree import TreeSpec
 
-    drafter = build_drafter(args.drafter, runner.model, tokenizer, cache_dir=getattr(args, "cache_dir", None))
+    drafter = build_drafter(args.drafter, runner.model, tokenizer, cache_dir=getattr(args, "cache_dir", None),
+                            runtime=runner.runtime)
     if drafter is None:
         return Generator(runner, _eos(runner.model, tokenizer), tokenizer)
     tree = _drafted_tree(TreeSpec.parse(args.tree), drafter)

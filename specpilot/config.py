@@ -198,62 +198,51 @@ def _parse(arch: str, family: str, raw: dict, text: dict, source: str) -> ModelC
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Runtime knobs. Every field can be written to and read from JSON (recipes replay them)."""
+class Ablations:
+    """Switches that each turn one GPU fast path off (all on by default): for A/B measurements and debugging.
+    Each is read once, by specpilot/runtime/settings.py::Runtime.build; none has an effect on the CPU. Why each
+    default: docs/decisions/2026-12-01-engine-config-defaults.md."""
 
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
-    dtype: str = "auto"  # "auto" (bf16 on GPU, fp32 on CPU) | "bfloat16" | "float16" | "float32"
-    max_batch_size: int = 8
-    max_seq_len: int = 0  # 0: sized per generate() call from prompts + max_new_tokens
-    cuda_graphs: bool = True  # capture the decode step as a CUDA graph (GPU only)
-    compile_pointwise: bool = True  # torch.compile the small pointwise helpers (GPU only)
-    decode_gemv: bool = True  # batch-1 decode projections on the Triton GEMV instead of cuBLAS (GPU only)
-    fused_qk_rope_store: bool = True  # decode steps: q/k norm + RoPE + K/V store in one Triton kernel (GPU only)
-    # decode steps: our kernels (GEMVs, norms, attention) launch with programmatic dependent launch, so that each
-    # GEMV streams its first weight tile while the kernel before it finishes (GPU only)
-    decode_pdl: bool = True
-    # the same for verify blocks (skinny GEMMs, norms, fused q/k norm + RoPE + store). Off: a 27B chain:7 step took
-    # 18.07 ms with it against 17.53 ms without (bench/results/spec_step_27b_{pdl,nopdl}_h200.json, two processes)
-    verify_pdl: bool = False
-    decode_gated_down: bool = True  # single-row steps: the down GEMV forms silu(gate) * up itself
-    decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
+    compile_pointwise: bool = True  # decode steps, captured verify graphs and DFlash proposal graphs: torch.compile
+    # the pointwise helpers (layers/pointwise.py)
+    decode_gemv: bool = True  # decode steps, verify blocks, DFlash proposals: projections of up to ops.gemv.MAX_M
+    # rows through ops/gemv instead of cuBLAS
+    fused_qk_rope_store: bool = True  # decode steps and tree-op verify blocks: q/k norm + RoPE + K/V store in one
+    # kernel (ops/qk_norm_rope_store)
+    decode_pdl: bool = True  # decode steps: our kernels launch with programmatic dependent launch (ops/pdl.py)
+    decode_gated_down: bool = True  # single-row decode steps: the down GEMV forms silu(gate) * up itself
+    w12n_swiglu: bool = True  # W12N: an MLP's gate_up GEMV (up to 16 rows) forms silu(gate) * up in its epilogue
+    triton_gdn_prefill: bool = True  # hybrid prefill: the chunked delta rule as one Triton kernel per layer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Runtime knobs, turned into a Runtime (specpilot/runtime/settings.py) once per run. Round-trips through JSON
+    (to_dict / from_dict). Why each default: docs/decisions/2026-12-01-engine-config-defaults.md."""
+
+    cuda_graphs: bool = True  # decode steps and DFlash proposals replayed from CUDA graphs (GPU only)
+    # "bf16"; "w12n": products of up to 16 rows read the W12N planes, the bf16 weights kept for the rest; "w12n_only":
+    # the bf16 copies dropped, every product through the planes (larger ones decode W and call cuBLAS). Both need a
+    # bf16 model.
+    weight_format: str = "bf16"
     # multi-token blocks (prefill, verify): "tree" (the tree-attention op), "sdpa", or "auto" (tree on GPU, SDPA on CPU)
     block_attention: str = "auto"
-    # "bf16"; "w12n": projections of up to 16 rows through W12N planes, the bf16 weights kept for the rest (and for
-    # bf16 runs on the same model); "w12n_only": the bf16 copies dropped, every product through the planes (larger
-    # ones decode W and call cuBLAS). Both need a bf16 model.
-    weight_format: str = "bf16"
-    # W12N: an MLP's gate_up GEMV (up to 16 rows) forms silu(gate) * up in its epilogue; no silu_mul kernel
-    w12n_swiglu: bool = True
-    # capture the verify forward per (batch, tree width) (GPU, with the tree-attention op: the SDPA path slices the
-    # prefix by a host-side length, which a captured graph cannot follow, so SDPA blocks stay eager). Eager, the zoo
-    # dense pair's chain:7 verify took 22 ms per step on an H200 (bench/results/bench_zoo_dense_eager_h200.json)
+    # capture the verify forward per (batch, tree width, chain or tree) (GPU, with the tree-attention op only: the
+    # SDPA path slices the prefix by a host-side length, which a captured graph cannot follow)
     verify_graphs: bool = True
-    # N > 0: a verify graph is a chain of graphs cut after layer 0 and every N layers, so that launching it
-    # overlaps the GPU's work on the first layers (0: one graph, whose whole launch the step waits for). Cut every
-    # 4 layers, an 8B step was faster in 95% (chain:7) and 100% (dynamic:4,7,28) of 100 interleaved pairs, by a
-    # median 0.09 / 0.14 ms (bench/verify_cost.py --ab-layers-per-graph 4: bench/results/verify_overhead_ab_h200.json);
-    # every 8 layers against every 4: faster in 84% / 76% of pairs, by 0.012 / 0.007 ms
-    # (--ab-layers-per-graph 4 8: bench/results/verify_host_overhead_h200.json)
+    # N > 0: a verify graph is a chain of graphs cut after layer 0 and every N layers, so that launching it overlaps
+    # the GPU's work on the first layers; 0: one graph
     verify_layers_per_graph: int = 8
     # hybrid targets, chains: "fold" verifies a chain as a tree and folds the kept prefix into the state (no second
     # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
     hybrid_chain_commit: str = "fold"
-    # hybrid prefill: the chunked delta rule as one Triton kernel per layer (GPU only). 512 tokens of the 27B shape:
-    # 143 ms against 329 ms for the torch chunk form, interleaved, same argmax
-    # (bench/results/spec_step_27b_gdnprefill_h200.json)
-    triton_gdn_prefill: bool = True
-    # speculative batches: every request's prompt in one prefill (padded at the end on attention-only targets;
-    # hybrid targets only when the prompts have one length) instead of one prefill per request. Untimed, off: at
-    # batch 8 on the 8B shape the eight sequential starts took 0.285 s of a 0.548 s stock run (synthetic acceptance)
-    # (bench/results/bench_8b_b8_start_h200.json)
+    decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
+    # speculative batches and the AR generator: every request's prompt in one prefill (padded at the end on
+    # attention-only targets; hybrid targets only when the prompts have one length) instead of one per request
     batched_prefill: bool = False
+    ablations: Ablations = field(default_factory=Ablations)
 
     def __post_init__(self):
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"EngineConfig.device={self.device!r}: use 'auto', 'cpu' or 'cuda'")
-        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise ValueError(f"EngineConfig.dtype={self.dtype!r}: use 'auto', 'bfloat16', 'float16' or 'float32'")
         if self.weight_format not in ("bf16", "w12n", "w12n_only"):
             raise ValueError(f"EngineConfig.weight_format={self.weight_format!r}: use 'bf16', 'w12n' or 'w12n_only'")
         if self.block_attention not in ("auto", "sdpa", "tree"):
@@ -264,5 +253,39 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.verify_layers_per_graph={self.verify_layers_per_graph}: must be >= 0")
         if self.decode_attention_splits < 0:
             raise ValueError(f"EngineConfig.decode_attention_splits={self.decode_attention_splits}: must be >= 0")
-        if self.max_batch_size < 1:
-            raise ValueError(f"EngineConfig.max_batch_size={self.max_batch_size}: must be >= 1")
+        if not isinstance(self.ablations, Ablations):
+            raise ValueError(f"EngineConfig.ablations={self.ablations!r}: must be an Ablations")
+
+    def to_dict(self) -> dict:
+        """Plain JSON types; the ablations as a nested object."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> EngineConfig:
+        """The inverse of to_dict. An ablation switch may also be named at top level (a bench configuration's
+        `decode_gemv:false`); a key that is neither an EngineConfig nor an Ablations field is a ValueError."""
+        top = {f.name for f in dataclasses.fields(cls)}
+        switches = {f.name for f in dataclasses.fields(Ablations)}
+        nested = raw.get("ablations", {})
+        if not isinstance(nested, dict):
+            raise ValueError(f"EngineConfig ablations={nested!r}: must be an object of {', '.join(sorted(switches))}")
+        for key in raw:
+            if key not in top | switches:
+                raise ValueError(f"EngineConfig: unknown key {key!r}; fields: {', '.join(sorted(top - {'ablations'}))}"
+                                 f"; ablation switches: {', '.join(sorted(switches))}")
+        for key in nested:
+            if key not in switches:
+                raise ValueError(f"EngineConfig ablations: unknown key {key!r}; switches: "
+                                 f"{', '.join(sorted(switches))}")
+        flat = {k: v for k, v in raw.items() if k in switches}
+        if set(flat) & set(nested):
+            raise ValueError(f"EngineConfig: {sorted(set(flat) & set(nested))} given both at top level and under "
+                             "ablations; give each once")
+        fields = {k: v for k, v in raw.items() if k in top and k != "ablations"}
+        return cls(**fields, ablations=Ablations(**nested, **flat))
+
+    @staticmethod
+    def field_names() -> tuple[str, ...]:
+        """Every key from_dict takes at top level: the EngineConfig fields and the ablation switches."""
+        return (tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name != "ablations")
+                + tuple(f.name for f in dataclasses.fields(Ablations)))

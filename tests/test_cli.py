@@ -215,3 +215,37 @@ def test_demo_eagle3_with_a_small_dynamic_tree(capsys):
     rc = main(["demo", "--drafter", "eagle3", "--tree", "dynamic:8,3,2", "--max-new-tokens", "8", "--json"])
     spec = json.loads(capsys.readouterr().out)["speculative"]
     assert rc == 0 and spec["identical"] and spec["forcing"]["passed"] and spec["forcing"]["tokens"] == 8
+
+
+def test_eager_and_weight_format_reach_a_draft_lms_runner(checkpoint_factory, monkeypatch, capsys):
+    """generate --eager --weight-format w12n with a draft LM: the drafter's runner takes the runtime the flags give
+    the target (so the draft model carries W12N planes too), and on a GPU that runtime has every CUDA graph and
+    fast path --eager names off, for the target and the drafter alike."""
+    from specpilot import cli
+    from specpilot.config import Ablations, EngineConfig
+    from specpilot.runtime.settings import Runtime
+    from specpilot.spec_decode.drafters import registry
+
+    path, _ = checkpoint_factory("qwen3", intermediate_size=1024)  # MLP weights large enough to pay for W12N
+    draft_path, _ = checkpoint_factory("qwen3", intermediate_size=1024, num_hidden_layers=1)
+    built = []
+
+    class Recorded(registry.DraftLMDrafter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(registry, "DraftLMDrafter", Recorded)
+    flags = ["generate", "--target", str(path), "--prompt", "def add(a, b):", "--drafter", str(draft_path),
+             "--max-new-tokens", "6", "--ignore-eos", "--device", "cpu", "--dtype", "bfloat16", "--eager",
+             "--weight-format", "w12n", "--json"]
+    assert main(flags) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["drafter"] == str(draft_path)
+    eager = EngineConfig(cuda_graphs=False, weight_format="w12n",
+                         ablations=Ablations(compile_pointwise=False, decode_gemv=False, fused_qk_rope_store=False))
+    (drafter,) = built
+    assert drafter.runner.runtime == Runtime.build(eager, "cpu")
+    assert any(getattr(m, "w12n", None) is not None for m in drafter.model.modules())
+    gpu = Runtime.build(cli.engine_config(cli._parser().parse_args(flags)), "cuda")
+    assert gpu == Runtime.build(eager, "cuda") and gpu.weight_format == "w12n" and not gpu.cuda_graphs
+    assert not any(p.gemv or p.compiled or p.fused_qk_rope_store for p in (gpu.decode, gpu.verify, gpu.draft))

@@ -70,10 +70,10 @@ def cmd_bench(args) -> int:
     if any(item.partition(":")[0] == "tree" for item in args.engine.split(";")):
         raise ValueError(f"--engine {args.engine!r}: EngineConfig fields only (the tree goes in --configs)")
     for c in configs:  # a bad field value fails here, before any model is built
-        EngineConfig(**{**dict(base.engine), **dict(c.engine)})
+        EngineConfig.from_dict({**dict(base.engine), **dict(c.engine)})
     device = pick_device(args.device)
     model, tokenizer, make_drafter = _bench_models(args, device, profile)
-    make_drafter()  # fail fast on a bad drafter, before any timing
+    make_drafter(None)  # fail fast on a bad drafter, before any timing
     for path in (args.out, args.plot):  # checked writable up front; created only once a row can be measured
         if path:
             Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -184,10 +184,10 @@ def _bench_models(args, device: str, profile):
             raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
         model = target.build(device, torch.bfloat16 if device == "cuda" else torch.float32)
         if args.drafter == "random-dflash":
-            return model, ByteTokenizer(), lambda: random_dflash(model, target.shape)
-        return model, ByteTokenizer(), lambda: build_drafter(args.drafter, model)
+            return model, ByteTokenizer(), lambda runtime: random_dflash(model, target.shape, runtime=runtime)
+        return model, ByteTokenizer(), lambda runtime: build_drafter(args.drafter, model, runtime=runtime)
     if args.drafter == "random-dflash":
         raise ValueError("--drafter random-dflash goes with a random:SHAPE target")
     tokenizer = load_tokenizer(args.target)
     model = load_model(args.target, device, args.dtype)
-    return model, tokenizer, lambda: build_drafter(args.drafter, model, tokenizer)
+    return model, tokenizer, lambda runtime: build_drafter(args.drafter, model, tokenizer, runtime=runtime)

@@ -4,7 +4,7 @@ model; results carry tok/s, speedups, tau, per-depth acceptance and the step-tim
 
 "stock" is the published baseline's setting: chain verification, bf16, fixed block, no tuning. A
 configuration is `name=key:value;key:value`, keys: tree (chain:D | static:... | dynamic:...) and any
-EngineConfig field (weight_format, block_attention, decode_gemv, ...).
+EngineConfig field or ablation switch (weight_format, block_attention, decode_gemv, ...).
 
 Forcing is the gate: on checkpoints in fp32 and on margin targets (random weights in a real shape with a
 planted circuit that gives every greedy token a lead of many logits, bench/shapes.py) every emitted token must
@@ -33,6 +33,7 @@ from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.settings import Runtime
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.prompts import PROMPT_SETS, Prompt, load_prompts, resolve_prompt_set, set_name
@@ -54,7 +55,7 @@ class BenchConfig:
     def parse(text: str, default_tree: str) -> BenchConfig:
         name, _, body = text.partition("=")
         tree, engine = default_tree, []
-        fields = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+        fields = EngineConfig.field_names()
         for item in filter(None, body.split(";")):
             key, sep, value = item.partition(":")
             if not sep:
@@ -204,7 +205,8 @@ def path_noise(runner: ModelRunner, prompt: list[int], output: list[int]) -> flo
     runner.cache.reset(torch.tensor([0], device=runner.device))
     ids = torch.tensor(seq[:-1], device=runner.device)[None]
     zero = torch.tensor([0], device=runner.device)
-    forced = runner.logits(runner.forward(BatchMetadata.contiguous(ids, zero, zero, 0)))[0, len(prompt) - 1:]
+    meta = BatchMetadata.contiguous(ids, zero, zero, 0, runner.runtime.prefill)
+    forced = runner.logits(runner.forward(meta))[0, len(prompt) - 1:]
     return float((forced.float() - torch.stack(decoded)).abs().max())
 
 
@@ -244,6 +246,7 @@ def bench(model, tokenizer, make_drafter, workloads: dict[str, list[Prompt]], ba
           chat: bool = True, tie_tolerance: float = 1e-3, progress=None, base_engine: tuple = (),
           calibrate_tolerance: bool = False, target_kind: str = "checkpoint") -> list[dict]:
     """All rows of the report: one per workload x batch size x configuration (AR and stock included).
+    make_drafter(runtime): the drafter of a configuration, built for its runner's runtime.
     workloads: name -> conversations, from load_workloads.
     base_engine: EngineConfig fields under AR, stock and every configuration (a configuration's own win).
     calibrate_tolerance (flat random targets, half-precision checkpoints): forcing's tolerance from the target's
@@ -251,7 +254,7 @@ def bench(model, tokenizer, make_drafter, workloads: dict[str, list[Prompt]], ba
     device = next(model.parameters()).device
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=profile is not None)
     eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
-    stock_runner = ModelRunner(model, EngineConfig(**dict(base_engine)))
+    stock_runner = ModelRunner(model, Runtime.build(EngineConfig.from_dict(dict(base_engine)), device))
     if base_engine:
         configs = [dataclasses.replace(c, engine=tuple({**dict(base_engine), **dict(c.engine)}.items()))
                    for c in configs]
@@ -344,10 +347,11 @@ def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, bat
 
 def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, params, profile, eos, stock_runner,
                 tolerance: Tolerance, device) -> dict:
-    runner = ModelRunner(model, EngineConfig(**dict(cfg.engine)))
-    # built once, outside the timed region (a checkpoint load or a random init is no part of generation); a
-    # drafter serves engine after engine: allocate only grows its cache, start resets a slot
-    base_drafter = make_drafter()
+    runner = ModelRunner(model, Runtime.build(EngineConfig.from_dict(dict(cfg.engine)), device))
+    # built once, outside the timed region (a checkpoint load or a random init is no part of generation), on the
+    # configuration's runtime; a drafter serves engine after engine: allocate only grows its cache, start resets a
+    # slot
+    base_drafter = make_drafter(runner.runtime)
     clock = OracleClock(device) if profile is not None else None
     seeds, oracles = itertools.count(), []
 

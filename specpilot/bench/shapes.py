@@ -84,9 +84,9 @@ def random_model(hf_cfg, device: str = "cuda", dtype: torch.dtype = torch.bfloat
     return model
 
 
-def random_dflash(target, shape: str, block: int = 8, seed: int = 1, layers: int | None = None):
+def random_dflash(target, shape: str, block: int = 8, seed: int = 1, layers: int | None = None, runtime=None):
     """A DFlash drafter of the shape's size (or `layers` layers) with random weights, for timing under synthetic
-    acceptance."""
+    acceptance; runtime: the target runner's (DFlashDrafter's default without one)."""
     from specpilot.models.dflash import DFlashModel, default_target_layers
     from specpilot.spec_decode.drafters.dflash import DFlashDrafter
     from specpilot.train.dflash import draft_config
@@ -103,7 +103,7 @@ def random_dflash(target, shape: str, block: int = 8, seed: int = 1, layers: int
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(1.0) if p.ndim == 1 else p.normal_(0, 0.02, generator=gen)
-    return DFlashDrafter(model.eval().requires_grad_(False), target, taps, block, mask_token_id=0)
+    return DFlashDrafter(model.eval().requires_grad_(False), target, taps, block, mask_token_id=0, runtime=runtime)
 
 
 class ByteTokenizer:
@@ -506,7 +506,9 @@ class _Circuit:
         runner = ModelRunner(self.model)
         runner.allocate(1, T + 1)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        h = runner.forward(BatchMetadata.contiguous(ids[None].to(self.device), zero, zero, 0))[0, 1:].float()
+        # GDN layers in the torch chunk form: the built weights do not depend on the triton_gdn_prefill switch
+        paths = dataclasses.replace(runner.runtime.prefill, gdn_prefill_kernel=False)
+        h = runner.forward(BatchMetadata.contiguous(ids[None].to(self.device), zero, zero, 0, paths))[0, 1:].float()
         runner.cache = None
         cur, prev = ids[1:], ids[:-1]
         seen = {"c": torch.zeros_like(cur), "alpha": codes.alpha[cur], "beta": codes.beta[prev],

@@ -160,10 +160,10 @@ class SpecEngine:
     def verify(self, active: list[_Request], trees: list[DraftTree]) -> torch.Tensor:
         """One target forward over all trees -> greedy tokens [B, T] (device); keeps the drafter's features."""
         # with captured verify graphs every step has the tree spec's full width (one graph per batch size)
-        width = self.tree.max_tree_nodes if self.runner.use_verify_graphs else None
+        width = self.tree.max_tree_nodes if self.runner.runtime.verify_graphs else None
         hybrid = self.runner.config.is_hybrid
         host = host_tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device,
-                                  width, chains_as_trees=hybrid and self.runner.fold_hybrid_chains,
+                                  width, chains_as_trees=hybrid and self.runner.runtime.fold_hybrid_chains,
                                   alloc=self.runner.staging.take)
         layers = tuple(self.drafter.target_layers)
         meta = self.runner.verify_inputs(host, layers)

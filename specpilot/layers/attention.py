@@ -2,13 +2,14 @@
 
 One block of T tokens per request: q/k/v from one packed projection, optional per-head q/k norm, RoPE at the
 given positions, K/V written into the slot at `cache_loc`, then attention over the committed prefix plus the
-block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel. Inside the
-runner's decode and verify regions the norm, RoPE and K/V store run as one kernel (ops/qk_norm_rope_store).
+block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel. The step's
+`meta.paths` (layers/paths.py) choose the rest: multi-token blocks through the tree-attention op
+(`block_kernel`: the committed K/V read once for all block tokens) or SDPA; and, with `fused_qk_rope_store`, a
+decode step or a tree-op block normalises and rotates q and k and stores k and v in one kernel
+(ops/qk_norm_rope_store) instead of the pointwise helper, then store_kv.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -24,48 +25,6 @@ from specpilot.ops.decode_attention import decode_attention
 from specpilot.ops.qk_norm_rope_store import qk_norm_rope_store
 from specpilot.ops.store_kv import store_kv
 from specpilot.ops.tree_attention import tree_attention
-
-_block_kernel = False
-_fused_decode = False
-_decode_splits: int | None = None
-
-
-@contextlib.contextmanager
-def block_kernel(enabled: bool = True):
-    """Inside this region multi-token blocks (prefill, trees) take the tree-attention op (Triton on GPU: the
-    committed KV is read once for all block tokens) instead of the SDPA path (EngineConfig.block_attention)."""
-    global _block_kernel
-    previous, _block_kernel = _block_kernel, enabled
-    try:
-        yield
-    finally:
-        _block_kernel = previous
-
-
-@contextlib.contextmanager
-def fused_qk_rope_store(enabled: bool = True):
-    """Inside this region a decode step (one causal token per request), and a block on the tree-attention path
-    (which reads the block's K/V back from the cache), normalises and rotates q and k and stores k and v in one
-    kernel, instead of the pointwise helper then store_kv (EngineConfig.fused_qk_rope_store). The runner opens
-    it for decode steps and verify blocks; prefill keeps the unfused path."""
-    global _fused_decode
-    previous, _fused_decode = _fused_decode, enabled
-    try:
-        yield
-    finally:
-        _fused_decode = previous
-
-
-@contextlib.contextmanager
-def decode_splits(n: int):
-    """Inside this region decode attention splits each sequence into n chunks (0: chosen from the shapes;
-    EngineConfig.decode_attention_splits)."""
-    global _decode_splits
-    previous, _decode_splits = _decode_splits, n or None
-    try:
-        yield
-    finally:
-        _decode_splits = previous
 
 
 class Attention(nn.Module):
@@ -89,7 +48,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         q_rows = H * D * (2 if self.output_gate else 1)
-        q, k, v = self.qkv_proj(x).split([q_rows, KVH * D, KVH * D], dim=-1)
+        paths = meta.paths
+        q, k, v = self.qkv_proj(x, paths).split([q_rows, KVH * D, KVH * D], dim=-1)
         gate = None
         if self.output_gate:
             # strided views, no copies: the fused norm/RoPE and gate kernels read them in place
@@ -98,17 +58,17 @@ class Attention(nn.Module):
             q = q.view(B, T, H, D)
         k, v = k.view(B, T, KVH, D), v.view(B, T, KVH, D)
         q_weight, k_weight, eps, zero_centered = self._norms()
-        if _fused_decode and (meta.is_decode or _block_kernel):
+        if paths.fused_qk_rope_store and (meta.is_decode or paths.block_kernel):
             q = qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps, zero_centered, kv[0], kv[1],
-                                   meta.slots, meta.cache_loc)
+                                   meta.slots, meta.cache_loc, pdl=paths.pdl)
             out = decode(q, kv, meta, self.scale) if meta.is_decode else tree_attention(
                 q, kv[0], kv[1], meta.slots, meta.prefix_len, meta.cache_loc, meta.block_mask, self.scale)
         else:
-            q, k = pw.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, zero_centered)
+            q, k = pw.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, zero_centered, compiled=paths.compiled)
             out = attend(q, k, v, kv, meta, self.scale)
         if gate is not None:
-            out = pw.sigmoid_gate(out, gate)
-        return self.o_proj(out.reshape(B, T, H * D))
+            out = pw.sigmoid_gate(out, gate, compiled=paths.compiled)
+        return self.o_proj(out.reshape(B, T, H * D), paths)
 
     def _norms(self):
         """(q weight, k weight, eps, zero-centred) of the per-head norms; None weights when the model has none."""
@@ -122,7 +82,7 @@ def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     store_kv(k, v, kv[0], kv[1], meta.slots, meta.cache_loc)
     if meta.is_decode:
         return decode(q, kv, meta, scale)
-    if _block_kernel:
+    if meta.paths.block_kernel:
         return tree_attention(q, kv[0], kv[1], meta.slots, meta.prefix_len, meta.cache_loc, meta.block_mask, scale)
     return block_attention(q, k, v, kv, meta, scale)
 
@@ -130,7 +90,9 @@ def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
 def decode(q, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     """q [B, 1, H, D] of one causal token per request, whose K/V are already stored -> [B, 1, H, D]."""
     kv_len = meta.kv_len if meta.kv_len is not None else meta.prefix_len + 1
-    return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale, _decode_splits)[:, None]
+    paths = meta.paths
+    return decode_attention(q[:, 0].contiguous(), kv[0], kv[1], meta.slots, kv_len, scale,
+                            paths.decode_splits or None, pdl=paths.pdl)[:, None]
 
 
 def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:

@@ -5,13 +5,11 @@ short causal conv and the delta rule read and update the request's state slot in
 chains) take the fused recurrent kernel; long blocks (prefill) the chunked form. A tree block (meta.block_mask
 set) runs the conv through parent pointers and the tree-masked delta rule from the committed state, writes no
 state, and stashes per node what the commit of the kept path needs into the cache's buffers
-(ModelCache.tree_stash_out, then ModelCache.commit_tree). Inside `triton_prefill()` the chunked form runs as one
-Triton kernel per layer on CUDA (EngineConfig.triton_gdn_prefill).
+(ModelCache.tree_stash_out, then ModelCache.commit_tree). With `meta.paths.gdn_prefill_kernel` the chunked form
+runs as one Triton kernel per layer on CUDA instead of the torch form.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 from torch import nn
@@ -27,20 +25,6 @@ from specpilot.ops.gdn_tree import tree_causal_conv1d, tree_gated_delta_rule
 
 # blocks up to this many tokens run the token-by-token kernel; longer ones the chunked (WY) form
 RECURRENT_MAX_TOKENS = 16
-
-_triton_prefill = False
-
-
-@contextlib.contextmanager
-def triton_prefill(enabled: bool = True):
-    """Inside this region blocks longer than RECURRENT_MAX_TOKENS run the chunked delta rule as one Triton kernel
-    per layer on CUDA, instead of the torch form (EngineConfig.triton_gdn_prefill)."""
-    global _triton_prefill
-    previous, _triton_prefill = _triton_prefill, enabled
-    try:
-        yield
-    finally:
-        _triton_prefill = previous
 
 
 class GatedDeltaNet(nn.Module):
@@ -63,14 +47,15 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, meta: BatchMetadata, cache, index: int) -> torch.Tensor:
         B, T, _ = x.shape
         conv_pool, ssm_pool = cache.linear_state(index)  # [N, C, W-1], [N, HV, K, V] fp32
-        mixed, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
+        paths = meta.paths
+        mixed, z, b, a = self.in_proj(x, paths).split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
         weight = self.conv1d.weight[:, 0, :]  # [C, W]
         if meta.block_mask is not None:
             o = self._tree(mixed, a, b, weight, meta, cache, index)
         else:
             o = self._sequence(mixed, a, b, weight, meta, conv_pool, ssm_pool)
-        o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps)
-        return self.out_proj(o.reshape(B, T, self.value_dim))
+        o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps, compiled=paths.compiled)
+        return self.out_proj(o.reshape(B, T, self.value_dim), paths)
 
     def _split_heads(self, mixed: torch.Tensor):
         B, T, _ = mixed.shape
@@ -84,7 +69,7 @@ class GatedDeltaNet(nn.Module):
         stash = cache.tree_stash_out(index, *mixed.shape[:2])
         conv = tree_causal_conv1d(mixed, meta.parents, conv_pool[meta.slots], weight, x_out=stash[0])
         q, k, v = self._split_heads(conv)
-        g, beta = pw.gdn_gating(a, b, self.A_log, self.dt_bias)
+        g, beta = pw.gdn_gating(a, b, self.A_log, self.dt_bias, compiled=meta.paths.compiled)
         o, _ = tree_gated_delta_rule(q, k, v, g, beta, meta.block_mask, ssm_pool, out=stash[1:],
                                      state_slots=meta.slots)
         cache.tree_stash[index] = stash
@@ -101,6 +86,7 @@ class GatedDeltaNet(nn.Module):
         if T <= RECURRENT_MAX_TOKENS:
             return fused_recurrent_gated_delta_rule(q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool, meta.slots)
         g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-        o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots], kernel=_triton_prefill)
+        o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=ssm_pool[meta.slots],
+                                          kernel=meta.paths.gdn_prefill_kernel)
         ssm_pool[meta.slots] = final
         return o

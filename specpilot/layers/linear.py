@@ -1,88 +1,58 @@
-"""Linear: nn.Linear with a weight-format dispatch and a decode GEMV.
+"""Linear: nn.Linear whose product takes the kernel its KernelPaths (layers/paths.py) choose.
 
-Two regions the runner opens, each a knob of EngineConfig:
-- `weight_format("w12n")`: layers that carry W12N planes (attach_w12n) multiply up to 16 rows (decode steps,
-  small trees) through the fused register-decoding GEMV, where reading fewer bytes pays; larger products stay
-  on cuBLAS with the bf16 weight, which is kept (for them and every other reader), so one model serves both
-  formats side by side. A layer whose bf16 weight was dropped (attach_w12n(drop_bf16=True), weight_format
-  "w12n_only") sends every product through its planes, in any region: larger ones decode W and call cuBLAS.
-- `decode_gemv()`: products of up to 32 rows (decode steps, verify blocks of a tree) run the Triton
-  GEMVs instead of cuBLAS.
-Everywhere else it is a plain F.linear.
+- `paths.w12n`: a layer that carries W12N planes (attach_w12n) multiplies up to 16 rows (decode steps, small
+  trees) through the fused register-decoding GEMV, where reading fewer bytes pays; larger products stay on
+  cuBLAS with the bf16 weight, which is kept (for them and every other reader), so one model serves both formats
+  side by side. A layer whose bf16 weight was dropped (attach_w12n(drop_bf16=True), weight_format "w12n_only")
+  sends every product through its planes, under any paths: larger ones decode W and call cuBLAS.
+- `paths.gemv`: products of up to ops.gemv.MAX_M rows (decode steps, verify blocks) run the Triton GEMVs instead
+  of cuBLAS; with `paths.gated_down` a single-row SwiGLU down projection reads [gate | up] itself (Linear.gated).
+Everything else is a plain F.linear.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specpilot.layers import pointwise as pw
+from specpilot.layers.paths import PLAIN, KernelPaths
 from specpilot.ops.gemv import MAX_M, gated_gemv, gemv
 from specpilot.ops.w12n_gemv import fuses_swiglu, w12n_linear, w12n_swiglu
 from specpilot.weights import w12n
-
-_gemv_enabled = False
-_gated_enabled = False
-_w12n_enabled = False
-_swiglu_enabled = True
-
-
-@contextlib.contextmanager
-def weight_format(name: str = "bf16", swiglu: bool = True):
-    """swiglu: an MLP's W12N gate_up GEMV forms silu(gate) * up in its epilogue (EngineConfig.w12n_swiglu)."""
-    global _w12n_enabled, _swiglu_enabled
-    previous = _w12n_enabled, _swiglu_enabled
-    _w12n_enabled, _swiglu_enabled = name in ("w12n", "w12n_only"), swiglu
-    try:
-        yield
-    finally:
-        _w12n_enabled, _swiglu_enabled = previous
-
-
-@contextlib.contextmanager
-def decode_gemv(enabled: bool = True, gated: bool = False):
-    """gated: a single-row SwiGLU down projection reads [gate | up] itself (Linear.gated), no silu_mul kernel.
-    Single rows only: the tensor-core kernel for 2..16 rows forming silu(gate) * up itself made an 8B chain:7
-    verify 8.49 ms against 4.57 ms unfused (bench/results/verify_overhead_ab_h200.json; 18 of a 27B verify's
-    19.9 ms in spec_step_27b_gated_skinny_h200.json)."""
-    global _gemv_enabled, _gated_enabled
-    previous, _gemv_enabled, _gated_enabled = (_gemv_enabled, _gated_enabled), enabled, enabled and gated
-    try:
-        yield
-    finally:
-        _gemv_enabled, _gated_enabled = previous
 
 
 class Linear(nn.Linear):
     w12n: w12n.W12NTensor | None = None
     glu: bool = False  # the rows are an MLP's [gate | up]: attach_w12n prepares the SwiGLU GEMV's planes
 
-    def _takes_w12n(self, x: torch.Tensor) -> bool:
+    def _takes_w12n(self, x: torch.Tensor, paths: KernelPaths) -> bool:
         return (self.w12n is not None and self.bias is None
-                and (self.weight is None or (_w12n_enabled and x.numel() <= 16 * x.shape[-1])))
+                and (self.weight is None or (paths.w12n and x.numel() <= 16 * x.shape[-1])))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._takes_w12n(x):
-            return w12n_linear(x, self.w12n)
-        if _gemv_enabled and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
-            return gemv(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.out_features)
+    def forward(self, x: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
+        if self._takes_w12n(x, paths):
+            return w12n_linear(x, self.w12n, pdl=paths.pdl)
+        if paths.gemv and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
+            y = gemv(x.reshape(-1, x.shape[-1]), self.weight, pdl=paths.pdl)
+            return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
-    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """self(silu(gate) * up) for gate_up = [gate | up]."""
-        if (_gated_enabled and self.bias is None and gate_up.numel() == gate_up.shape[-1] and self.weight is not None
-                and not (_w12n_enabled and self.w12n is not None)):
-            return gated_gemv(gate_up.reshape(1, -1), self.weight).view(*gate_up.shape[:-1], self.out_features)
-        return self(pw.silu_mul(gate_up))
+    def gated(self, gate_up: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
+        """self(silu(gate) * up) for gate_up = [gate | up]. The fused form takes single rows only: formed in the
+        skinny kernel it made verify blocks slower (docs/decisions/2026-12-01-engine-config-defaults.md)."""
+        if (paths.gated_down and self.bias is None and gate_up.numel() == gate_up.shape[-1]
+                and self.weight is not None and not (paths.w12n and self.w12n is not None)):
+            y = gated_gemv(gate_up.reshape(1, -1), self.weight, pdl=paths.pdl)
+            return y.view(*gate_up.shape[:-1], self.out_features)
+        return self(pw.silu_mul(gate_up, compiled=paths.compiled), paths)
 
-    def swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
+    def swiglu(self, x: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor | None:
         """silu(gate) * up of this [gate | up] projection where the W12N GEMV forms it in its epilogue (one kernel,
         no silu_mul); None elsewhere (the caller then runs the product and silu_mul, or a gated GEMV)."""
-        if _swiglu_enabled and self._takes_w12n(x) and fuses_swiglu(x, self.w12n):
-            return w12n_swiglu(x, self.w12n)
+        if paths.w12n_swiglu and self._takes_w12n(x, paths) and fuses_swiglu(x, self.w12n):
+            return w12n_swiglu(x, self.w12n, pdl=paths.pdl)
         return None
 
 

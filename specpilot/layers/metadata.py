@@ -3,7 +3,8 @@
 A step writes a block of T new tokens per request into that request's cache slot. `positions` are RoPE
 positions (for a tree: committed length + depth), `cache_loc` is where each token's K/V is stored in the
 slot, `prefix_len` is how many committed tokens precede the block, and `block_mask` says which block tokens
-each block token sees (None: causal within the block, the AR case).
+each block token sees (None: causal within the block, the AR case). `paths` says which kernels the layers take
+in this step (layers/paths.py; the runner sets them per step kind, PLAIN otherwise).
 
 A verify block's index fields can all be views into one int64 buffer (`packed`, layout in packed_spans), so
 that the host fills it once (HostMetadata) and copies it to the device once: into a fresh buffer that
@@ -18,6 +19,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from specpilot.layers.paths import PLAIN, KernelPaths
+
 
 @dataclass(frozen=True, slots=True)
 class BatchMetadata:
@@ -31,6 +34,7 @@ class BatchMetadata:
     kv_len: torch.Tensor | None = None  # [B] valid cache length after a decode write (computed once per step)
     parents: torch.Tensor | None = None  # [B, T] tree parent indices (-1: none), given with block_mask
     packed: torch.Tensor | None = None  # [words] int64 that every index field above views (see packed_spans)
+    paths: KernelPaths = PLAIN  # the kernels the layers take in this step
 
     @property
     def num_tokens(self) -> int:
@@ -42,11 +46,12 @@ class BatchMetadata:
         return self.input_ids.shape[1] == 1 and self.block_mask is None
 
     @staticmethod
-    def contiguous(input_ids: torch.Tensor, prefix_len: torch.Tensor, slots: torch.Tensor, max_prefix_len: int):
+    def contiguous(input_ids: torch.Tensor, prefix_len: torch.Tensor, slots: torch.Tensor, max_prefix_len: int,
+                   paths: KernelPaths = PLAIN):
         """A causal block written right after each request's committed prefix (prefill, AR decode, chains)."""
         t = torch.arange(input_ids.shape[1], device=input_ids.device)
         pos = prefix_len[:, None] + t[None, :]
-        return BatchMetadata(input_ids, pos, pos, slots, prefix_len, max_prefix_len)
+        return BatchMetadata(input_ids, pos, pos, slots, prefix_len, max_prefix_len, paths=paths)
 
     def pack(self) -> torch.Tensor:
         """The index fields in one new int64 buffer, laid out as packed_spans says (the mask as bytes)."""
@@ -57,7 +62,8 @@ class BatchMetadata:
         return torch.cat([p.reshape(-1) for p in parts])
 
     @staticmethod
-    def unpack(packed: torch.Tensor, batch: int, width: int, tree: bool, max_prefix_len: int) -> BatchMetadata:
+    def unpack(packed: torch.Tensor, batch: int, width: int, tree: bool, max_prefix_len: int,
+               paths: KernelPaths = PLAIN) -> BatchMetadata:
         """Metadata whose index fields are views into `packed` (written by pack() or filled per packed_spans)."""
         B, T, base = batch, width, packed.storage_offset()
         spans = packed_spans(B, T, tree)
@@ -71,7 +77,7 @@ class BatchMetadata:
             parents = field("parents", (B, T), (T, 1))
             mask = packed.view(torch.bool).as_strided((B, T, T), (T * T, T, 1), 8 * (base + spans["block_mask"][0]))
         return BatchMetadata(ids, pos, loc, field("slots", (B,), (1,)), field("prefix_len", (B,), (1,)),
-                             max_prefix_len, mask, parents=parents, packed=packed)
+                             max_prefix_len, mask, parents=parents, packed=packed, paths=paths)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +93,12 @@ class HostMetadata:
     tree: bool  # block_mask and parents are packed too (else: causal)
     max_prefix_len: int
 
-    def to(self, device) -> BatchMetadata:
-        """One copy to `device`, unpacked into views."""
+    def to(self, device, paths: KernelPaths = PLAIN) -> BatchMetadata:
+        """One copy to `device`, unpacked into views, for a step that takes `paths`."""
         # a copy on the CPU too: `packed` may be a staging buffer that the next step refills while the metadata
         # returned here is still held
         packed = self.packed.to(device, non_blocking=True, copy=True)
-        return BatchMetadata.unpack(packed, self.batch, self.width, self.tree, self.max_prefix_len)
+        return BatchMetadata.unpack(packed, self.batch, self.width, self.tree, self.max_prefix_len, paths)
 
 
 @lru_cache(maxsize=256)

@@ -7,6 +7,7 @@ from torch import nn
 
 from specpilot.layers.linear import Linear
 from specpilot.layers.packed import PackedLinear
+from specpilot.layers.paths import PLAIN, KernelPaths
 
 
 class MLP(nn.Module):
@@ -16,6 +17,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.gate_up_proj.glu = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gate_up_proj.swiglu(x)  # W12N: silu(gate) * up in the GEMV's epilogue
-        return self.down_proj.gated(self.gate_up_proj(x)) if h is None else self.down_proj(h)
+    def forward(self, x: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
+        h = self.gate_up_proj.swiglu(x, paths)  # W12N: silu(gate) * up in the GEMV's epilogue
+        if h is None:
+            return self.down_proj.gated(self.gate_up_proj(x, paths), paths)
+        return self.down_proj(h, paths)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from specpilot.layers import pointwise as pw
+from specpilot.layers.paths import PLAIN, KernelPaths
 from specpilot.ops import pdl
 from specpilot.ops.rms_norm import add_rms_norm
 
@@ -16,15 +17,16 @@ class RMSNorm(nn.Module):
         self.eps, self.zero_centered = eps, zero_centered
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if pdl.active(x):  # a PDL decode step: the norm kernel lets the next projection launch early
-            return add_rms_norm(x, None, self.weight, self.eps, self.zero_centered)[0]
+    def forward(self, x: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
+        if pdl.usable(x, paths.pdl):  # under PDL the norm kernel lets the next projection launch early
+            return add_rms_norm(x, None, self.weight, self.eps, self.zero_centered, pdl=True)[0]
         fn = pw.rms_norm_zero_centered if self.zero_centered else pw.rms_norm
-        return fn(x, self.weight, self.eps)
+        return fn(x, self.weight, self.eps, compiled=paths.compiled)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor,
+                    paths: KernelPaths = PLAIN) -> tuple[torch.Tensor, torch.Tensor]:
         """norm(x + residual), x + residual in one fused pass."""
-        if pdl.active(x):
-            return add_rms_norm(x, residual, self.weight, self.eps, self.zero_centered)
+        if pdl.usable(x, paths.pdl):
+            return add_rms_norm(x, residual, self.weight, self.eps, self.zero_centered, pdl=True)
         fn = pw.add_rms_norm_zero_centered if self.zero_centered else pw.add_rms_norm
-        return fn(x, residual, self.weight, self.eps)
+        return fn(x, residual, self.weight, self.eps, compiled=paths.compiled)

@@ -1,12 +1,12 @@
-"""Small pointwise helpers (norms, activations, RoPE) and the one switch that compiles them on GPU.
+"""Small pointwise helpers (norms, activations, RoPE), each run eagerly or as one torch.compiled kernel.
 
-On CUDA, eager PyTorch would launch half a dozen kernels per norm; torch.compile fuses each helper into one.
-The switch lives here so that compile settings have a single home (EngineConfig.compile_pointwise).
+On CUDA, eager PyTorch would launch half a dozen kernels per norm; torch.compile fuses each helper into one. A
+caller passes `compiled=paths.compiled` (layers/paths.py): on for decode steps and captured graphs, whose
+shapes are fixed per graph, off for prefill, whose shapes vary (and which is not bound by launch overhead).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -14,30 +14,15 @@ import torch.nn.functional as F
 
 from specpilot.ops.gated_delta_rule.reference import gdn_gating as _gdn_gating
 
-_compile_enabled = False
-
-
-@contextlib.contextmanager
-def compiled(enabled: bool = True):
-    """Inside this region pointwise helpers on CUDA run compiled. The runner opens it for decode steps and
-    captured verify graphs: their shapes are fixed per graph, while prefill shapes vary (and prefill is not bound
-    by launch overhead)."""
-    global _compile_enabled
-    previous, _compile_enabled = _compile_enabled, enabled
-    try:
-        yield
-    finally:
-        _compile_enabled = previous
-
 
 def pointwise(fn):
-    """Runs fn eagerly, or as one compiled fused kernel on CUDA inside a `compiled()` region."""
+    """fn(*args, compiled=False): eagerly, or with compiled=True on CUDA as one compiled fused kernel."""
     compiled_fn = None
 
     @functools.wraps(fn)
-    def wrapper(*args):
+    def wrapper(*args, compiled: bool = False):
         nonlocal compiled_fn
-        if _compile_enabled and args[0].is_cuda:
+        if compiled and args[0].is_cuda:
             if compiled_fn is None:
                 # dynamo's automatic dynamic shapes: the first shape (the decode step) compiles static, a second
                 # one compiles a shape-generic kernel that every later verify width reuses instead of compiling

@@ -16,6 +16,7 @@ from specpilot.config import ModelConfig
 from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.norm import RMSNorm
+from specpilot.layers.paths import PLAIN, KernelPaths
 from specpilot.layers.rotary import RotaryEmbedding
 
 
@@ -30,16 +31,17 @@ class DecoderLayer(nn.Module):
         self.cache_index = -1  # index into the cache's attention or linear-state arrays, set by CausalLM
 
     def forward(self, x, residual, meta: BatchMetadata, cache, cos, sin):
+        paths = meta.paths
         if residual is None:
-            residual, h = x, self.input_layernorm(x)
+            residual, h = x, self.input_layernorm(x, paths)
         else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+            h, residual = self.input_layernorm.add_forward(x, residual, paths)
         if self.mixer_name == "self_attn":
             h = self.self_attn(h, meta, cache.kv(self.cache_index), cos, sin)
         else:
             h = self.linear_attn(h, meta, cache, self.cache_index)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        h, residual = self.post_attention_layernorm.add_forward(h, residual, paths)
+        return self.mlp(h, paths), residual
 
 
 class CausalLM(nn.Module):
@@ -53,7 +55,8 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
-        # called with each decoder layer's index after it runs: where a CUDA graph capture may cut (specpilot/runtime/graphs.py)
+        # called with each decoder layer's index after it runs: where a CUDA graph capture may cut
+        # (specpilot/runtime/graphs.py)
         self.after_layer: Callable[[int], None] | None = None
         counters = {"self_attn": 0, "linear_attn": 0}
         for layer in self.model.layers:
@@ -81,11 +84,11 @@ class CausalLM(nn.Module):
                 captured[i] = x + residual
             if self.after_layer is not None:
                 self.after_layer(i)
-        x, _ = self.model.norm.add_forward(x, residual)
+        x, _ = self.model.norm.add_forward(x, residual, meta.paths)
         return (x, [captured[i] for i in capture_layers]) if capture_layers else x
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def logits(self, hidden: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
+        return self.lm_head(hidden, paths)
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of parameters a decode step reads: every weight except the embedding table (one row is read)."""

@@ -23,6 +23,7 @@ from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.mlp import MLP
 from specpilot.layers.norm import RMSNorm
+from specpilot.layers.paths import PLAIN, KernelPaths
 from specpilot.layers.rotary import RotaryEmbedding
 
 ARCHITECTURES = ("DFlashDraftModel",)
@@ -44,21 +45,22 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def context_kv(self, ctx: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(self, ctx: torch.Tensor, cos, sin, paths: KernelPaths = PLAIN) -> tuple[torch.Tensor, torch.Tensor]:
         """ctx [B, n, H] projected target context -> its keys and values [B, n, KVH, D] for this layer."""
         attn = self.self_attn
         kvh, d = attn.num_kv_heads, attn.head_dim
         start, _ = attn.qkv_proj.shard_rows("k_proj")
         kv = torch.nn.functional.linear(ctx, attn.qkv_proj.weight[start:])
         k, v = kv.view(ctx.shape[0], -1, 2 * kvh, d).split(kvh, dim=2)
-        k = pw.apply_rotary(attn.k_norm(k), cos, sin)
+        k = pw.apply_rotary(attn.k_norm(k, paths), cos, sin, compiled=paths.compiled)
         return k, v
 
     def forward(self, x, meta: BatchMetadata, kv, cos, sin) -> torch.Tensor:
         """The block's K/V are stored at meta.cache_loc, then attend to the prefix and the whole block (the
-        tree-attention op inside attention.block_kernel(), else SDPA)."""
-        x = x + self.self_attn(self.input_layernorm(x), meta, kv, cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        tree-attention op under meta.paths.block_kernel, else SDPA)."""
+        paths = meta.paths
+        x = x + self.self_attn(self.input_layernorm(x, paths), meta, kv, cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x, paths), paths)
 
 
 class DFlashModel(nn.Module):
@@ -78,13 +80,13 @@ class DFlashModel(nn.Module):
         self.rotary.reset_buffers()
 
     def add_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                    cache) -> None:
+                    cache, paths: KernelPaths = PLAIN) -> None:
         """features [n, K * H] of tokens at `positions` [n] of cache slots `slots` [n] (any mix of requests)
         -> their K/V in every layer's cache."""
-        ctx = self.hidden_norm(self.fc(features[None].to(self.fc.weight.dtype)))
+        ctx = self.hidden_norm(self.fc(features[None].to(self.fc.weight.dtype), paths), paths)
         cos, sin = self.rotary(positions[None])
         for i, layer in enumerate(self.layers):
-            k, v = layer.context_kv(ctx, cos, sin)
+            k, v = layer.context_kv(ctx, cos, sin, paths)
             k_cache, v_cache = cache.kv(i)
             k_cache[slots, :, positions] = k[0].to(k_cache.dtype)
             v_cache[slots, :, positions] = v[0].to(v_cache.dtype)
@@ -96,7 +98,7 @@ class DFlashModel(nn.Module):
         x = embeds
         for i, layer in enumerate(self.layers):
             x = layer(x, meta, cache.kv(i), cos, sin)
-        return self.norm(x)
+        return self.norm(x, meta.paths)
 
 
 def read_config(model_dir: Path) -> tuple[ModelConfig, tuple[int, ...] | None, int, int, dict]:

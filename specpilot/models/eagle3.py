@@ -67,11 +67,13 @@ class Eagle3Layer(nn.Module):
         self.norm_before_residual = norm_before_residual
 
     def forward(self, emb, fused, meta: BatchMetadata, kv, cos, sin) -> torch.Tensor:
-        normed = self.hidden_norm(fused)
-        x = torch.cat((self.input_layernorm(emb), normed), dim=-1)
+        paths = meta.paths
+        normed = self.hidden_norm(fused, paths)
+        x = torch.cat((self.input_layernorm(emb, paths), normed), dim=-1)
         a = self.self_attn(x, meta, kv, cos, sin)
-        h, residual = self.post_attention_layernorm.add_forward(a, normed if self.norm_before_residual else fused)
-        return residual + self.mlp(h)
+        h, residual = self.post_attention_layernorm.add_forward(a, normed if self.norm_before_residual else fused,
+                                                                paths)
+        return residual + self.mlp(h, paths)
 
 
 class Eagle3Head(nn.Module):

@@ -19,15 +19,16 @@ import contextlib
 import torch
 
 from specpilot.layers.metadata import BatchMetadata, HostMetadata
+from specpilot.layers.paths import PLAIN, KernelPaths
 
 
 class DecodeGraph:
-    def __init__(self, model, cache, batch_size: int, warmup: int = 3):
+    def __init__(self, model, cache, batch_size: int, paths: KernelPaths, warmup: int = 3):
         device = cache.k.device
         self.input_ids = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.slots = torch.arange(batch_size, dtype=torch.long, device=device)
-        self.model, self.cache = model, cache
+        self.model, self.cache, self.paths = model, cache, paths
         # warm-up and capture write K/V at the last cache position, which no request reads before writing it
         last = cache.max_seq_len - 1
         stream = torch.cuda.Stream()
@@ -44,8 +45,8 @@ class DecodeGraph:
         # warm-up also ran the recurrent update on the slots' state: the caller snapshots and restores it
 
     def _step(self) -> torch.Tensor:
-        meta = decode_metadata(self.input_ids, self.positions, self.slots)
-        logits = self.model.logits(self.model(meta, self.cache))[:, 0].float()
+        meta = decode_metadata(self.input_ids, self.positions, self.slots, self.paths)
+        logits = self.model.logits(self.model(meta, self.cache), self.paths)[:, 0].float()
         self.positions.add_(1)
         return logits
 
@@ -59,20 +60,24 @@ class DecodeGraph:
         return self.logits
 
 
-def decode_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> BatchMetadata:
-    """One causal token per request at its current length (no prefix gather needed: the decode kernel reads the cache)."""
+def decode_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                    paths: KernelPaths = PLAIN) -> BatchMetadata:
+    """One causal token per request at its current length (no prefix gather needed: the decode kernel reads the
+    cache)."""
     pos = positions[:, None]
-    return BatchMetadata(input_ids[:, None], pos, pos, slots, positions, max_prefix_len=0, kv_len=positions + 1)
+    return BatchMetadata(input_ids[:, None], pos, pos, slots, positions, max_prefix_len=0, kv_len=positions + 1,
+                         paths=paths)
 
 
 class VerifyGraph:
     def __init__(self, run, meta: BatchMetadata, cache, warmup: int = 2, model=None, layers_per_graph: int = 0):
         """run(meta) -> (greedy tokens [B, T], features [B, T, F] or None), traced on static copies of meta; with
         `model` and layers_per_graph > 0, captured as a chain of graphs cut after model layer 0 and then every
-        layers_per_graph layers."""
+        layers_per_graph layers. The graph holds the kernels of meta.paths."""
         self.packed = _packed(meta).clone()
         B, T = meta.input_ids.shape
-        self.meta = BatchMetadata.unpack(self.packed, B, T, meta.block_mask is not None, cache.max_seq_len)
+        self.meta = BatchMetadata.unpack(self.packed, B, T, meta.block_mask is not None, cache.max_seq_len,
+                                         meta.paths)
         self.cache = cache
         cuts = layer_cuts(model.config.num_hidden_layers, layers_per_graph) if model is not None else ()
         self.graph, (self.tokens, self.features) = capture(run, self.meta, warmup=warmup, model=model, cuts=cuts)

@@ -1,23 +1,26 @@
 """ModelRunner: owns a model, its cache and its decode graphs; runs prefill and batched decode steps.
 
 Prefill runs one request at a time in chunks (exact for ragged prompts and recurrent layers); decode runs
-the whole batch, replaying a captured CUDA graph on GPU. The runner never sees requests or sampling.
+the whole batch, replaying a captured CUDA graph on GPU. The runner never sees requests or sampling. Each step
+method puts its step kind's KernelPaths from the Runtime (runtime/settings.py) on the step's metadata: decode
+steps runtime.decode, verify blocks runtime.verify, prefill chunks and logits runtime.prefill.
 HostStaging: the host buffers of a verify step's two copies (metadata in, greedy tokens out), kept across steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
 from specpilot.config import EngineConfig
+from specpilot.layers import linear
+from specpilot.layers.metadata import BatchMetadata, HostMetadata
+from specpilot.models.causal_lm import CausalLM
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import DecodeGraph, VerifyGraph, decode_metadata
-from specpilot.layers import attention, gated_deltanet, linear, pointwise
-from specpilot.layers.metadata import BatchMetadata, HostMetadata
-from specpilot.ops import pdl
-from specpilot.models.causal_lm import CausalLM
+from specpilot.runtime.settings import Runtime
 
 
 def inference(fn):
@@ -32,14 +35,6 @@ def inference(fn):
             return fn(*args, **kwargs)
 
     return call
-
-
-def block_path(engine: EngineConfig, on_gpu: bool) -> tuple[bool, bool]:
-    """(multi-token blocks through the tree-attention op, verify captured as graphs) for this engine and device:
-    "auto" is the op on a GPU and SDPA on the CPU; only the op's path can be captured (SDPA slices the prefix by
-    a host-side length)."""
-    block_kernel = engine.block_attention == "tree" or (engine.block_attention == "auto" and on_gpu)
-    return block_kernel, engine.verify_graphs and on_gpu and block_kernel
 
 
 def _host_buffer(shape, dtype: torch.dtype, pin: bool) -> torch.Tensor:
@@ -95,32 +90,23 @@ class HostStaging:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, engine: EngineConfig = EngineConfig(), prefill_chunk: int = 2048):
+    def __init__(self, model: CausalLM, runtime: Runtime | None = None, prefill_chunk: int = 2048):
+        """runtime: Runtime.build(EngineConfig(), the model's device) when not given."""
         self.model, self.config = model, model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        on_gpu = self.device.type == "cuda"
-        self.use_graphs = engine.cuda_graphs and on_gpu
-        self.compile = engine.compile_pointwise and on_gpu
-        self.gemv = engine.decode_gemv and on_gpu
-        self.fused_rope = engine.fused_qk_rope_store and on_gpu
-        self.pdl = engine.decode_pdl and on_gpu
-        self.verify_pdl = engine.verify_pdl and on_gpu
-        self.gated_down = engine.decode_gated_down
-        self.decode_splits = engine.decode_attention_splits
-        self.block_kernel, self.use_verify_graphs = block_path(engine, on_gpu)
-        self.weight_format = engine.weight_format
-        self.w12n_swiglu = engine.w12n_swiglu
-        self.verify_layers_per_graph = engine.verify_layers_per_graph
-        self.fold_hybrid_chains = engine.hybrid_chain_commit == "fold"
-        self.gdn_prefill = engine.triton_gdn_prefill and on_gpu
-        self.batched_prefill = engine.batched_prefill
+        if runtime is None:
+            runtime = Runtime.build(EngineConfig(), self.device)
+        if runtime.device != self.device.type:
+            raise ValueError(f"the runtime was built for {runtime.device} but the model is on {self.device}; build "
+                             f"it with Runtime.build(engine, {str(self.device)!r})")
+        self.runtime = runtime
         self.verify_graphs: dict[tuple, VerifyGraph] = {}
-        if engine.weight_format in ("w12n", "w12n_only"):
+        if runtime.weight_format in ("w12n", "w12n_only"):
             if self.dtype != torch.bfloat16:
-                raise ValueError(f"weight_format {engine.weight_format} needs a bf16 model (got {self.dtype}); use "
+                raise ValueError(f"weight_format {runtime.weight_format} needs a bf16 model (got {self.dtype}); use "
                                  f"--dtype bfloat16")
-            drop = engine.weight_format == "w12n_only"
+            drop = runtime.weight_format == "w12n_only"
             if not any(getattr(m, "w12n", None) is not None for m in model.modules()):
                 linear.attach_w12n(model, drop_bf16=drop)
             elif drop:  # planes attached by an earlier runner: release the bf16 copies they replace
@@ -145,15 +131,18 @@ class ModelRunner:
 
     @inference
     def forward(self, meta: BatchMetadata, layers: tuple[int, ...] = ()):
-        """One multi-token block (verify, prefill chunk) through the model: hidden states (and captured layers)."""
-        with attention.block_kernel(self.block_kernel), linear.weight_format(self.weight_format, self.w12n_swiglu):
-            return self.model(meta, self.cache, layers)
+        """One multi-token block through the model under meta.paths (a teacher-forced pass gives it
+        runtime.prefill): hidden states (and captured layers)."""
+        return self.model(meta, self.cache, layers)
 
     @inference
     def verify(self, meta: BatchMetadata, layers: tuple[int, ...] = ()):
-        """One verify block -> (greedy tokens [B, T] on device, captured features [B, T, F] or None); replayed
-        from a CUDA graph per (batch, width, chain) when EngineConfig.verify_graphs is on."""
-        if not self.use_verify_graphs:
+        """One verify block, under runtime.verify's paths whatever meta carries -> (greedy tokens [B, T] on device,
+        captured features [B, T, F] or None); replayed from a CUDA graph per (batch, width, chain) when
+        runtime.verify_graphs is on."""
+        if meta.paths is not self.runtime.verify:
+            meta = dataclasses.replace(meta, paths=self.runtime.verify)
+        if not self.runtime.verify_graphs:
             return self._verify_eager(meta, layers)
         B, T = meta.input_ids.shape
         key = (B, T, meta.block_mask is not None, layers)
@@ -163,7 +152,7 @@ class ModelRunner:
             saved = self.cache.snapshot(meta.slots) if self.config.is_hybrid else None
             graph = self.verify_graphs[key] = VerifyGraph(lambda m: self._verify_eager(m, layers), meta, self.cache,
                                                           model=self.model,
-                                                          layers_per_graph=self.verify_layers_per_graph)
+                                                          layers_per_graph=self.runtime.verify_layers_per_graph)
             if saved is not None:
                 self.cache.restore(saved)
         return graph.replay(meta)
@@ -173,24 +162,22 @@ class ModelRunner:
         """The step's verify metadata on the device, for verify(): where a graph of this shape was captured, its
         static inputs after one copy from the host buffer (no device staging buffer, no unpack); else a fresh
         device copy (eager, or the capture)."""
-        graph = self.verify_graphs.get((host.batch, host.width, host.tree, layers)) if self.use_verify_graphs else None
-        return graph.load(host) if graph is not None else host.to(self.device)
+        graph = None
+        if self.runtime.verify_graphs:
+            graph = self.verify_graphs.get((host.batch, host.width, host.tree, layers))
+        return graph.load(host) if graph is not None else host.to(self.device, self.runtime.verify)
 
     def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):
-        # a captured graph fixes the shape, so the compiled pointwise helpers compile once per graph
-        compile_now = self.compile and self.use_verify_graphs
-        with (pointwise.compiled(compile_now), linear.decode_gemv(self.gemv, self.gated_down),
-              attention.fused_qk_rope_store(self.fused_rope), pdl.enabled(self.verify_pdl)):
-            hidden, features = self.forward(meta, layers), None
-            if layers:
-                hidden, captured = hidden
-                features = torch.cat(captured, dim=-1)
-            return self.logits(hidden).argmax(-1), features
+        hidden, features = self.model(meta, self.cache, layers), None
+        if layers:
+            hidden, captured = hidden
+            features = torch.cat(captured, dim=-1)
+        return self.model.logits(hidden, meta.paths).argmax(-1), features
 
     @inference
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        with linear.weight_format(self.weight_format, self.w12n_swiglu):
-            return self.model.logits(hidden)
+        """The LM head over hidden states outside a step (a prefill's last positions), under runtime.prefill."""
+        return self.model.logits(hidden, self.runtime.prefill)
 
     @inference
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
@@ -199,9 +186,9 @@ class ModelRunner:
         return self.extend(slot, token_ids, 0)
 
     def prefills_together(self, token_ids: list[list[int]]) -> bool:
-        """Whether a batch's prompts go through one prefill_many (EngineConfig.batched_prefill): more than one
-        prompt, and one length unless the model is attention-only."""
-        return self.batched_prefill and len(token_ids) > 1 and (
+        """Whether a batch's prompts go through one prefill_many (runtime.batched_prefill): more than one prompt,
+        and one length unless the model is attention-only."""
+        return self.runtime.batched_prefill and len(token_ids) > 1 and (
             not self.config.is_hybrid or len(set(map(len, token_ids))) == 1)
 
     @inference
@@ -222,19 +209,19 @@ class ModelRunner:
         ids = torch.tensor([t + [0] * (P - len(t)) for t in token_ids], dtype=torch.long, device=self.device)
         last = torch.tensor(lengths, device=self.device) - 1
         hidden_last, features = torch.empty(0), []
-        with gated_deltanet.triton_prefill(self.gdn_prefill):
-            for offset in range(0, P, self.prefill_chunk):
-                chunk = ids[:, offset:offset + self.prefill_chunk]
-                prefix = torch.full((B,), offset, dtype=torch.long, device=self.device)
-                hidden = self.forward(BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=offset), layers)
-                if layers:
-                    hidden, captured = hidden
-                    features.append(torch.cat(captured, dim=-1))
-                # each request's last prompt position, where it falls in this chunk
-                here = (last >= offset) & (last < offset + chunk.shape[1])
-                at = (last - offset).clamp(0, chunk.shape[1] - 1)
-                picked = hidden[torch.arange(B, device=self.device), at]
-                hidden_last = picked if offset == 0 else torch.where(here[:, None], picked, hidden_last)
+        for offset in range(0, P, self.prefill_chunk):
+            chunk = ids[:, offset:offset + self.prefill_chunk]
+            prefix = torch.full((B,), offset, dtype=torch.long, device=self.device)
+            meta = BatchMetadata.contiguous(chunk, prefix, slots, offset, self.runtime.prefill)
+            hidden = self.forward(meta, layers)
+            if layers:
+                hidden, captured = hidden
+                features.append(torch.cat(captured, dim=-1))
+            # each request's last prompt position, where it falls in this chunk
+            here = (last >= offset) & (last < offset + chunk.shape[1])
+            at = (last - offset).clamp(0, chunk.shape[1] - 1)
+            picked = hidden[torch.arange(B, device=self.device), at]
+            hidden_last = picked if offset == 0 else torch.where(here[:, None], picked, hidden_last)
         logits = self.logits(hidden_last).float()
         if not layers:
             return logits
@@ -256,15 +243,14 @@ class ModelRunner:
         slots = torch.tensor([slot], device=self.device)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         features = []
-        with gated_deltanet.triton_prefill(self.gdn_prefill):
-            for offset in range(0, len(token_ids), self.prefill_chunk):
-                chunk = ids[offset:offset + self.prefill_chunk][None]
-                prefix = torch.tensor([start + offset], device=self.device)
-                meta = BatchMetadata.contiguous(chunk, prefix, slots, max_prefix_len=start + offset)
-                hidden = self.forward(meta, layers)
-                if layers:
-                    hidden, captured = hidden
-                    features.append(torch.cat(captured, dim=-1)[0])
+        for offset in range(0, len(token_ids), self.prefill_chunk):
+            chunk = ids[offset:offset + self.prefill_chunk][None]
+            prefix = torch.tensor([start + offset], device=self.device)
+            meta = BatchMetadata.contiguous(chunk, prefix, slots, start + offset, self.runtime.prefill)
+            hidden = self.forward(meta, layers)
+            if layers:
+                hidden, captured = hidden
+                features.append(torch.cat(captured, dim=-1)[0])
         logits = self.logits(hidden[0, -1]).float()
         return (logits, torch.cat(features)) if layers else logits
 
@@ -272,17 +258,10 @@ class ModelRunner:
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token for each of the first B slots at the given positions; advances positions in place.
 
-        input_ids [B], positions [B] (device) -> logits [B, vocab] fp32. No host sync.
+        input_ids [B], positions [B] (device) -> logits [B, vocab] fp32, under runtime.decode. No host sync.
         """
-        with (pointwise.compiled(self.compile), linear.decode_gemv(self.gemv, self.gated_down),
-              linear.weight_format(self.weight_format, self.w12n_swiglu),
-              attention.fused_qk_rope_store(self.fused_rope), attention.decode_splits(self.decode_splits),
-              pdl.enabled(self.pdl)):
-            return self._decode(input_ids, positions)
-
-    def _decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         B = input_ids.shape[0]
-        if self.use_graphs:
+        if self.runtime.cuda_graphs:
             graph = self.graphs.get(B)
             if graph is None:
                 graph = self.graphs[B] = self._capture(B)
@@ -291,14 +270,14 @@ class ModelRunner:
                 positions.add_(1)
             return logits
         slots = torch.arange(B, device=self.device)
-        meta = decode_metadata(input_ids, positions, slots)
-        logits = self.model.logits(self.model(meta, self.cache))[:, 0].float()
+        meta = decode_metadata(input_ids, positions, slots, self.runtime.decode)
+        logits = self.model.logits(self.model(meta, self.cache), meta.paths)[:, 0].float()
         positions.add_(1)
         return logits
 
     def _capture(self, batch_size: int) -> DecodeGraph:
         # capture runs warm-up steps that write slot state, so it happens before any prefill of this batch
         saved = self.cache.snapshot(torch.arange(batch_size, device=self.device))
-        graph = DecodeGraph(self.model, self.cache, batch_size)
+        graph = DecodeGraph(self.model, self.cache, batch_size, self.runtime.decode)
         self.cache.restore(saved)
         return graph

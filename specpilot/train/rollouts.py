@@ -46,16 +46,17 @@ def rollout_stream(target, target_dir: str | Path, tokens: torch.Tensor, count: 
 
 
 def _greedy(target, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    from specpilot.config import EngineConfig
+    from specpilot.config import Ablations, EngineConfig
     from specpilot.engine.generator import Generator
     from specpilot.runtime.runner import ModelRunner
     from specpilot.runtime.sampling import SamplingParams
+    from specpilot.runtime.settings import Runtime
 
     # plain eager kernels under CUDA graphs: data generation should not depend on the newest fast paths; the
     # prompts (all of one length) prefill together
-    engine = EngineConfig(max_batch_size=len(prompts), compile_pointwise=False, decode_gemv=False,
-                          fused_qk_rope_store=False, batched_prefill=True)
-    runner = ModelRunner(target, engine)
+    engine = EngineConfig(batched_prefill=True,
+                          ablations=Ablations(compile_pointwise=False, decode_gemv=False, fused_qk_rope_store=False))
+    runner = ModelRunner(target, Runtime.build(engine, next(target.parameters()).device))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     with torch.inference_mode():
         return [r.token_ids for r in Generator(runner, ()).generate(prompts, params)]

@@ -113,7 +113,8 @@ def test_multi_turn_conversations_keep_answers_in_context(checkpoint_factory, tm
             {"question_id": 82, "category": "math", "turns": ["the quick brown fox"]}]
     (root / "mt_bench_question.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     model, tok = load_model(str(path), "cpu", "float32"), load_tokenizer(str(path))
-    out = bench(model, tok, NgramDrafter, load_workloads(["mt-bench"], root), [1], [], "chain:3", 6, None)
+    out = bench(model, tok, lambda runtime: NgramDrafter(), load_workloads(["mt-bench"], root), [1], [], "chain:3", 6,
+                None)
     assert all(r["prompts"] == 2 and r["turns"] == 3 for r in out)
     assert {r["config"] for r in out} == {"ar", "stock"} and all(r["tokens"] == out[0]["tokens"] for r in out)
     assert out[1]["forcing"]["passed"]
@@ -320,8 +321,8 @@ def test_probed_bench_accepts_every_draft_on_a_bf16_target(tmp_path):
     tolerance = calibrate(stock, prompts, truth, 1e-3)
     flipped = [[(t + 1) % cfg.vocab_size if i % 5 == 4 else t for i, t in enumerate(out)] for out in truth]
     always = AcceptanceProfile("always", (1.0,) * 7)
-    row = _run_config(model, NgramDrafter, BenchConfig("stock", "chain:3"), prompts, flipped, 1, params, always, (),
-                      stock, tolerance, torch.device("cpu"))
+    row = _run_config(model, lambda runtime: NgramDrafter(), BenchConfig("stock", "chain:3"), prompts, flipped, 1,
+                      params, always, (), stock, tolerance, torch.device("cpu"))
     assert row["tau"] == 4.0 and row["accepted_per_depth"] == [3 * 8] * 3
     assert row["forcing"]["passed"]
     assert row["oracle"]["probes"] >= 3 * 8 and row["oracle"]["seconds_excluded"] > 0

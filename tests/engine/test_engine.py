@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.config import EngineConfig
+from tests.runtimes import cpu_runtime, set_paths, set_runtime
 from specpilot.runtime.cache import ModelCache
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
@@ -63,7 +63,7 @@ def test_speculative_equals_autoregressive_dense(drafter, tree, checkpoint_facto
 def test_speculative_equals_autoregressive_hybrid_chain(drafter, commit, checkpoint_factory):
     target, draft = _models(checkpoint_factory, "qwen3_5")
     prompts = _prompts()
-    runner = ModelRunner(target, EngineConfig(hybrid_chain_commit=commit))
+    runner = ModelRunner(target, cpu_runtime(hybrid_chain_commit=commit))
     engine = SpecEngine(runner, DRAFTERS[drafter](target, draft), TreeSpec.parse("chain:3"))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
@@ -228,11 +228,9 @@ def test_eos_and_max_tokens_cut_the_emitted_block(checkpoint_factory):
 def test_tree_attention_op_path_keeps_output_exact(tree, checkpoint_factory):
     """EngineConfig.block_attention="tree": prefill and verify blocks through the tree-attention op (its
     reference on CPU, Triton on GPU) give the same greedy output."""
-    from specpilot.config import EngineConfig
-
     target, draft = _models(checkpoint_factory, "qwen3")
     prompts = _prompts()
-    runner = ModelRunner(target, EngineConfig(block_attention="tree"))
+    runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
     out = SpecEngine(runner, DraftLMDrafter(draft), TreeSpec.parse(tree)).generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
 
@@ -244,7 +242,7 @@ def test_fixed_width_verify_blocks_keep_output_exact(name, tree, checkpoint_fact
     target, draft = _models(checkpoint_factory, name)
     prompts = _prompts()
     runner = ModelRunner(target)
-    runner.use_verify_graphs = True
+    set_runtime(runner, verify_graphs=True)
     runner.verify = lambda meta, layers=(): runner._verify_eager(meta, layers)
     engine = SpecEngine(runner, NgramDrafter(), TreeSpec.parse(tree))
     out = engine.generate(prompts, PARAMS)
@@ -260,13 +258,14 @@ def test_verify_on_the_decode_gemv_path_keeps_output(name, checkpoint_factory, m
 
     rows_seen, gated_rows = [], []
     real, real_gated = linear.gemv, linear.gated_gemv
-    monkeypatch.setattr(linear, "gemv", lambda x, w: (rows_seen.append(x.shape[0]), real(x, w))[1])
-    monkeypatch.setattr(linear, "gated_gemv", lambda x, w: (gated_rows.append(x.shape[0]), real_gated(x, w))[1])
+    monkeypatch.setattr(linear, "gemv", lambda x, w, **k: (rows_seen.append(x.shape[0]), real(x, w, **k))[1])
+    monkeypatch.setattr(linear, "gated_gemv",
+                        lambda x, w, **k: (gated_rows.append(x.shape[0]), real_gated(x, w, **k))[1])
     target, _ = _models(checkpoint_factory, name)
     prompts = _prompts()
     truth = _reference(target, prompts)
     runner = ModelRunner(target)
-    runner.gemv, runner.gated_down = True, True
+    set_paths(runner, "verify", gemv=True, gated_down=True)
     engine = SpecEngine(runner, RandomTreeDrafter(2, truth, prompts), TreeSpec.parse("static:2,2"))
     assert [r.token_ids for r, _ in engine.generate(prompts, PARAMS)] == truth
     assert any(1 < n <= 16 for n in rows_seen)  # multi-row verify blocks took the GEMV path
@@ -300,7 +299,7 @@ def test_batched_prefill_keeps_output_and_features(name, checkpoint_factory):
     assert name != "qwen3" or len(set(map(len, prompts))) > 1
     runs = {}
     for batched in (False, True):
-        runner = ModelRunner(target, EngineConfig(batched_prefill=batched))
+        runner = ModelRunner(target, cpu_runtime(batched_prefill=batched))
         drafter = _RecordingDrafter(DraftLMDrafter(draft))
         out = SpecEngine(runner, drafter, TreeSpec.parse("chain:3")).generate(prompts, PARAMS)
         assert [r.token_ids for r, _ in out] == _reference(target, prompts)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specpilot.config import EngineConfig
+from tests.runtimes import cpu_runtime, set_runtime
 from specpilot.runtime import runner as runner_module
 from specpilot.engine.engine import SpecEngine, _in_place, _Timer
 from specpilot.runtime.graphs import VerifyGraph
@@ -145,8 +146,8 @@ def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_fac
     target, _ = _models(checkpoint_factory, name)
     prompts = _prompts()
     truth = _reference(target, prompts)
-    runner = ModelRunner(target, EngineConfig(block_attention="tree"))
-    runner.use_verify_graphs = True
+    runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
+    set_runtime(runner, verify_graphs=True)
     drafter = DraftLMDrafter(target) if tree.startswith("chain") else RandomTreeDrafter(3, truth, prompts)
     engine = SpecEngine(runner, drafter, TreeSpec.parse(tree))
     out = engine.generate(prompts, PARAMS)
@@ -158,8 +159,8 @@ def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_fac
 def _graph_and_eager_runners(checkpoint_factory, name):
     """Two runners of one target on the tree-attention path: one with verify graphs (faked on CPU), one eager."""
     target, _ = _models(checkpoint_factory, name)
-    graphs, eager = (ModelRunner(target, EngineConfig(block_attention="tree")) for _ in range(2))
-    graphs.use_verify_graphs = True
+    graphs, eager = (ModelRunner(target, cpu_runtime(block_attention="tree")) for _ in range(2))
+    set_runtime(graphs, verify_graphs=True)
     return graphs, eager
 
 
@@ -215,8 +216,8 @@ def test_verify_graph_is_cut_between_layers(per_graph, graphs, checkpoint_factor
     assert target.config.num_hidden_layers == 3
     prompts = _prompts()
     truth = _reference(target, prompts)
-    runner = ModelRunner(target, EngineConfig(block_attention="tree", verify_layers_per_graph=per_graph))
-    runner.use_verify_graphs = True
+    runner = ModelRunner(target, cpu_runtime(block_attention="tree", verify_layers_per_graph=per_graph))
+    set_runtime(runner, verify_graphs=True)
     engine = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:2,2"))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
@@ -228,7 +229,11 @@ def test_verify_graph_is_cut_between_layers(per_graph, graphs, checkpoint_factor
 def test_block_attention_auto_is_the_captured_tree_op_on_a_gpu_only():
     """The defaults give a GPU the captured tree-attention verify and the CPU the SDPA path; "sdpa" keeps the
     verify eager even on a GPU (a captured graph cannot follow its host-side prefix length)."""
-    from specpilot.runtime.runner import block_path
+    from specpilot.runtime.settings import Runtime
+
+    def block_path(engine, on_gpu):
+        rt = Runtime.build(engine, "cuda" if on_gpu else "cpu")
+        return rt.verify.block_kernel, rt.verify_graphs
 
     assert block_path(EngineConfig(), on_gpu=True) == (True, True)
     assert block_path(EngineConfig(), on_gpu=False) == (False, False)
@@ -315,8 +320,8 @@ def test_engine_steps_reuse_their_staging_buffers_with_exact_output(graphs, chec
     target, _ = _models(checkpoint_factory, "qwen3")
     prompts = _prompts()
     truth = _reference(target, prompts)
-    runner = ModelRunner(target, EngineConfig(block_attention="tree"))
-    runner.use_verify_graphs = graphs
+    runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
+    set_runtime(runner, verify_graphs=graphs)
     taken, take = [], runner.staging.take
     runner.staging.take = lambda words: taken.append(take(words)) or taken[-1]
     out = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:3,2")).generate(

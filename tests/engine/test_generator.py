@@ -10,6 +10,7 @@ from specpilot.runtime.sampling import SamplingParams, filtered_probs
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer
 from specpilot.ops.path_index import PathIndex
+from tests.runtimes import set_paths
 
 FAMILIES = ["llama", "qwen3_5"]
 
@@ -25,9 +26,9 @@ def _gen(checkpoint_factory, name, **runner_kw):
 def test_ragged_batch_equals_single_runs(name, batched_prefill, checkpoint_factory):
     """A ragged batch gives each prompt's single-run output, with one prefill per request or all in one
     (EngineConfig.batched_prefill: padded on the dense model; the hybrid one keeps per-request prefills)."""
-    from specpilot.config import EngineConfig
+    from tests.runtimes import cpu_runtime
 
-    gen, hf = _gen(checkpoint_factory, name, engine=EngineConfig(batched_prefill=batched_prefill))
+    gen, hf = _gen(checkpoint_factory, name, runtime=cpu_runtime(batched_prefill=batched_prefill))
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (3, 29, 11)]
     params = SamplingParams(max_new_tokens=24)
     batched = [r.token_ids for r in gen.generate(prompts, params)]
@@ -157,7 +158,7 @@ def test_decode_gemv_path_matches_transformers(name, checkpoint_factory):
     output identical to transformers."""
     path, hf = checkpoint_factory(name)
     runner = ModelRunner(load_model(str(path), "cpu", "float32"))
-    runner.gemv = True
+    set_paths(runner, "decode", gemv=True)
     prompt = torch.randint(0, 300, (13,)).tolist()
     ours = Generator(runner).generate([prompt], SamplingParams(max_new_tokens=32))[0].token_ids
     with torch.no_grad():

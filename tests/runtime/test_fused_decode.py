@@ -1,14 +1,14 @@
-"""The fused decode prologue (EngineConfig.fused_qk_rope_store) in whole models: greedy decode with it on equals
+"""The fused decode prologue (KernelPaths.fused_qk_rope_store) in whole models: greedy decode with it on equals
 decode with it off, through the op's CPU dispatch (the reference) and through the Triton kernel (interpreted)."""
 
 import pytest
 import torch
 
 import specpilot.ops.qk_norm_rope_store as op
-from specpilot.config import EngineConfig
-from specpilot.runtime.runner import ModelRunner
 from specpilot.layers import attention
 from specpilot.models.loader import load_model
+from specpilot.runtime.runner import ModelRunner
+from tests.runtimes import cpu_runtime, set_paths
 
 
 def greedy_decode(runner, prompts, steps: int) -> torch.Tensor:
@@ -28,10 +28,10 @@ def fuse(runner, kernel: str, monkeypatch) -> list:
     the list that gets one entry per call of the fused op."""
     calls = []
     fused_op = attention.qk_norm_rope_store
-    monkeypatch.setattr(attention, "qk_norm_rope_store", lambda *a: calls.append(1) or fused_op(*a))
+    monkeypatch.setattr(attention, "qk_norm_rope_store", lambda *a, **k: calls.append(1) or fused_op(*a, **k))
     if kernel == "triton":
         monkeypatch.setattr(op, "use_triton", lambda x: True)
-    runner.fused_rope = True
+    set_paths(runner, "decode", "verify", fused_qk_rope_store=True)
     return calls
 
 
@@ -42,7 +42,7 @@ def test_fused_decode_equals_unfused(name, kernel, dtype, checkpoint_factory, mo
     path, _ = checkpoint_factory(name)
     model = load_model(str(path), "cpu", dtype)
     runner = ModelRunner(model)
-    assert not runner.fused_rope and not ModelRunner(model, EngineConfig(fused_qk_rope_store=False)).fused_rope
+    assert not runner.runtime.decode.fused_qk_rope_store, "GPU only"
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (5, 17, 9)]  # ragged: each slot at its own position
     steps = 6
     unfused = greedy_decode(runner, prompts, steps)
@@ -64,7 +64,7 @@ def test_fused_prologue_in_verify_blocks(name, kernel, dtype, checkpoint_factory
 
     path, _ = checkpoint_factory(name)
     model = load_model(str(path), "cpu", dtype)
-    runner = ModelRunner(model, EngineConfig(block_attention="tree"))
+    runner = ModelRunner(model, cpu_runtime(block_attention="tree"))
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (7, 12)]
     trees = [DraftTree((5, 9, 11, 13, 2), (-1, 0, 0, 1, 3)), DraftTree((4, 8, 6), (-1, 0, 1))]
 

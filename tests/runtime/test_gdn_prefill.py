@@ -1,4 +1,4 @@
-"""The Triton prefill of Gated DeltaNet layers (EngineConfig.triton_gdn_prefill) in a whole hybrid model: prefill
+"""The Triton prefill of Gated DeltaNet layers (KernelPaths.gdn_prefill_kernel) in a whole hybrid model: prefill
 and extension with it on (the interpreted kernel on CPU tensors) give the logits and recurrent state of the torch
 chunk form."""
 
@@ -6,8 +6,8 @@ import torch
 
 import specpilot.ops.gated_delta_rule as op
 from specpilot.bench.shapes import hf_config, random_model
-from specpilot.config import EngineConfig
 from specpilot.runtime.runner import ModelRunner
+from tests.runtimes import cpu_runtime, set_paths
 
 
 def prefill_and_extend(runner, prompts, extra):
@@ -22,7 +22,7 @@ def prefill_and_extend(runner, prompts, extra):
 
 def test_triton_gdn_prefill_equals_torch_chunk_form(monkeypatch):
     model = random_model(hf_config("tiny-hybrid", num_hidden_layers=2), device="cpu", dtype=torch.float32, seed=3)
-    assert not ModelRunner(model, EngineConfig(triton_gdn_prefill=True)).gdn_prefill, "GPU only"
+    assert not cpu_runtime(triton_gdn_prefill=True).prefill.gdn_prefill_kernel, "GPU only"
     runner = ModelRunner(model)
     prompts = [torch.randint(0, 500, (n,)).tolist() for n in (70, 23)]  # two 64-token chunks; one ragged chunk
     extra = torch.randint(0, 500, (20,)).tolist()  # continues from the prefilled state
@@ -32,7 +32,7 @@ def test_triton_gdn_prefill_equals_torch_chunk_form(monkeypatch):
     kernel = op._chunk_triton
     monkeypatch.setattr(op, "_chunk_triton", lambda *a: calls.append(1) or kernel(*a))
     monkeypatch.setattr(op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
-    runner.gdn_prefill = True
+    set_paths(runner, "prefill", gdn_prefill_kernel=True)
     got = prefill_and_extend(runner, prompts, extra)
     assert len(calls) == 2 * len(prompts) * model.config.num_linear_layers
     for name, w, g in zip(("logits", "conv", "ssm"), want, got):

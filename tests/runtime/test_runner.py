@@ -8,6 +8,7 @@ import torch
 import specpilot.ops.gated_delta_rule as op
 from specpilot.bench.shapes import hf_config, random_model
 from specpilot.runtime.runner import ModelRunner
+from tests.runtimes import set_paths
 
 LAYERS = (0, 1)
 
@@ -23,7 +24,7 @@ def _runners(shape, triton_gdn, monkeypatch):
         monkeypatch.setattr(op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
     one, many = ModelRunner(model, prefill_chunk=16), ModelRunner(model, prefill_chunk=16)  # ragged last chunk
     for r, slots in ((one, 3), (many, 4)):
-        r.gdn_prefill = triton_gdn
+        set_paths(r, "prefill", gdn_prefill_kernel=triton_gdn)
         r.allocate(slots, 48)
     return one, many
 

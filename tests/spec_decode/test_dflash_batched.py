@@ -2,6 +2,7 @@
 its own (and the independent reference forward), through the SDPA path, the tree-attention kernel (interpreted)
 and a replayed proposal graph."""
 
+import dataclasses
 
 import pytest
 import torch
@@ -70,9 +71,9 @@ def test_tree_attention_kernel_gives_the_same_trees(tree, target, tmp_path, monk
     sdpa = drafter.propose(SLOTS, ROOTS, spec)
     calls = []
     op = attention.tree_attention
-    monkeypatch.setattr(attention, "tree_attention", lambda *a: calls.append(1) or op(*a))
+    monkeypatch.setattr(attention, "tree_attention", lambda *a, **k: calls.append(1) or op(*a, **k))
     monkeypatch.setattr(tree_attention_op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
-    drafter.block_kernel = True
+    drafter.paths = dataclasses.replace(drafter.paths, block_kernel=True)
     assert drafter.propose(SLOTS, ROOTS, spec) == sdpa
     assert len(calls) == len(drafter.model.layers), "one tree-attention call per layer for the whole batch"
 

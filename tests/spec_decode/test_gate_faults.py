@@ -31,6 +31,7 @@ from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.ops.path_index import PathIndex
+from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.dflash import DFlashDrafter
 from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.spec_decode.tree import TreeSpec
@@ -99,11 +100,12 @@ def run_pair(target, make_drafter, tree: str, prompts, params: SamplingParams, e
     """(AR outputs, speculative outputs, the speculative engine) of one runtime on the same prompts. With an
     `oracle` profile the drafter runs inside the synthetic oracle (bench/synthetic.py: its proposals replaced by
     drafts that follow the profile, probed against this verify), as a synthetic-acceptance benchmark runs it."""
-    ar = [r.token_ids for r in Generator(ModelRunner(target, engine)).generate(prompts, params)]
+    runtime = Runtime.build(engine, next(target.parameters()).device)
+    ar = [r.token_ids for r in Generator(ModelRunner(target, runtime)).generate(prompts, params)]
     drafter = make_drafter()
     if oracle is not None:
         drafter = SyntheticDrafter(drafter, dict(enumerate(ar)), oracle, target.config.vocab_size)
-    spec_engine = SpecEngine(ModelRunner(target, engine), drafter, TreeSpec.parse(tree))
+    spec_engine = SpecEngine(ModelRunner(target, runtime), drafter, TreeSpec.parse(tree))
     if oracle is not None:
         drafter.probe = spec_engine.peek
     spec = [r.token_ids for r, _ in spec_engine.generate(prompts, params)]
@@ -143,7 +145,8 @@ def drafter_context_errors(engine: SpecEngine, target) -> list[float]:
         else:
             n = min(drafter.seen[req.slot], len(tokens) - 1)
             fresh = Eagle3Drafter(drafter.head, target, drafter.target_layers)
-        runner = ModelRunner(target, EngineConfig(cuda_graphs=False, verify_graphs=False))
+        eager = EngineConfig(cuda_graphs=False, verify_graphs=False)
+        runner = ModelRunner(target, Runtime.build(eager, next(target.parameters()).device))
         runner.allocate(1, n + 1)
         _, feats = runner.prefill_features(0, tokens[:n], drafter.target_layers)
         fresh.allocate(1, n + 1)

@@ -69,3 +69,28 @@ def test_draft_lm_of_another_vocab_size_is_refused_before_its_weights_load(vocab
         build_drafter(str(draft), target, load_tokenizer(str(path)))
     assert str(err.value) == (f"{draft}: the draft model's vocab_size {vocab} differs from the target's 320; a draft "
                               "model must have the target's vocabulary")
+
+
+def test_build_drafter_hands_the_runtime_over(checkpoint_factory, tmp_path):
+    """The target runner's runtime reaches the drafters that run a model: a draft LM's runner takes it, DFlash its
+    draft paths and its CUDA graph setting; without one they build the default for the target's device."""
+    import dataclasses
+
+    from specpilot.layers.paths import PLAIN, KernelPaths
+    from tests.runtimes import cpu_runtime
+    from tests.spec_decode.test_dflash import write_dflash
+
+    path, _ = checkpoint_factory("qwen3")
+    draft_path, _ = checkpoint_factory("qwen3", num_hidden_layers=1)
+    target = load_model(str(path), "cpu", "float32")
+    runtime = cpu_runtime(block_attention="tree", batched_prefill=True)
+    assert build_drafter(str(draft_path), target, runtime=runtime).runner.runtime is runtime
+    assert build_drafter(str(draft_path), target).runner.runtime == cpu_runtime()
+    dflash_dir = write_dflash(tmp_path / "d")
+    chosen = dataclasses.replace(runtime, draft=KernelPaths(gemv=True, block_kernel=True, compiled=True))
+    drafter = build_drafter(str(dflash_dir), target, runtime=chosen)
+    assert not drafter.use_graphs and drafter.paths == KernelPaths(gemv=True, block_kernel=True)  # compiled: graphs
+    graphs = dataclasses.replace(chosen, cuda_graphs=True)
+    drafter = build_drafter(str(dflash_dir), target, runtime=graphs)
+    assert drafter.use_graphs and drafter.paths is graphs.draft
+    assert build_drafter(str(dflash_dir), target).paths == PLAIN

@@ -73,34 +73,34 @@ def test_cli_compress_and_inspect_json(bf16_checkpoint, tmp_path, capsys):
 def test_w12n_weight_format_generates_what_bf16_generates(bf16_checkpoint):
     """Projections through W12N planes (the fused GEMV path; its reference on CPU) give the bf16 model's output:
     bit-identical weights, and the same fp32-accumulated product as the bf16 decode GEMV path."""
-    from specpilot.config import EngineConfig
+    from tests.runtimes import cpu_runtime, set_paths
 
     # prompts over 16 tokens: prefill goes through decode + F.linear in both, decode steps through the GEMVs
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (20, 25)]
     params = SamplingParams(max_new_tokens=16)
     bf16 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"))
-    bf16.gemv = True  # fp32-accumulated single-row products, as the W12N GEMV computes them
-    w12 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"), EngineConfig(weight_format="w12n"))
+    set_paths(bf16, "decode", gemv=True)  # fp32-accumulated single-row products, as the W12N GEMV computes them
+    w12 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"), cpu_runtime(weight_format="w12n"))
     assert sum(getattr(m, "w12n", None) is not None for m in w12.model.modules()) > 0
     a = [r.token_ids for r in Generator(bf16).generate(prompts, params)]
     b = [r.token_ids for r in Generator(w12).generate(prompts, params)]
     assert a == b
     with pytest.raises(ValueError, match="needs a bf16 model"):
-        ModelRunner(load_model(str(bf16_checkpoint), "cpu", "float32"), EngineConfig(weight_format="w12n"))
+        ModelRunner(load_model(str(bf16_checkpoint), "cpu", "float32"), cpu_runtime(weight_format="w12n"))
 
 
 def test_w12n_only_drops_the_bf16_copies_and_generates_the_same(bf16_checkpoint):
     """weight_format w12n_only: every encoded projection's bf16 weight is released (the model holds its planes
     only) and every product goes through them, prefill included; the tokens are the bf16 model's."""
-    from specpilot.config import EngineConfig
     from specpilot.layers.linear import Linear
 
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (20, 25)]
+    from tests.runtimes import cpu_runtime, set_paths
     params = SamplingParams(max_new_tokens=16)
     bf16 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"))
-    bf16.gemv = True  # fp32-accumulated single-row products, as the W12N GEMV computes them
+    set_paths(bf16, "decode", gemv=True)  # fp32-accumulated single-row products, as the W12N GEMV computes them
     before = sum(p.numel() for p in bf16.model.parameters())
-    only = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"), EngineConfig(weight_format="w12n_only"))
+    only = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"), cpu_runtime(weight_format="w12n_only"))
     encoded = [m for m in only.model.modules() if isinstance(m, Linear) and m.w12n is not None]
     assert encoded and all(m.weight is None for m in encoded)
     dropped = sum(m.w12n.n * m.w12n.k for m in encoded)

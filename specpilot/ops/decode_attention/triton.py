@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.ops import pdl
+from specpilot.ops.pdl import launch_kwargs, usable
 from specpilot.ops.dispatch import fits_tile, tile_width
 from specpilot.ops.pdl_wait import wait_for_inputs
 from specpilot.ops.split_softmax import combine_kernel, dot, interpreter_lacks_bf16_dot, sm_count
@@ -156,12 +156,14 @@ def decode_attention(
     split_block: int = 16,
     num_warps: int = 4,
     num_stages: int = 3,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D]; k_cache, v_cache [N, KVH, S, D]; slot, kv_len [B] int (kv_len >= 1) -> o [B, H, D] in q.dtype.
 
     num_splits: sequence chunks per (request, kv head); default from shapes (default_num_splits).
     block_n: positions per K/V tile; default 64 for 16-bit caches, 32 for fp32.
     num_stages: software-pipelining stages of the K/V tile loads.
+    pdl: launch with programmatic dependent launch (ops/pdl.py).
     """
     _check_inputs(q, k_cache, v_cache, slot, kv_len)
     B, H, D = q.shape
@@ -180,19 +182,19 @@ def decode_attention(
     direct = num_splits == 1  # the split kernel writes o itself: no partials, no combine launch
     part_o = o if direct else torch.empty(B, H, num_splits, block_d, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
-    on = pdl.active(q)
+    on = usable(q, pdl)
     _split_kernel[(B, KVH, num_splits)](
         q, k_cache, v_cache, slot, kv_len, part_o, part_lse, scale * _LOG2E, S, num_splits,
         H=H, KVH=KVH, G=G, D=D, BLOCK_D=block_d, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
         UPCAST_DOT=interpreter_lacks_bf16_dot(q.dtype), DIRECT=direct, num_warps=num_warps, num_stages=num_stages,
-        PDL=on, **pdl.launch_kwargs(on),
+        PDL=on, **launch_kwargs(on),
     )  # fmt: skip
     if direct:
         return o
     # the combine's rows are block_d wide: a padded head dim combines into a padded buffer, then drops the padding
     wide = o if block_d == D else torch.empty(B, H, block_d, device=q.device, dtype=q.dtype)
     combine_kernel[(B, H)](part_o, part_lse, wide, num_splits, H, D=block_d, BLOCK_S=split_block, num_warps=num_warps,
-                           PDL=on, **pdl.launch_kwargs(on))
+                           PDL=on, **launch_kwargs(on))
     if wide is not o:
         o.copy_(wide[..., :D])
     return o

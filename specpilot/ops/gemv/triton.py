@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.ops import pdl
+from specpilot.ops.pdl import launch_kwargs, usable
 from specpilot.ops.pdl_wait import wait_for_inputs
 
 
@@ -121,11 +121,12 @@ _SKINNY_SMEM = 160 * 1024
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
-         num_stages: int = 3, pre_tiles: int = 1, gated: bool = False) -> torch.Tensor:
+         num_stages: int = 3, pre_tiles: int = 1, gated: bool = False, pdl: bool = False) -> torch.Tensor:
     """Same contract as gemv_ref: x [M, K] (M <= 4; meant for M = 1, each extra row re-streams the weights),
     weight [N, K] row-major -> y [M, N] in x.dtype. gated: x is [M, 2K] = [gate | up] and the product is
     gemv_ref(silu(gate) * up, weight) (the MLP's down projection without a separate silu_mul kernel).
-    pre_tiles (0..2): weight tiles loaded before the PDL wait; the result is the same bitwise."""
+    pre_tiles (0..2): weight tiles loaded before the PDL wait; the result is the same bitwise. pdl: launch with
+    programmatic dependent launch (ops/pdl.py; single rows only)."""
     M, K = x.shape[0], weight.shape[1]
     N = weight.shape[0]
     assert weight.stride(1) == 1, "weight must be [N, K] with dense rows"
@@ -133,18 +134,19 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 8, block_k: in
     assert x.stride(1) == 1 and 1 <= M <= 4, "x must be [M <= 4, K] with a dense last dim"
     assert 0 <= pre_tiles <= 2, f"pre_tiles must be 0, 1 or 2, not {pre_tiles}"
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    on = pdl.active(x) and M == 1
+    on = usable(x, pdl) and M == 1
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, N, K, x.stride(0), weight.stride(0), y.stride(0),
         M=M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, GATED=gated, PDL=on,
         PRE_TILES=min(pre_tiles, triton.cdiv(K, block_k)), num_warps=num_warps, num_stages=num_stages,
-        **pdl.launch_kwargs(on))
+        **launch_kwargs(on))
     return y
 
 
 def skinny(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k: int = 256, num_warps: int = 4,
-           num_stages: int = 4) -> torch.Tensor:
-    """gemv for M = 1..32 rows on the tensor cores: x [M, K], weight [N, K] -> y [M, N] in x.dtype."""
+           num_stages: int = 4, pdl: bool = False) -> torch.Tensor:
+    """gemv for M = 1..32 rows on the tensor cores: x [M, K], weight [N, K] -> y [M, N] in x.dtype; pdl: launch
+    with programmatic dependent launch (ops/pdl.py)."""
     M = x.shape[0]
     N, K = weight.shape
     assert x.shape[1] == K, f"x {list(x.shape)} does not fit weight {list(weight.shape)}"
@@ -154,10 +156,10 @@ def skinny(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k:
     block_m = 16 if M <= 16 else 32
     num_stages = max(1, min(num_stages, _SKINNY_SMEM // ((block_n + block_m) * block_k * weight.element_size())))
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    on = pdl.active(x)
+    on = usable(x, pdl)
     _skinny_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         DOT_F32=weight.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps,
-        num_stages=num_stages, PDL=on, **pdl.launch_kwargs(on))
+        num_stages=num_stages, PDL=on, **launch_kwargs(on))
     return y

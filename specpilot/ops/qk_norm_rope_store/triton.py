@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.ops import pdl
+from specpilot.ops.pdl import launch_kwargs, usable
 from specpilot.ops.pdl_wait import wait_for_inputs
 
 
@@ -103,8 +103,8 @@ def supports(q, k, q_weight, k_weight, cos) -> bool:
 
 
 def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_centered: bool,
-                       k_cache, v_cache, slots, loc) -> torch.Tensor:
-    """Same contract as qk_norm_rope_store_ref."""
+                       k_cache, v_cache, slots, loc, pdl: bool = False) -> torch.Tensor:
+    """Same contract as qk_norm_rope_store_ref; pdl: launch with programmatic dependent launch (ops/pdl.py)."""
     B, T, H, D = q.shape
     KVH, R = k.shape[2], cos.shape[-1]
     N, _, S, _ = k_cache.shape
@@ -117,7 +117,7 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_c
     cos, sin, loc = cos.contiguous(), sin.contiguous(), loc.contiguous()
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     block_d = triton.next_power_of_2(D)
-    on = pdl.active(q)
+    on = usable(q, pdl)
     # one row of D values per program: a single warp holds it, and the row sum needs no shared memory
     _qk_norm_rope_store_kernel[(B * T, H + KVH)](
         q, k, v, out, k_cache, v_cache, slots, loc, cos, sin,
@@ -125,5 +125,5 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_c
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         D=D, R=R, BLOCK_D=block_d, HAS_NORM=has_norm, ZERO_CENTERED=zero_centered, num_warps=max(1, block_d // 256),
-        PDL=on, **pdl.launch_kwargs(on))
+        PDL=on, **launch_kwargs(on))
     return out

@@ -9,9 +9,10 @@ __all__ = ["add_rms_norm", "add_rms_norm_ref"]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 zero_centered: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 zero_centered: bool, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """pdl: the kernel launches with programmatic dependent launch (ops/pdl.py)."""
     if use_triton(x):
         from specpilot.ops.rms_norm.triton import add_rms_norm as add_rms_norm_triton
 
-        return add_rms_norm_triton(x, residual, weight, eps, zero_centered)
+        return add_rms_norm_triton(x, residual, weight, eps, zero_centered, pdl=pdl)
     return add_rms_norm_ref(x, residual, weight, eps, zero_centered)

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.ops import pdl
+from specpilot.ops.pdl import launch_kwargs, usable
 
 
 @triton.jit
@@ -40,17 +40,17 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, H, eps, stride_x
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 zero_centered: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as add_rms_norm_ref."""
+                 zero_centered: bool, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as add_rms_norm_ref; pdl: launch with programmatic dependent launch (ops/pdl.py)."""
     H = x.shape[-1]
     assert weight.shape == (H,) and x.stride(-1) == 1, "weight [H], rows with a dense last dim"
     x2 = x.reshape(-1, H)
     r2 = x2 if residual is None else residual.reshape(-1, H)
     out = torch.empty_like(x2)
     s = x2 if residual is None else torch.empty_like(x2)
-    on = pdl.active(x)
+    on = usable(x, pdl)
     _add_rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, out, s, H, eps, x2.stride(0), r2.stride(0), out.stride(0), s.stride(0),
         HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered, BLOCK=triton.next_power_of_2(H), PDL=on,
-        num_warps=4, **pdl.launch_kwargs(on))
+        num_warps=4, **launch_kwargs(on))
     return out.view(x.shape), (x if residual is None else s.view(x.shape))

@@ -29,14 +29,15 @@ def w12n_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     return w12n_gemv_ref(x, t)
 
 
-def _fused(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
-    """The GPU kernel for x [M <= 16, K]: tensor cores where the shapes allow, else the FMA kernel, else (a
-    segment the FMA kernel does not take) the reference."""
+def _fused(x: torch.Tensor, t: W12NTensor, pdl: bool = False) -> torch.Tensor:
+    """The GPU kernel for x [M <= 16, K]: tensor cores where the shapes allow (launched with programmatic
+    dependent launch if pdl, ops/pdl.py), else the FMA kernel, else (a segment the FMA kernel does not take) the
+    reference."""
     if x.is_cuda:
         from specpilot.ops.w12n_gemv import mma
 
         if mma.supports(x, t):
-            return mma.w12n_mma_gemv(x, t)
+            return mma.w12n_mma_gemv(x, t, pdl=pdl)
     from specpilot.ops.w12n_gemv import triton
 
     if takes("w12n_gemv", triton.supports(x, t)):
@@ -55,7 +56,7 @@ def fp8_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     return fp8_gemv_ref(x, t)
 
 
-def w12n_linear(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+def w12n_linear(x: torch.Tensor, t: W12NTensor, pdl: bool = False) -> torch.Tensor:
     """x [..., K] -> x @ W.T [..., N] in x.dtype, W = decode(t) (no bias).
 
     M = prod(leading dims) <= 16: the fused decode GEMV on CUDA, its fp32-accumulating reference elsewhere (what
@@ -66,7 +67,7 @@ def w12n_linear(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     if 1 <= x2.shape[0] <= MAX_FUSED_M:
         if use_triton(x):
-            y = _fused(x2.contiguous(), t)
+            y = _fused(x2.contiguous(), t, pdl)
         else:
             y = w12n_gemv_ref(x2, t)
     else:
@@ -84,7 +85,7 @@ def fuses_swiglu(x: torch.Tensor, t: W12NTensor) -> bool:
     return mma.supports(x.reshape(-1, x.shape[-1]).contiguous(), t) and mma.glu_supported(t)
 
 
-def w12n_swiglu(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+def w12n_swiglu(x: torch.Tensor, t: W12NTensor, pdl: bool = False) -> torch.Tensor:
     """x [..., K], t = W12N of a packed [gate; up] matrix [2 I, K] -> silu(x Wg^T) * (x Wu^T) [..., I] in one
     kernel (mma.w12n_swiglu_gemv: no silu_mul kernel between the MLP's two projections) where fuses_swiglu; each
     factor rounded to bf16, the product formed in fp32 and rounded once, as silu_mul forms it."""
@@ -93,7 +94,7 @@ def w12n_swiglu(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
                          f"16-row blocks; got {x.dtype} {list(x.shape)} on {x.device}, {t.n} rows")
     from specpilot.ops.w12n_gemv import mma
 
-    y = mma.w12n_swiglu_gemv(x.reshape(-1, x.shape[-1]).contiguous(), t)
+    y = mma.w12n_swiglu_gemv(x.reshape(-1, x.shape[-1]).contiguous(), t, pdl=pdl)
     return y.reshape(*x.shape[:-1], t.n // 2)
 
 

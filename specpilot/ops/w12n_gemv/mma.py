@@ -45,7 +45,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from specpilot.ops import pdl
+from specpilot.ops.pdl import launch_kwargs, usable
 from specpilot.weights.w12n import VERBATIM, W12NTensor
 
 CHUNK = gl.constexpr(64)  # columns of K per warp and chunk: 4 lanes x 16
@@ -523,25 +523,25 @@ def resolve_launch(t: W12NTensor, m: int, sms: int, warps: int | None = None,
     return Launch(warps, maxnreg)
 
 
-def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, warps: int | None = None,
+def w12n_mma_gemv(x: torch.Tensor, t: W12NTensor, *, pdl: bool = False, warps: int | None = None,
                   maxnreg: int | None = None) -> torch.Tensor:
     """y = x @ decode(t).T for bf16 x [M <= 16, K] on CUDA -> bf16 [M, N]; warps: K-slices per program (must
     divide padded_k / 64); maxnreg: a register cap per thread for ptxas. Unset: default_launch (resolve_launch
     says how overrides combine with it)."""
     cfg = resolve_launch(t, x.shape[0], _sm_count(x.device), warps, maxnreg)
-    return _launch(x, t, cfg, swiglu=False)
+    return _launch(x, t, cfg, swiglu=False, pdl=pdl)
 
 
-def w12n_swiglu_gemv(x: torch.Tensor, t: W12NTensor) -> torch.Tensor:
+def w12n_swiglu_gemv(x: torch.Tensor, t: W12NTensor, pdl: bool = False) -> torch.Tensor:
     """h = silu(x @ Wg.T) * (x @ Wu.T) for t = W12N of an MLP's packed [gate; up] matrix (2 I rows, I % 8 == 0)
     and bf16 x [M <= 16, K] on CUDA -> bf16 [M, I], in one kernel: each factor is rounded to bf16 as
     w12n_mma_gemv's output is, the product formed in fp32 and rounded once (as ops/gemv's gated GEMVs form it)."""
     if not glu_supported(t):
         raise ValueError(f"w12n_swiglu_gemv needs a [gate; up] matrix of 2 I rows with I % 8 == 0, got {t.n} rows")
-    return _launch(x, t, default_launch(t, x.shape[0], _sm_count(x.device)), swiglu=True)
+    return _launch(x, t, default_launch(t, x.shape[0], _sm_count(x.device)), swiglu=True, pdl=pdl)
 
 
-def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.Tensor:
+def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool, pdl: bool) -> torch.Tensor:
     if not supports(x, t):
         raise ValueError(f"the tensor-core W12N GEMV needs bf16 x [M <= 16, K % 4 == 0] with dense, 8-byte aligned "
                          f"rows and a segment that is a multiple of {CHUNK.value}; got {x.dtype} {list(x.shape)}, "
@@ -555,7 +555,7 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
                            "a CUDA graph capture: call specpilot.ops.w12n_gemv.mma.prepare(t) before capturing")
     M = x.shape[0]
     y = torch.empty(M, t.n // 2 if swiglu else t.n, dtype=torch.bfloat16, device=x.device)
-    on = pdl.active(x)
+    on = usable(x, pdl)  # programmatic dependent launch (ops/pdl.py)
     a, b = tiled_planes(t, swiglu)
     xw, a, b = x.view(torch.int64), a.view(torch.int32), b.view(torch.int16)
     has_verbatim = t.verbatim.shape[0] > 0
@@ -571,5 +571,5 @@ def _launch(x: torch.Tensor, t: W12NTensor, cfg: Launch, swiglu: bool) -> torch.
         KS=cfg.warps, SEGMENT=t.segment, EVEN_K=t.k == t.padded_k, TWO_N=M > 8, HAS_VERBATIM=has_verbatim,
         PDL=on, SWIGLU=swiglu,
         num_warps=cfg.warps,
-        **pdl.launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+        **launch_kwargs(on), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return y

@@ -19,16 +19,16 @@ take one eager pass first.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from specpilot.config import EngineConfig
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import capture
-from specpilot.layers import attention, linear
-from specpilot.layers import pointwise as pw
+from specpilot.runtime.settings import Runtime
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.dflash import DFlashModel, default_target_layers, read_config
@@ -61,15 +61,19 @@ class DFlashDrafter:
     name = "dflash"
 
     def __init__(self, model: DFlashModel, target: CausalLM, target_layers: tuple[int, ...], block_size: int,
-                 mask_token_id: int, use_graphs: bool | None = None):
+                 mask_token_id: int, use_graphs: bool | None = None, runtime: Runtime | None = None):
+        """runtime: the target runner's (default: Runtime.build(EngineConfig(), the model's device)); its draft
+        paths are the proposal forward's kernels, its cuda_graphs whether proposals are captured (unless
+        use_graphs says otherwise)."""
         self.model, self.target = model, target
         self.target_layers, self.block_size, self.mask_token_id = tuple(target_layers), block_size, mask_token_id
         self.max_depth = block_size - 1  # a block is the root and the positions it predicts
         self.device = next(model.parameters()).device
         self.on_gpu = self.device.type == "cuda"
-        self.use_graphs = self.on_gpu if use_graphs is None else use_graphs
-        # the tree-attention op reads the prefix by its device length: no host bound, one read of the context
-        self.block_kernel = self.on_gpu
+        runtime = runtime if runtime is not None else Runtime.build(EngineConfig(), self.device)
+        self.use_graphs = runtime.cuda_graphs if use_graphs is None else use_graphs
+        # the pointwise helpers compile only where a proposal graph fixes the shapes
+        self.paths = runtime.draft if self.use_graphs else dataclasses.replace(runtime.draft, compiled=False)
         self.graphs: dict[tuple[int, int, int], ProposalGraph] = {}
         self.cache: ModelCache | None = None
         self.context_len: dict[int, int] = {}
@@ -151,22 +155,21 @@ class DFlashDrafter:
         pending = self._take_pending(slots)
         host = self._inputs(slots, roots, pending)
         rows = [(row, f) for row, _, f in pending]
-        with self._regions():
-            if self.use_graphs:
-                key = (len(slots), depth, width)
-                graph = self.graphs.get(key)
-                if graph is None:
-                    max_len = self.cache.max_seq_len  # a replay cannot follow a host bound: the SDPA path reads all
-                    features = self._features(len(slots))
-                    _fill_rows(features, rows)
-                    graph = self.graphs[key] = ProposalGraph(lambda x, f: self._run(x, f, depth, width, max_len),
-                                                             host.to(self.device), features)
-                out = graph.replay(host, rows)
-            else:
+        if self.use_graphs:
+            key = (len(slots), depth, width)
+            graph = self.graphs.get(key)
+            if graph is None:
+                max_len = self.cache.max_seq_len  # a replay cannot follow a host bound: the SDPA path reads all
                 features = self._features(len(slots))
                 _fill_rows(features, rows)
-                out = self._run(host.to(self.device, non_blocking=True), features, depth, width,
-                                int((host[2] + host[3]).max()))
+                graph = self.graphs[key] = ProposalGraph(lambda x, f: self._run(x, f, depth, width, max_len),
+                                                         host.to(self.device), features)
+            out = graph.replay(host, rows)
+        else:
+            features = self._features(len(slots))
+            _fill_rows(features, rows)
+            out = self._run(host.to(self.device, non_blocking=True), features, depth, width,
+                            int((host[2] + host[3]).max()))
         return out.tolist() if width == 0 else out.cpu()
 
     def _inputs(self, slots: list[int], roots: list[int], pending) -> torch.Tensor:
@@ -182,15 +185,6 @@ class DFlashDrafter:
         fc = self.model.fc.weight
         return torch.zeros(n, self.block_size, fc.shape[1], dtype=fc.dtype, device=self.device)
 
-    def _regions(self) -> contextlib.ExitStack:
-        """The runner's GPU regions for a fixed-shape forward of a few rows: fused pointwise helpers (only where
-        a graph fixes the shapes), Triton GEMVs, the tree-attention op."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(attention.block_kernel(self.block_kernel))
-        stack.enter_context(pw.compiled(self.on_gpu and self.use_graphs))
-        stack.enter_context(linear.decode_gemv(self.on_gpu))
-        return stack
-
     def _run(self, inputs: torch.Tensor, features: torch.Tensor, depth: int, width: int,
              max_prefix_len: int) -> torch.Tensor:
         """Device only (capturable): inputs [4, n] and the new context features [n, B, F] -> chain argmax
@@ -199,7 +193,7 @@ class DFlashDrafter:
         roots, slots, old, new = inputs
         n, B = features.shape[:2]
         self.model.add_context(features.view(n * B, -1), (old[:, None] + self._offsets).view(-1),
-                               slots[:, None].expand(n, B).reshape(-1), self.cache)
+                               slots[:, None].expand(n, B).reshape(-1), self.cache, self.paths)
         logits = self._logits(torch.stack((roots, slots, old + new)), depth, max_prefix_len)
         if width == 0:
             return logits.argmax(-1)
@@ -213,20 +207,20 @@ class DFlashDrafter:
         n, B = inputs.shape[1], self.block_size
         ids = torch.where(self._offsets == 0, roots[:, None], self.mask_token_id)  # [n, B]
         pos = start[:, None] + self._offsets
-        meta = BatchMetadata(ids, pos, pos, slots, start, max_prefix_len, self._full_mask.expand(n, B, B))
+        meta = BatchMetadata(ids, pos, pos, slots, start, max_prefix_len, self._full_mask.expand(n, B, B),
+                             paths=self.paths)
         hidden = self.model(self.target.model.embed_tokens(ids), meta, self.cache)
-        return self.target.logits(hidden[:, 1:1 + depth]).float()
+        return self.target.logits(hidden[:, 1:1 + depth], self.paths).float()
 
     @torch.inference_mode()
     def block_logits(self, slots: list[int], roots: list[int]) -> torch.Tensor:
         """Draft logits [n, B-1, vocab] fp32 for the positions after each root (eager)."""
         self._flush()
         host = self._inputs(slots, roots, [])[:3]
-        with self._regions():
-            return self._logits(host.to(self.device), self.block_size - 1, int(host[2].max()))
+        return self._logits(host.to(self.device), self.block_size - 1, int(host[2].max()))
 
 
-def load_dflash(model_dir: Path, target: CausalLM, dtype="auto") -> DFlashDrafter:
+def load_dflash(model_dir: Path, target: CausalLM, dtype="auto", runtime: Runtime | None = None) -> DFlashDrafter:
     cfg, layers, block, mask_id, raw = read_config(model_dir)
     tcfg = target.config
     if layers is None:
@@ -250,4 +244,4 @@ def load_dflash(model_dir: Path, target: CausalLM, dtype="auto") -> DFlashDrafte
     model = model.to(dtype=dtype).to_empty(device=param.device)
     model.reset_buffers()
     load_weights(model, safetensors_files(model_dir))
-    return DFlashDrafter(model.eval().requires_grad_(False), target, layers, block, mask_id)
+    return DFlashDrafter(model.eval().requires_grad_(False), target, layers, block, mask_id, runtime=runtime)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.settings import Runtime
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
@@ -23,9 +24,11 @@ class DraftLMDrafter:
     target_layers: tuple[int, ...] = ()
     max_depth = None
 
-    def __init__(self, model: CausalLM):
+    def __init__(self, model: CausalLM, runtime: Runtime | None = None):
+        """runtime: the target runner's, so that its weight format and CUDA graph settings hold for the draft
+        model too (default: Runtime.build(EngineConfig(), the model's device))."""
         self.model = model
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, runtime)
         self.seen: dict[int, int] = {}  # committed tokens in the draft cache
         self.pending: dict[int, list[int]] = {}  # accepted by the target, not yet fed to the draft
 

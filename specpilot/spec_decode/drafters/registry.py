@@ -13,20 +13,31 @@ from pathlib import Path
 from specpilot.config import SUPPORTED_ARCHITECTURES, ConfigError, ModelConfig
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.loader import CheckpointError, load_model, load_tokenizer, resolve_model_dir
+from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.dflash import load_dflash
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
 from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.spec_decode.drafters.ngram import NgramDrafter
 
 NAMED = {"ngram": NgramDrafter}
-# checkpoint architectures with a drafter of their own: builder(model_dir, target, dtype) -> Drafter
+
+
+def _eagle3(model_dir, target, dtype, runtime):
+    # the head's per-request forwards have varying shapes and run plain torch (KernelPaths PLAIN) on any runtime
+    return Eagle3Drafter.from_pretrained(model_dir, target, dtype)
+
+
+# checkpoint architectures with a drafter of their own: builder(model_dir, target, dtype, runtime) -> Drafter
 CHECKPOINT_DRAFTERS = {"DFlashDraftModel": load_dflash,
-                       "LlamaForCausalLMEagle3": Eagle3Drafter.from_pretrained,
-                       "Eagle3LlamaForCausalLM": Eagle3Drafter.from_pretrained}
+                       "LlamaForCausalLMEagle3": _eagle3,
+                       "Eagle3LlamaForCausalLM": _eagle3}
 
 
-def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None):
-    """Returns a Drafter, or None for `none`."""
+def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None,
+                  runtime: Runtime | None = None):
+    """Returns a Drafter, or None for `none`. runtime: the target runner's (ModelRunner.runtime), handed to the
+    drafter so that the engine's settings (CUDA graphs, weight format, ablations) reach it; default:
+    Runtime.build(EngineConfig(), the target's device)."""
     if name == "none":
         return None
     if name in NAMED:
@@ -35,7 +46,7 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
     archs = _architectures(model_dir)
     own = [a for a in archs if a in CHECKPOINT_DRAFTERS]
     if own:
-        return CHECKPOINT_DRAFTERS[own[0]](model_dir, target, dtype)
+        return CHECKPOINT_DRAFTERS[own[0]](model_dir, target, dtype, runtime)
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ConfigError(f"{model_dir}: architectures={archs!r} is not a drafter specpilot can run; use a causal LM "
                           f"of a supported family ({', '.join(sorted(SUPPORTED_ARCHITECTURES))}), ngram or none")
@@ -44,7 +55,7 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
         _check_tokenizer(model_dir, load_tokenizer(str(model_dir)), target_tokenizer)
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype if dtype == "auto" else dtype
-    return DraftLMDrafter(load_model(str(model_dir), device, dtype))
+    return DraftLMDrafter(load_model(str(model_dir), device, dtype), runtime)
 
 
 def _architectures(model_dir: Path) -> list[str]:
