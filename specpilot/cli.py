@@ -18,9 +18,9 @@ from pathlib import Path
 
 from specpilot import __version__
 from specpilot.bench import commands as bench_commands
+from specpilot.checkpoint.errors import CheckpointError
 from specpilot.cli_util import err, pick_device
 from specpilot.config import Ablations, ConfigError, EngineConfig
-from specpilot.models.loader import CheckpointError
 from specpilot.train import commands as train_commands
 from specpilot.weights import commands as weights_commands
 

@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specpilot.checkpoint.directory import safetensors_files
+from specpilot.checkpoint.errors import CheckpointError
+from specpilot.checkpoint.file import CheckpointFile
 from specpilot.config import ConfigError, ModelConfig
 from specpilot.layers.attention import Attention
 from specpilot.layers.linear import Linear
@@ -31,8 +34,7 @@ from specpilot.layers.norm import RMSNorm
 from specpilot.layers.packed import PackedLinear
 from specpilot.layers.rotary import RotaryEmbedding
 from specpilot.models.causal_lm import CausalLM
-from specpilot.models.loader import CheckpointError, CheckpointFile, load_weights, resolve_dtype, \
-    safetensors_files
+from specpilot.models.loader import load_weights, resolve_dtype
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 NUM_FEATURES = 3

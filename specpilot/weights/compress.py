@@ -2,12 +2,12 @@
 
 compress: every bf16 matrix of a checkpoint that pays (W12N policy, not the token embedding, which is read by
 row) becomes W12N planes; everything else is stored as it was; every tensor gets a CRC-32 of its stored bytes
-in the file's metadata (checksum.py). A W12N source is decoded and re-encoded (bit-exact: the same weights, the
-current format). Config, tokenizer and generation files are copied, a `w12n.json` manifest records the format
-and per-tensor statistics, and the directory is written to a staging path and renamed (staging.py), so a
-failed, interrupted or terminated run leaves nothing behind. inspect: the same statistics, read back from any
-model directory or Hub id, every checksum checked. The loader reads W12N directories transparently
-(models/loader.py).
+in the file's metadata (checkpoint/checksum.py). A W12N source is decoded and re-encoded (bit-exact: the same
+weights, the current format). Config, tokenizer and generation files are copied, a `w12n.json` manifest records
+the format and per-tensor statistics, and the directory is written to a staging path and renamed
+(checkpoint/staging.py), so a failed, interrupted or terminated run leaves nothing behind. inspect: the same
+statistics, read back from any model directory or Hub id, every checksum checked. Files are read through
+checkpoint/ and w12n_file.py; the loader reads W12N directories the same way (models/loader.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from specpilot.models.loader import CheckpointError, CheckpointFile, resolve_model_dir, safetensors_files
-from specpilot.weights import checksum, w12n
-from specpilot.weights.staging import publish, staging_dir
+from specpilot.checkpoint import checksum
+from specpilot.checkpoint.directory import resolve_model_dir, safetensors_files
+from specpilot.checkpoint.errors import CheckpointError
+from specpilot.checkpoint.file import CheckpointFile
+from specpilot.checkpoint.staging import publish, staging_dir
+from specpilot.weights import w12n
+from specpilot.weights.w12n_file import read_source, read_w12n
 
 MANIFEST = "w12n.json"
 SHARD_BYTES = 4 << 30
@@ -69,14 +73,15 @@ def report_dict(r: TensorReport) -> dict:
 def _write_tensors(files: list[Path], out: Path, segment: int | None, progress) -> list[TensorReport]:
     total = 0
     for file in files:
-        with CheckpointFile(file, unverified_w12n=True) as f:  # a format 1 source is rewritten, not loaded
+        with CheckpointFile(file, unverified_groups=True) as f:  # a format 1 source is rewritten, not loaded
             total += len(f.names)
     task = progress.add_task("compressing", total=total) if progress is not None else None
     reports, shard, sums, shard_bytes, shards = [], {}, {}, 0, []
     for file in files:
-        with CheckpointFile(file, unverified_w12n=True) as f:
+        with CheckpointFile(file, unverified_groups=True) as f:
             for name in f.names:
-                planes, report = _convert(name, f.read(name), segment)  # W12N planes decoded, re-encoded bit-exact
+                # W12N planes decoded, re-encoded bit-exact
+                planes, report = _convert(name, read_source(f, name), segment)
                 reports.append(report)
                 shard.update(planes)
                 sums[name] = checksum.crc32(list(planes.values()))
@@ -122,12 +127,12 @@ def inspect(model_dir: str | Path) -> list[TensorReport]:
     reports = []
     for file in safetensors_files(model_dir):
         with CheckpointFile(file) as f:
-            for name in f.w12n:
-                s = w12n.stats(f.read_w12n(name))
+            for name in f.groups:
+                s = w12n.stats(read_w12n(f, name))
                 reports.append(TensorReport(name, (s["n"], s["k"]), "w12n", s["bits_per_weight"], s["escape_rate"],
                                             s["verbatim_fraction"]))
             for name in f.names:
-                if name not in f.w12n:
+                if name not in f.groups:
                     if f.sums is not None:
                         f.read(name)  # checks its checksum
                     dtype = f.handle.get_slice(name).get_dtype().lower()

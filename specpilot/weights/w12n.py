@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-FORMAT_VERSION = 2  # the planes of version 1, and a CRC-32 per tensor in the file's metadata (checksum.py)
+from specpilot.checkpoint.file import PLANE_GROUP_MARK
+
+FORMAT_VERSION = 2  # the planes of version 1, and a CRC-32 per tensor in the file's metadata (checkpoint/checksum.py)
 READABLE_VERSIONS = (1, 2)  # same planes: a version 1 file is still decoded (to rewrite it), never loaded
 VERBATIM = 255  # XE value marking a segment stored verbatim; also the inf/NaN exponent, which never escapes inline
 MAX_CODE = 14  # code 15 is never stored, so no A byte is an E4M3fn NaN (0x7F / 0xFF)
@@ -27,7 +29,7 @@ FP8_BIAS = 7  # E4M3 exponent bias: A as FP8 equals w * 2^(120 - base) with the 
 SEGMENTS = (128, 256, 512)  # searched per tensor: 128 wins at K = 384 (padding) and on trained weights (conflicts)
 KEEP_BF16_BITS = 15.5  # at or above this many bits/weight W12N does not pay for its decode
 _META_LEN = 5  # (N, K, base, segment, version)
-_SUFFIXES = ("w12n_a", "w12n_b", "w12n_xe", "w12n_rvb", "w12n_verbatim", "w12n_meta")
+_PLANES = ("a", "b", "xe", "rvb", "verbatim", "meta")  # in the order a tensor's checksum covers them
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,7 +331,7 @@ def _meta(t: W12NTensor) -> torch.Tensor:
 
 def plane_keys(name: str) -> list[str]:
     """The safetensors keys of one encoded matrix, in the order its checksum covers them."""
-    return [f"{name}.{suffix}" for suffix in _SUFFIXES]
+    return [f"{name}{PLANE_GROUP_MARK}{plane}" for plane in _PLANES]
 
 
 def to_state_dict(name: str, t: W12NTensor) -> dict[str, torch.Tensor]:
@@ -340,25 +342,25 @@ def to_state_dict(name: str, t: W12NTensor) -> dict[str, torch.Tensor]:
 
 def from_state_dict(name: str, tensors: dict[str, torch.Tensor]) -> W12NTensor:
     """Inverse of `to_state_dict`; raises ValueError naming the missing or malformed key."""
-    missing = [f"{name}.{s}" for s in _SUFFIXES if f"{name}.{s}" not in tensors]
+    key = dict(zip(_PLANES, plane_keys(name)))
+    missing = [k for k in key.values() if k not in tensors]
     if missing:
         raise ValueError(f"W12N tensor {name!r} is missing keys: {', '.join(missing)}")
-    meta = tensors[f"{name}.w12n_meta"]
+    a, b, xe, rvb, verbatim, meta = (tensors[k] for k in key.values())
     if meta.dtype != torch.int64 or meta.dim() != 1 or meta.numel() < _META_LEN:
         raise ValueError(
-            f"{name}.w12n_meta must be int64 [{_META_LEN}] (N, K, base, segment, version), "
+            f"{key['meta']} must be int64 [{_META_LEN}] (N, K, base, segment, version), "
             f"got {meta.dtype} {list(meta.shape)}"
         )
     n, k, base, segment, version = (int(v) for v in meta[:_META_LEN])
     if version not in READABLE_VERSIONS:
-        raise ValueError(f"{name}.w12n_meta says format version {version}; this reader knows "
+        raise ValueError(f"{key['meta']} says format version {version}; this reader knows "
                          f"{', '.join(map(str, READABLE_VERSIONS))}")
-    a, b, xe, rvb, verbatim = (tensors[f"{name}.{s}"] for s in _SUFFIXES[:5])
     try:
         t = W12NTensor(a=a, b=b, xe=xe, rvb=rvb, verbatim=verbatim, base=base, n=n, k=k, segment=segment)
     except ValueError as err:
         raise ValueError(f"W12N tensor {name!r}: {err}") from None
     counts = (xe == VERBATIM).sum(dim=1, dtype=torch.int32)
     if not torch.equal(rvb, (torch.cumsum(counts, 0, dtype=torch.int32) - counts).to(torch.int32)):
-        raise ValueError(f"{name}.w12n_rvb does not match the verbatim segments marked in {name}.w12n_xe")
+        raise ValueError(f"{key['rvb']} does not match the verbatim segments marked in {key['xe']}")
     return t

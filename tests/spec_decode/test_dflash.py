@@ -8,11 +8,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from specpilot.checkpoint.errors import CheckpointError
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
-from specpilot.models.loader import CheckpointError, load_model
+from specpilot.models.loader import load_model
 from specpilot.models.dflash import default_target_layers
 from specpilot.spec_decode.drafters.dflash import load_dflash
 from specpilot.spec_decode.tree import TreeSpec

@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from specpilot.checkpoint.errors import CheckpointError
 from specpilot.config import ConfigError
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
-from specpilot.models.loader import CheckpointError, load_model
+from specpilot.models.loader import load_model
 from specpilot.models.eagle3 import eagle3_target_layers
 from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.spec_decode.drafters.registry import build_drafter

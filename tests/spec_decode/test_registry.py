@@ -5,8 +5,9 @@ import shutil
 
 import pytest
 
+from specpilot.checkpoint.errors import CheckpointError
 from specpilot.config import ConfigError
-from specpilot.models.loader import CheckpointError, load_model, load_tokenizer
+from specpilot.models.loader import load_model, load_tokenizer
 from specpilot.models.random_checkpoint import write_tokenizer
 from specpilot.spec_decode.drafters.registry import build_drafter
 

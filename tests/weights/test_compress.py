@@ -8,11 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specpilot.checkpoint.errors import CheckpointError
+from specpilot.checkpoint.file import CheckpointFile
 from specpilot.cli import main
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
-from specpilot.models.loader import CheckpointError, CheckpointFile, load_model
+from specpilot.models.loader import load_model
 from specpilot.weights import w12n
 from specpilot.weights.compress import compress, inspect, totals
 

@@ -26,13 +26,15 @@ import numpy as np
 import torch
 
 from specpilot.config import EngineConfig
+from specpilot.checkpoint.directory import safetensors_files
+from specpilot.checkpoint.errors import CheckpointError
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import capture
 from specpilot.runtime.settings import Runtime
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.dflash import DFlashModel, default_target_layers, read_config
-from specpilot.models.loader import CheckpointError, load_weights, resolve_dtype, safetensors_files
+from specpilot.models.loader import load_weights, resolve_dtype
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 class ProposalGraph:

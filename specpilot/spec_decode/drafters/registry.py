@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specpilot.checkpoint.directory import resolve_model_dir
+from specpilot.checkpoint.errors import CheckpointError
 from specpilot.config import SUPPORTED_ARCHITECTURES, ConfigError, ModelConfig
 from specpilot.models.causal_lm import CausalLM
-from specpilot.models.loader import CheckpointError, load_model, load_tokenizer, resolve_model_dir
+from specpilot.models.loader import load_model, load_tokenizer
 from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.dflash import load_dflash
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter

@@ -1,6 +1,7 @@
-"""The staging directory of `specpilot compress`: nothing left behind on SIGTERM / SIGINT / an error, stale ones
-of dead processes removed by the next run, and the output's permissions set by the umask."""
+"""The staging directory (checkpoint/staging.py) of `specpilot compress`: nothing left behind on SIGTERM / SIGINT /
+an error, stale ones of dead processes removed by the next run, and the output's permissions set by the umask."""
 
+import copy
 import os
 import signal
 import socket
@@ -22,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def bf16_checkpoint(checkpoint_factory, tmp_path_factory):
     _, hf = checkpoint_factory("llama")
     path = tmp_path_factory.mktemp("bf16")
-    hf.to(torch.bfloat16).save_pretrained(path)
-    hf.to(torch.float32)
+    copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(path)  # why: the factory's model is shared (parity tests)
     return path
 
 

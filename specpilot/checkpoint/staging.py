@@ -1,10 +1,11 @@
-"""The staging directory an output is written into before it is renamed into place.
+"""The staging directory an output directory (a model `specpilot compress` writes) is written into before it is
+renamed into place.
 
 It sits beside the output as `.{name}.tmp-{host}-{pid}-{random}` and is removed on an error, SIGINT or SIGTERM
 (then a signal with its default action ends the process with status 128 + signal, 143 for SIGTERM, unwinding
-through `finally` blocks; SIGINT under Python's own handler raises KeyboardInterrupt); one left by a killed process (SIGKILL, power loss) is removed by the next run for the same
-output once its process is gone. The published directory and its files get the permissions the umask gives
-(tempfile makes 0700).
+through `finally` blocks; SIGINT under Python's own handler raises KeyboardInterrupt); one left by a killed
+process (SIGKILL, power loss) is removed by the next run for the same output once its process is gone. The
+published directory and its files get the permissions the umask gives (tempfile makes 0700).
 """
 
 from __future__ import annotations

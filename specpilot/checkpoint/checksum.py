@@ -1,8 +1,10 @@
-"""Per-tensor checksums of W12N files: a CRC-32 of each tensor's stored bytes, kept in the safetensors metadata.
+"""Per-tensor checksums of checkpoint files: a CRC-32 of each source tensor's stored bytes, kept in the safetensors
+metadata.
 
 `specpilot compress` writes one per source tensor (a W12N matrix: over its planes in `w12n.plane_keys` order;
-a tensor kept as it was: over its bytes); the loader and `specpilot inspect` check every tensor they read.
-CRC-32 because it is the fastest standard check at hand (0.29 s per GiB on one core; README.md beside this file).
+a tensor kept as it was: over its bytes); `CheckpointFile` (file.py) checks every tensor it reads, for the loader
+and `specpilot inspect`. CRC-32 because it is the fastest standard check at hand (0.29 s per GiB on one core;
+specpilot/weights/README.md).
 """
 
 from __future__ import annotations
