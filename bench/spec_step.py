@@ -12,8 +12,8 @@ top kernels; the step's wall. With --trace, the chrome trace too. Then what a re
 step: the prompt's prefill (and, on a hybrid target, an interleaved A/B of the GDN chunk form in torch against
 the Triton kernel, EngineConfig.triton_gdn_prefill) and the speculative start.
 
-    PYTHONPATH=. python3 bench/spec_step.py --target Qwen3.5-27B --tree chain:7 --out /tmp/step.json
-    PYTHONPATH=. python3 bench/spec_step.py --target tiny-hybrid --device cpu --steps 3 --prompt 32 \
+    python3 -m bench spec_step --target Qwen3.5-27B --tree chain:7 --out /tmp/step.json
+    python3 -m bench spec_step --target tiny-hybrid --device cpu --steps 3 --prompt 32 \
         --out /tmp/step.json   # dry run (CPU: host ranges only)
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import gzip
 import json
 import os
@@ -137,7 +138,7 @@ def profile_steps(args) -> dict:
     prefill = time_prefill(runner, prompt, device)
     prefill["request_start_ms"] = time_start(engine, prompt, params, device)
     if model.config.is_hybrid:
-        prefill["triton_gdn_prefill"] = ab_gdn_prefill(runner, prompt, device)
+        prefill["triton_gdn_prefill"] = ab_gdn_prefill(model, cfg, prompt, device)
     return {"prefill": prefill, "target": args.target, "tree": args.tree, "engine": fields, "profile": args.profile,
             "prompt": args.prompt, "steps": args.steps, "tokens_per_step": emitted / args.steps,
             "step_wall_ms_median": walls[len(walls) // 2], "phases": phases,
@@ -171,23 +172,24 @@ def time_prefill(runner: ModelRunner, prompt: list[int], device, reps: int = 3) 
                                for r in gpu]}
 
 
-def ab_gdn_prefill(runner: ModelRunner, prompt: list[int], device, reps: int = 3) -> dict:
+def ab_gdn_prefill(model, engine: EngineConfig, prompt: list[int], device, reps: int = 3) -> dict:
     """The prompt's prefill with the GDN chunk form in torch (a) and as one Triton kernel per layer (b,
-    EngineConfig.triton_gdn_prefill), interleaved, after a warm-up of each; and how far their logits differ."""
-    slot, flag = runner.cache.num_slots - 1, runner.gdn_prefill
+    EngineConfig.triton_gdn_prefill), each on a runner of its own, interleaved, after a warm-up of each; and how
+    far their logits differ."""
+    runners = {on: ModelRunner(model, dataclasses.replace(engine, triton_gdn_prefill=on)) for on in (False, True)}
     ms, logits = {False: [], True: []}, {}
-    try:
-        for i in range(reps + 1):
-            for on in (False, True):
-                runner.gdn_prefill = on
-                sync(device)
-                t0 = time.perf_counter()
-                logits[on] = runner.prefill(slot, prompt).float()
-                sync(device)
-                if i:  # the first round compiles
-                    ms[on].append((time.perf_counter() - t0) * 1e3)
-    finally:
-        runner.gdn_prefill = flag
+    for runner in runners.values():
+        runner.allocate(1, len(prompt) + 1)
+    for i in range(reps + 1):
+        for on, runner in runners.items():
+            sync(device)
+            t0 = time.perf_counter()
+            logits[on] = runner.prefill(0, prompt).float()
+            sync(device)
+            if i:  # the first round compiles
+                ms[on].append((time.perf_counter() - t0) * 1e3)
+    for runner in runners.values():
+        runner.cache = None
     diff = (logits[True] - logits[False]).abs().max().item()
     same = int(logits[True].argmax()) == int(logits[False].argmax())
     return {"torch_ms": ms[False], "triton_ms": ms[True], "max_abs_logit_diff": diff,
@@ -208,8 +210,8 @@ def time_start(engine: SpecEngine, prompt: list[int], params, device, reps: int 
     return ms
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench spec_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--target", default="Qwen3.5-27B", help="a shape of specpilot.bench.shapes (random weights)")
     p.add_argument("--tree", default="chain:7")
@@ -221,7 +223,7 @@ def main() -> None:
     p.add_argument("--trace", default=None, help="also keep the chrome trace here (.json or .json.gz)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.manual_seed(0)
     report = Report(args.out, {**run_record(args.device, args.commit), "synthetic": True})
     r = profile_steps(args)
@@ -241,6 +243,3 @@ def main() -> None:
             tops = "; ".join(f"{k[:48]} {ms:.3f}" for k, ms in ph["top_kernels"][:3])
             print(f"{name:>9} {ph['host_ms']:8.3f} {ph['gpu_ms']:8.3f}  {tops}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""bench/spec_step.py: kernels are charged to the phase that launched them, and the CPU dry run works."""
+"""The spec_step benchmark: kernels are charged to the phase that launched them, and the CPU dry run works."""
 
 import json
 import os
@@ -34,8 +34,8 @@ def test_kernels_go_to_the_phase_whose_host_range_launched_them():
 
 def test_cpu_dry_run(tmp_path):
     out = tmp_path / "step.json"
-    subprocess.run([sys.executable, "bench/spec_step.py", "--target", "tiny-hybrid", "--device", "cpu", "--steps", "2",
-                    "--warmup", "1", "--prompt", "16", "--engine", "", "--out", str(out)], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "bench", "spec_step", "--target", "tiny-hybrid", "--device", "cpu", "--steps",
+                    "2", "--warmup", "1", "--prompt", "16", "--engine", "", "--out", str(out)], cwd=ROOT, check=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=300)
     r = json.loads(out.read_text())
     assert r["synthetic"] and r["steps"] == 2 and r["tokens_per_step"] >= 1
