@@ -16,7 +16,7 @@ are summed by one fixed-order reduction across warps.
 
 Determinism and batch invariance: no atomics; the split of K is fixed by (K, KS), never by M. Activation rows
 are mma columns, each computed on its own by the tensor cores, so row m of an M-row call equals the M = 1 call
-bitwise (bench/kernel_check.py checks it on the GPU). The sums round differently from the FMA kernel's
+bitwise (tests/gpu/test_kernels.py checks it on the GPU). The sums round differently from the FMA kernel's
 (triton.py), which stays the reference formulation that runs under the interpreter.
 
 Verbatim segments (XE == 255) are added after the K loop, so that loop is the same code with or without them
