@@ -386,7 +386,6 @@ def check_gemv_pre_tiles(dev, N, K):
     order, so the outputs must be equal bitwise; and vs the fp32 reference."""
     import torch
 
-    from specpilot.ops import pdl
     from specpilot.ops.gemv import configs, triton
     from specpilot.ops.gemv.reference import gemv_ref
 
@@ -394,8 +393,7 @@ def check_gemv_pre_tiles(dev, N, K):
     w = (torch.randn(N, K, generator=g) * 0.02).to(dev, torch.bfloat16)
     x = torch.randn(1, K, generator=g).to(dev, torch.bfloat16)
     bn, bk, nw, _ = configs.gemv_config(N, K)
-    with pdl.enabled(True):
-        outs = [triton.gemv(x, w, block_n=bn, block_k=bk, num_warps=nw, pre_tiles=p) for p in (0, 1, 2)]
+    outs = [triton.gemv(x, w, block_n=bn, block_k=bk, num_warps=nw, pre_tiles=p, pdl=True) for p in (0, 1, 2)]
     res = _err(gemv_ref(x, w).float(), outs[2].float(), 1e-2)
     res["equal_across_pre_tiles"] = all(bool(torch.equal(o, outs[0])) for o in outs)
     res["batch_invariant"] = res["equal_across_pre_tiles"]  # status(): False marks a mismatch
