@@ -284,6 +284,12 @@ class EngineConfig:
         fields = {k: v for k, v in raw.items() if k in top and k != "ablations"}
         return cls(**fields, ablations=Ablations(**nested, **flat))
 
+    def replace(self, **fields) -> EngineConfig:
+        """A copy with `fields` changed; an ablation switch is named like a field (decode_gemv=False)."""
+        switches = {f.name for f in dataclasses.fields(Ablations)}
+        ablations = dataclasses.replace(self.ablations, **{k: v for k, v in fields.items() if k in switches})
+        return dataclasses.replace(self, **{k: v for k, v in fields.items() if k not in switches}, ablations=ablations)
+
     @staticmethod
     def field_names() -> tuple[str, ...]:
         """Every key from_dict takes at top level: the EngineConfig fields and the ablation switches."""

@@ -94,6 +94,14 @@ def test_engine_config_round_trips_through_json():
         EngineConfig.from_dict({"weight_format": "int4"})
 
 
+def test_engine_config_replace_takes_ablation_switches_by_name():
+    cfg = EngineConfig().replace(decode_gemv=False, weight_format="w12n")
+    assert cfg == EngineConfig(weight_format="w12n", ablations=Ablations(decode_gemv=False))
+    assert cfg.replace(decode_gemv=True) == EngineConfig(weight_format="w12n")
+    with pytest.raises(TypeError):
+        EngineConfig().replace(verify_pdl=True)
+
+
 def test_unread_and_rejected_fields_are_gone():
     names = {f.name for f in dataclasses.fields(EngineConfig)} | {f.name for f in dataclasses.fields(Ablations)}
     assert not names & {"device", "dtype", "max_batch_size", "max_seq_len", "verify_pdl"}

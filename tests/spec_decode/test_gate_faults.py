@@ -46,19 +46,19 @@ def second_choice(monkeypatch) -> None:
     real = ModelRunner._verify_eager
 
     def faulty(self, meta, layers):
-        plain = self.logits
+        model, plain = self.model, self.model.logits
 
-        def logits(hidden):  # the argmax knocked out at positions 0 mod 5: the second choice wins there
-            out = plain(hidden)
+        def logits(hidden, paths):  # the argmax knocked out at positions 0 mod 5: the second choice wins there
+            out = plain(hidden, paths)
             first = out.argmax(-1, keepdim=True)
             hit = (meta.positions % 5 == 0)[..., None]
             return out.scatter(-1, first, torch.where(hit, float("-inf"), out.gather(-1, first)))
 
-        self.logits = logits  # an instance attribute for this call only (a captured graph keeps what it traced)
+        model.logits = logits  # an instance attribute for this call only (a captured graph keeps what it traced)
         try:
             return real(self, meta, layers)
         finally:
-            del self.logits
+            del model.logits
 
     monkeypatch.setattr(ModelRunner, "_verify_eager", faulty)
 
