@@ -97,6 +97,9 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         if runtime is None:
             runtime = Runtime.build(EngineConfig(), self.device)
+        if not isinstance(runtime, Runtime):
+            raise TypeError(f"ModelRunner takes a Runtime, got {type(runtime).__name__}; build it with "
+                            f"Runtime.build(engine_config, {str(self.device)!r})")
         if runtime.device != self.device.type:
             raise ValueError(f"the runtime was built for {runtime.device} but the model is on {self.device}; build "
                              f"it with Runtime.build(engine, {str(self.device)!r})")

@@ -105,3 +105,15 @@ def test_engine_config_replace_takes_ablation_switches_by_name():
 def test_unread_and_rejected_fields_are_gone():
     names = {f.name for f in dataclasses.fields(EngineConfig)} | {f.name for f in dataclasses.fields(Ablations)}
     assert not names & {"device", "dtype", "max_batch_size", "max_seq_len", "verify_pdl"}
+
+
+def test_a_runner_takes_a_runtime_of_its_device():
+    from specpilot.bench.shapes import hf_config, random_model
+    from specpilot.runtime.runner import ModelRunner
+
+    model = random_model(hf_config("tiny-dense", num_hidden_layers=1), device="cpu", dtype=torch.float32)
+    assert ModelRunner(model).runtime == Runtime.build(EngineConfig(), "cpu")
+    with pytest.raises(TypeError, match="takes a Runtime"):
+        ModelRunner(model, EngineConfig())
+    with pytest.raises(ValueError, match="built for cuda"):
+        ModelRunner(model, Runtime.build(EngineConfig(), "cuda"))
