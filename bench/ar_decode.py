@@ -20,7 +20,6 @@ greedy check against it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -29,10 +28,9 @@ from dataclasses import dataclass
 import torch
 import transformers
 
-from bench.common import Report, attempt, copy_bandwidth, failed, run_record, sync
+from bench.common import Report, attempt, copy_bandwidth, failed, make_runner, run_record, sync
 from specpilot.bench import shapes
 from specpilot.config import EngineConfig
-from specpilot.runtime.runner import ModelRunner
 from specpilot.layers.packed import PackedLinear
 from specpilot.models.loader import build_empty
 
@@ -52,7 +50,7 @@ class Setup:
         return shapes.random_model(hf_cfg, self.device, dtype, clean_weights=self.clean_weights)
 
     def engine(self, **fields) -> EngineConfig:
-        return dataclasses.replace(self.base, **fields)
+        return self.base.replace(**fields)
 
 
 class _Stamp:
@@ -191,7 +189,7 @@ def check_fp32_few_layers(name: str, setup: Setup) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     ours = setup.model(hf_cfg, torch.float32)
     hf = hf_view(ours, hf_cfg)
-    result = {"fp32": check_correctness(ours, hf, ModelRunner(ours, setup.base), hf_cfg.vocab_size)}
+    result = {"fp32": check_correctness(ours, hf, make_runner(ours, setup.base), hf_cfg.vocab_size)}
     ids = torch.randint(0, hf_cfg.vocab_size, (1, 64), device=setup.device)
     forced = torch.randint(0, hf_cfg.vocab_size, (8,)).tolist()
     truth = hf_logits(hf, ids, forced)
@@ -200,7 +198,7 @@ def check_fp32_few_layers(name: str, setup: Setup) -> dict:
         for p16, p32 in zip(ours16.parameters(), ours.parameters()):
             p16.copy_(p32)
     hf16 = hf_view(ours16, hf_cfg)
-    result["bf16_ours_vs_fp32"] = compare(ours_logits(ModelRunner(ours16, setup.base), ids, forced), truth)
+    result["bf16_ours_vs_fp32"] = compare(ours_logits(make_runner(ours16, setup.base), ids, forced), truth)
     result["bf16_hf_vs_fp32"] = compare(hf_logits(hf16, ids, forced), truth)
     del hf, ours, hf16, ours16
     _empty_cache()
@@ -216,7 +214,7 @@ def profile_step(model, engine: EngineConfig, vocab: int, steps: int = 5) -> dic
     """Kernel time per decode step by kernel name (the step of `engine` run eagerly, compiled pointwise)."""
     from torch.profiler import ProfilerActivity, profile
 
-    runner = ModelRunner(model, dataclasses.replace(engine, cuda_graphs=False))
+    runner = make_runner(model, engine.replace(cuda_graphs=False))
     device = runner.device
     runner.allocate(1, 600)
     logits = runner.prefill(0, torch.randint(0, vocab, (512,)).tolist())
@@ -256,7 +254,7 @@ def w12n_only_runs(name: str, setup: Setup, ours, runner, runs: list, args, voca
     ref = ours_logits(runner, ids, forced)
     _release(runner)
     t0 = time.perf_counter()
-    only = ModelRunner(ours, setup.engine(weight_format="w12n_only"))
+    only = make_runner(ours, setup.engine(weight_format="w12n_only"))
     out = {"w12n_only_encode_s": time.perf_counter() - t0,
            "w12n_only_vs_bf16": compare(ours_logits(only, ids, forced), ref)}
     if setup.device == "cuda":
@@ -282,7 +280,7 @@ def w12n_ab(model, setup: Setup, batch: int, ctx: int, steps: int, vocab: int) -
     EngineConfig.w12n_swiglu off), timed as the main W12N step is; then the default again (drift)."""
     out = {}
     for name, fields in (("no_swiglu", {"w12n_swiglu": False}), ("default_again", {})):
-        runner = ModelRunner(model, setup.engine(weight_format="w12n", **fields))
+        runner = make_runner(model, setup.engine(weight_format="w12n", **fields))
         try:
             out[name] = time_ours(runner, batch, ctx, steps, vocab)
         finally:
@@ -294,7 +292,7 @@ def time_variant(model, setup: Setup, fields: dict, batch: int, ctx: int, steps:
     """The main runner's step with some EngineConfig fields changed: first its greedy continuation against the
     main runner's (same prompt, batch 1), then timed the same way; freed after."""
     want, want_logits = main_greedy(model, setup.base, ctx, vocab)
-    runner = ModelRunner(model, setup.engine(**fields))
+    runner = make_runner(model, setup.engine(**fields))
     try:
         got, got_logits = greedy_run(runner, _check_prompt(ctx, vocab), 16)
         check = {"greedy_tokens_equal": sum(a == b for a, b in zip(want, got)), "of": len(want),
@@ -311,7 +309,7 @@ def main_greedy(model, engine: EngineConfig, ctx: int, vocab: int) -> tuple[list
     """The main runner's greedy continuation of the check prompt, computed once per model and context."""
     key = (id(model), ctx)
     if key not in _MAIN_GREEDY:
-        main = ModelRunner(model, engine)
+        main = make_runner(model, engine)
         _MAIN_GREEDY[key] = greedy_run(main, _check_prompt(ctx, vocab), 16)
         _release(main)
     return _MAIN_GREEDY[key]
@@ -360,10 +358,10 @@ def bench_shape(name: str, setup: Setup, args, bandwidth: float, report: Report)
     ours = setup.model(hf_cfg)
     hf = (attempt(f"{name} transformers view", hf_view, ours, hf_cfg) if not args.skip_checks
           else {"error": "skipped (--skip-checks)"})
-    runner = ModelRunner(ours, setup.base)
-    alt = ModelRunner(ours, setup.engine(decode_gemv=False))  # cuBLAS for every projection
+    runner = make_runner(ours, setup.base)
+    alt = make_runner(ours, setup.engine(decode_gemv=False))  # cuBLAS for every projection
     # q/k norm-RoPE and K/V store unfused (the main runner already is with --no-fused-prologue)
-    unfused = ModelRunner(ours, setup.engine(fused_qk_rope_store=False)) if setup.base.fused_qk_rope_store else None
+    unfused = make_runner(ours, setup.engine(fused_qk_rope_store=False)) if setup.base.ablations.fused_qk_rope_store else None
     cfg = ours.config
     weight_bytes = ours.weight_bytes_per_token()
     kv_per_token = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * cfg.head_dim * 2
@@ -384,7 +382,7 @@ def bench_shape(name: str, setup: Setup, args, bandwidth: float, report: Report)
     w12n = None
     if args.w12n:
         t0 = time.perf_counter()
-        w = attempt(f"{name} W12N encode", ModelRunner, ours, setup.engine(weight_format="w12n"))
+        w = attempt(f"{name} W12N encode", make_runner, ours, setup.engine(weight_format="w12n"))
         result["w12n_encode_s"] = time.perf_counter() - t0
         if failed(w):
             result["correctness_w12n_vs_bf16"] = w
@@ -506,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
     args.variant = [(v.partition(":")[0], parse_fields(v.partition(":")[2])) for v in args.variant]
     args.configs = [tuple(map(int, c.split("x"))) for c in args.configs]
     try:  # a misspelt field fails here, not after the first shape's checks
-        setup = Setup(args.device, args.clean_weights, EngineConfig(**base))
+        setup = Setup(args.device, args.clean_weights, EngineConfig().replace(**base))
         for _, fields in args.variant:
             setup.engine(**fields)
     except (TypeError, ValueError) as e:

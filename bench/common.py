@@ -17,6 +17,15 @@ from pathlib import Path
 
 import torch
 
+from specpilot.config import EngineConfig
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.settings import Runtime
+
+
+def make_runner(model: torch.nn.Module, engine: EngineConfig = EngineConfig()) -> ModelRunner:
+    """A ModelRunner of `model` under `engine`, resolved for the model's device (Runtime.build)."""
+    return ModelRunner(model, Runtime.build(engine, next(model.parameters()).device))
+
 
 def run_record(device: str, commit: str | None = None) -> dict:
     """GPU name, commit, exact command line, date and library versions of this run."""

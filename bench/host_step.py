@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import random
 import statistics
 import time
@@ -38,6 +39,7 @@ from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.settings import Runtime
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 from specpilot.spec_decode.verify import host_tree_metadata
@@ -139,8 +141,9 @@ def measure(model, tree: str, batch: int, steps: int, ctx: int, seed: int) -> di
     vocab = model.config.vocab_size
     spec = TreeSpec.parse(tree)
     drafter = FixedTreeDrafter(spec, vocab)
-    runner = ModelRunner(model, EngineConfig())
-    runner.use_verify_graphs = True  # the H200 configuration; its capture is faked below
+    # the H200 configuration: verify replayed from CUDA graphs, whose capture is faked below
+    runtime = dataclasses.replace(Runtime.build(EngineConfig(), next(model.parameters()).device), verify_graphs=True)
+    runner = ModelRunner(model, runtime)
     engine = SpecEngine(runner, drafter, spec)
     params = SamplingParams(max_new_tokens=(steps + 8) * (spec.depth + 1) + 8, ignore_eos=True)
     t_start = time.perf_counter()

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from bench.common import Report, attempt, failed, host_ms, run_record, sync, time_replays
+from bench.common import Report, attempt, failed, host_ms, make_runner, run_record, sync, time_replays
 from bench.trees import random_tree
 from specpilot.bench.shapes import SHAPES, random_model
 from specpilot.config import EngineConfig, ModelConfig
@@ -107,7 +107,7 @@ def sweep(model, device: str, batch: int, ctx: int, sizes: list[int], reps: int,
     (K/V compaction + the batched recurrent fold), GPU time by CUDA events and host time by wall clock."""
     vocab = model.config.vocab_size
     gpu = device == "cuda"
-    runner = ModelRunner(model, EngineConfig(block_attention="tree", verify_graphs=gpu))
+    runner = make_runner(model, EngineConfig(block_attention="tree", verify_graphs=gpu))
     runner.allocate(batch, ctx + max(sizes) + reps + 8)
     for b in range(batch):
         runner.prefill(b, [rng.randrange(vocab) for _ in range(ctx)])

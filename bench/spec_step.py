@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import dataclasses
 import gzip
 import json
 import os
@@ -32,7 +31,7 @@ import time
 
 import torch
 
-from bench.common import Report, engine_step, run_record, sync
+from bench.common import Report, engine_step, make_runner, run_record, sync
 from specpilot.bench.harness import BenchConfig, OracleClock
 from specpilot.bench.probing import ProbingEngine
 from specpilot.bench.shapes import hf_config, random_dflash, random_model
@@ -89,11 +88,11 @@ def profile_steps(args) -> dict:
     rng = random.Random(0)
     prompt = [rng.randrange(vocab) for _ in range(args.prompt)]
     fields = dict(BenchConfig.parse(f"engine={args.engine}", args.tree).engine)  # the bench's --engine syntax
-    cfg = EngineConfig(**fields)
+    cfg = EngineConfig.from_dict(fields)
     tokens = args.steps * 8 + 64
-    stock = ModelRunner(model, cfg)
+    stock = make_runner(model, cfg)
     truth = Generator(stock).generate([prompt], SamplingParams(max_new_tokens=tokens, ignore_eos=True))[0].token_ids
-    runner = ModelRunner(model, cfg)
+    runner = make_runner(model, cfg)
     clock, labels = OracleClock(torch.device(device)), [contextlib.nullcontext]
 
     def oracle(fn, *args):
@@ -176,7 +175,7 @@ def ab_gdn_prefill(model, engine: EngineConfig, prompt: list[int], device, reps:
     """The prompt's prefill with the GDN chunk form in torch (a) and as one Triton kernel per layer (b,
     EngineConfig.triton_gdn_prefill), each on a runner of its own, interleaved, after a warm-up of each; and how
     far their logits differ."""
-    runners = {on: ModelRunner(model, dataclasses.replace(engine, triton_gdn_prefill=on)) for on in (False, True)}
+    runners = {on: make_runner(model, engine.replace(triton_gdn_prefill=on)) for on in (False, True)}
     ms, logits = {False: [], True: []}, {}
     for runner in runners.values():
         runner.allocate(1, len(prompt) + 1)

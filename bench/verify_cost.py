@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from bench.common import Report, attempt, engine_step, failed, host_ms, run_record, sync, time_replays
+from bench.common import Report, attempt, engine_step, failed, host_ms, make_runner, run_record, sync, time_replays
 from bench.trees import FullTreeDrafter, random_tree
 from specpilot.bench.shapes import SHAPES, random_model
 from specpilot.config import EngineConfig
@@ -63,8 +63,8 @@ def sweep(model, batch: int, ctx: int, sizes: list[int], reps: int, rng: random.
     near-ties, so a few flips are expected and reported, not hidden)."""
     vocab, device = model.config.vocab_size, next(model.parameters()).device
     graphs = device.type == "cuda"
-    fast = ModelRunner(model, EngineConfig(block_attention="tree", verify_graphs=graphs))
-    ref = ModelRunner(model, EngineConfig(block_attention="sdpa"))
+    fast = make_runner(model, EngineConfig(block_attention="tree", verify_graphs=graphs))
+    ref = make_runner(model, EngineConfig(block_attention="sdpa"))
     fast.allocate(batch, ctx + max(sizes) + reps + 16)
     for b in range(batch):
         fast.prefill(b, [rng.randrange(vocab) for _ in range(ctx)])
@@ -179,7 +179,7 @@ def _stepper(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, r
     """A SpecEngine on one request of `ctx` random tokens with the zero-cost full-tree drafter: (runner, the
     request list, step(label) running one step with each phase inside label(name), the last step's state)."""
     vocab = model.config.vocab_size
-    runner = ModelRunner(model, engine_cfg)
+    runner = make_runner(model, engine_cfg)
     spec = TreeSpec.parse(tree)
     engine = SpecEngine(runner, FullTreeDrafter(vocab), spec)
     params = SamplingParams(max_new_tokens=3 * steps + 3 * spec.max_tree_nodes + 16, ignore_eos=True)
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
             key = f"{name}/{tree}"
             trace = (os.path.join(args.trace_dir, f"host_trace_{tree.split(':')[0]}.json.gz")
                      if args.trace_dir else None)
-            r = attempt(f"host overhead {key}", host_overhead, model, EngineConfig(**fields), tree,
+            r = attempt(f"host overhead {key}", host_overhead, model, EngineConfig.from_dict(fields), tree,
                         args.overhead_ctx, args.overhead_steps, rng, trace)
             report["host_overhead"][key] = r
             report.save()
@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None) -> None:
         report["host_overhead_ab"] = {}
         for tree in args.overhead_trees:
             r = attempt(f"a/b {tree}", host_overhead_ab, model,
-                        EngineConfig(**base, verify_layers_per_graph=spacing_a),
-                        EngineConfig(**base, verify_layers_per_graph=spacing_b), tree,
+                        EngineConfig.from_dict(base).replace(verify_layers_per_graph=spacing_a),
+                        EngineConfig.from_dict(base).replace(verify_layers_per_graph=spacing_b), tree,
                         args.overhead_ctx, args.overhead_steps, rng)
             report["host_overhead_ab"][tree] = r
             report.save()

@@ -13,6 +13,7 @@ from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
 from specpilot.models.loader import load_model
 from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.settings import Runtime
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.drafters.ngram import NgramDrafter
 from specpilot.spec_decode.tree import TreeSpec
@@ -44,8 +45,8 @@ def test_probe_commits_nothing(name, commit, tree, checkpoint_factory):
     target, prompts = load_model(str(path), "cpu", "float32"), _prompts()
     truth = [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts, PARAMS)]
     drafter = SyntheticDrafter(NgramDrafter(), {}, AcceptanceProfile("mostly", (0.8,) * 7), target.config.vocab_size)
-    engine = ProbingEngine(ModelRunner(target, EngineConfig(hybrid_chain_commit=commit)), drafter,
-                           TreeSpec.parse(tree))
+    runtime = Runtime.build(EngineConfig(hybrid_chain_commit=commit), "cpu")
+    engine = ProbingEngine(ModelRunner(target, runtime), drafter, TreeSpec.parse(tree))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     assert drafter.probes > 0 and any(s.tau > 2 for _, s in out)
