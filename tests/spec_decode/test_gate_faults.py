@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specpilot.bench.probing import ProbingEngine
 from specpilot.bench.shapes import hf_config, margin_model, random_dflash
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
@@ -30,8 +31,8 @@ from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
-from specpilot.ops.path_index import PathIndex
 from specpilot.runtime.settings import Runtime
+from specpilot.ops.path_index import PathIndex
 from specpilot.spec_decode.drafters.dflash import DFlashDrafter
 from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.spec_decode.tree import TreeSpec
@@ -105,9 +106,8 @@ def run_pair(target, make_drafter, tree: str, prompts, params: SamplingParams, e
     drafter = make_drafter()
     if oracle is not None:
         drafter = SyntheticDrafter(drafter, dict(enumerate(ar)), oracle, target.config.vocab_size)
-    spec_engine = SpecEngine(ModelRunner(target, runtime), drafter, TreeSpec.parse(tree))
-    if oracle is not None:
-        drafter.probe = spec_engine.peek
+    make_engine = SpecEngine if oracle is None else ProbingEngine  # ProbingEngine hands the oracle its probe
+    spec_engine = make_engine(ModelRunner(target, runtime), drafter, TreeSpec.parse(tree))
     spec = [r.token_ids for r, _ in spec_engine.generate(prompts, params)]
     return ar, spec, spec_engine
 

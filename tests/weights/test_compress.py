@@ -95,9 +95,9 @@ def test_w12n_only_drops_the_bf16_copies_and_generates_the_same(bf16_checkpoint)
     """weight_format w12n_only: every encoded projection's bf16 weight is released (the model holds its planes
     only) and every product goes through them, prefill included; the tokens are the bf16 model's."""
     from specpilot.layers.linear import Linear
+    from tests.runtimes import cpu_runtime, set_paths
 
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (20, 25)]
-    from tests.runtimes import cpu_runtime, set_paths
     params = SamplingParams(max_new_tokens=16)
     bf16 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"))
     set_paths(bf16, "decode", gemv=True)  # fp32-accumulated single-row products, as the W12N GEMV computes them

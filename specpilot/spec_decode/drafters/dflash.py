@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specpilot.config import EngineConfig
 from specpilot.checkpoint.directory import safetensors_files
 from specpilot.checkpoint.errors import CheckpointError
+from specpilot.config import EngineConfig
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import capture
 from specpilot.runtime.settings import Runtime
