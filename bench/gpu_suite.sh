@@ -7,7 +7,6 @@
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
-#     SUITE_ONLY="batched_prefill" bash bench/gpu_suite.sh OUTDIR COMMIT     # opt-in, caps 2 x 90 s: one prefill
 #
 # (measured 2026-11-30, fifth and sixth sessions: the kernel checks 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # about 200 s with the ninth session's tensor-core variants,
@@ -233,17 +232,6 @@ step_unless "$WN" w12n_gemv 260 python3 -m bench w12n_gemv --out "$OUT/w12n_gemv
 # 2. AR decode: ours vs cuBLAS vs W12N vs HF generate (8B first: the 27B part gets what time is left)
 step ar_decode 300 python3 -m bench ar_decode --out "$OUT/ar_decode_h200.json" --commit "$COMMIT" --w12n --profile \
     "${AR[@]}" "${AR_BASE[@]}" "${DEV[@]}"
-
-# opt-in: the 8B bench at batch 8 (stock chain:7 and AR) with one prefill per request, then with the whole batch
-# in one (EngineConfig.batched_prefill, for AR and speculation alike); the engine's `start` split shows the change
-if [[ " ${SUITE_ONLY:-} " == *" batched_prefill "* ]]; then
-    for bp in false true; do
-        step batched_prefill 90 python3 -m specpilot bench --target "$T8" --drafter random-dflash \
-            --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${BENCH_SIZE[@]}" \
-            --stock-tree chain:7 --engine "$ENGINE;batched_prefill:$bp" --out "$OUT/bench_8b_prefill_${bp}_h200.json" \
-            --plot /tmp/bench_8b_prefill_$bp.png "${DEV[@]}"
-    done
-fi
 
 rm -f "$OUT"/*.tmp  # a write cut by a timeout
 log "done in $((SECONDS - START))s; files in $OUT:"

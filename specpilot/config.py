@@ -237,9 +237,6 @@ class EngineConfig:
     # pass); "replay" runs the plain recurrence, then restores a snapshot and re-runs the kept prefix on a miss
     hybrid_chain_commit: str = "fold"
     decode_attention_splits: int = 0  # decode attention chunks per sequence (0: from the shapes; 1: no combine pass)
-    # speculative batches and the AR generator: every request's prompt in one prefill (padded at the end on
-    # attention-only targets; hybrid targets only when the prompts have one length) instead of one per request
-    batched_prefill: bool = False
     ablations: Ablations = field(default_factory=Ablations)
 
     def __post_init__(self):

@@ -128,17 +128,10 @@ class SpecEngine:
         return reqs
 
     def _prefill(self, prompts):
-        """Yields per request (its last-token logits [vocab], the drafter's features or None, seconds spent): one
-        prefill per request, or all of them in one (ModelRunner.prefills_together), its time shared evenly."""
+        """Yields per request, one prefill each: its last-token logits [vocab], the drafter's features or None, the
+        seconds spent."""
         layers = tuple(self.drafter.target_layers)
         runner = self.runner
-        if runner.prefills_together(prompts):
-            t0 = time.perf_counter()
-            out = runner.prefill_many(prompts, layers)
-            logits, features = out if layers else (out, [None] * len(prompts))
-            seconds = (time.perf_counter() - t0) / len(prompts)
-            yield from ((row, f, seconds) for row, f in zip(logits, features))
-            return
         for i, prompt in enumerate(prompts):
             t0 = time.perf_counter()
             if layers:

@@ -29,8 +29,13 @@ class GenerationResult:
 
 
 class Generator:
-    def __init__(self, runner: ModelRunner, eos_ids: tuple[int, ...] = (), tokenizer=None):
+    """prefill_together: a batch's prompts in one ModelRunner.prefill_many where the model allows it (an
+    attention-only model, or prompts of one length), for drafter training's rollouts; else one prefill each."""
+
+    def __init__(self, runner: ModelRunner, eos_ids: tuple[int, ...] = (), tokenizer=None,
+                 prefill_together: bool = False):
         self.runner, self.eos_ids, self.tokenizer = runner, set(eos_ids), tokenizer
+        self.prefill_together = prefill_together
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[GenerationResult]:
@@ -42,7 +47,7 @@ class Generator:
         B = len(prompts)
         runner.allocate(B, max(map(len, prompts)) + params.max_new_tokens + 1)
         gen = make_generator(params, dev)
-        if runner.prefills_together(prompts):
+        if self._together(prompts):
             logits = runner.prefill_many(prompts)
         else:
             logits = torch.stack([runner.prefill(i, p) for i, p in enumerate(prompts)])
@@ -70,6 +75,10 @@ class Generator:
             if self.tokenizer is not None and r.text is None:
                 r.text = decode_text(self.tokenizer, r.token_ids)
         return results
+
+    def _together(self, prompts: list[list[int]]) -> bool:
+        return self.prefill_together and len(prompts) > 1 and (
+            not self.runner.config.is_hybrid or len(set(map(len, prompts))) == 1)
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):

@@ -188,16 +188,10 @@ class ModelRunner:
         self.cache.reset(torch.tensor([slot], device=self.device))
         return self.extend(slot, token_ids, 0)
 
-    def prefills_together(self, token_ids: list[list[int]]) -> bool:
-        """Whether a batch's prompts go through one prefill_many (runtime.batched_prefill): more than one prompt,
-        and one length unless the model is attention-only."""
-        return self.runtime.batched_prefill and len(token_ids) > 1 and (
-            not self.config.is_hybrid or len(set(map(len, token_ids))) == 1)
-
     @inference
     def prefill_many(self, token_ids: list[list[int]], layers: tuple[int, ...] = ()):
-        """prefill of slots 0 .. B-1 together: one forward per chunk instead of B (drafter training prefills
-        thousands of rollout prompts; a speculative batch starts its requests at once). Prompts of different
+        """prefill of slots 0 .. B-1 together: one forward per chunk instead of B (drafter training's rollouts
+        prefill thousands of prompts this way). Prompts of different
         lengths are padded at the end, which only an attention-only model allows: a position never sees the
         ones after it, and cache rows past a request's prompt are never read before they are written again.
         Returns last-token logits [B, vocab] (and, if `layers` is given, each prompt's features [P_i, F])."""

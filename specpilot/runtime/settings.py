@@ -2,8 +2,8 @@
 
 `Runtime.build(engine, device)` decides which kernels each kind of forward pass takes, one KernelPaths
 (layers/paths.py) per step kind, and the runtime's other choices: CUDA graphs, verify graph cuts, how hybrid
-chains commit, batched prefill, the weight format. The runner puts a step kind's paths on the step's
-BatchMetadata and the layers read them there; nothing reads the EngineConfig after this. On the CPU every
+chains commit, the weight format. The runner puts a step kind's paths on the step's BatchMetadata and the
+layers read them there; nothing reads the EngineConfig after this. On the CPU every
 GPU-only path is off.
 """
 
@@ -28,7 +28,6 @@ class Runtime:
     verify_graphs: bool  # the verify forward replayed from a CUDA graph per (batch, width, chain or tree)
     verify_layers_per_graph: int  # a verify graph cut after layer 0 and every N layers (0: one graph)
     fold_hybrid_chains: bool  # hybrid targets verify a chain as a tree and fold its kept prefix
-    batched_prefill: bool  # a batch's prompts in one prefill_many where the model allows it
     weight_format: str  # "bf16", "w12n" or "w12n_only" (EngineConfig.weight_format)
 
     @property
@@ -64,5 +63,4 @@ class Runtime:
         return cls(device=kind, decode=decode, verify=verify, prefill=prefill, draft=draft,
                    cuda_graphs=cuda_graphs, verify_graphs=verify_graphs,
                    verify_layers_per_graph=engine.verify_layers_per_graph,
-                   fold_hybrid_chains=engine.hybrid_chain_commit == "fold", batched_prefill=engine.batched_prefill,
-                   weight_format=engine.weight_format)
+                   fold_hybrid_chains=engine.hybrid_chain_commit == "fold", weight_format=engine.weight_format)

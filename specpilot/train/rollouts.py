@@ -54,12 +54,11 @@ def _greedy(target, prompts: list[list[int]], new_tokens: int) -> list[list[int]
 
     # plain eager kernels under CUDA graphs: data generation should not depend on the newest fast paths; the
     # prompts (all of one length) prefill together
-    engine = EngineConfig(batched_prefill=True,
-                          ablations=Ablations(compile_pointwise=False, decode_gemv=False, fused_qk_rope_store=False))
+    engine = EngineConfig(ablations=Ablations(compile_pointwise=False, decode_gemv=False, fused_qk_rope_store=False))
     runner = ModelRunner(target, Runtime.build(engine, next(target.parameters()).device))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     with torch.inference_mode():
-        return [r.token_ids for r in Generator(runner, ()).generate(prompts, params)]
+        return [r.token_ids for r in Generator(runner, (), prefill_together=True).generate(prompts, params)]
 
 
 def _key(target_dir, tokens: torch.Tensor, count: int, seq_len: int, prompt_len: int, seed: int, batch: int,

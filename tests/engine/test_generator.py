@@ -15,20 +15,18 @@ from tests.runtimes import set_paths
 FAMILIES = ["llama", "qwen3_5"]
 
 
-def _gen(checkpoint_factory, name, **runner_kw):
+def _gen(checkpoint_factory, name, prefill_together=False, **runner_kw):
     path, hf = checkpoint_factory(name)
     model = load_model(str(path), "cpu", "float32")
-    return Generator(ModelRunner(model, **runner_kw)), hf
+    return Generator(ModelRunner(model, **runner_kw), prefill_together=prefill_together), hf
 
 
-@pytest.mark.parametrize("batched_prefill", [False, True])
+@pytest.mark.parametrize("prefill_together", [False, True])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_ragged_batch_equals_single_runs(name, batched_prefill, checkpoint_factory):
+def test_ragged_batch_equals_single_runs(name, prefill_together, checkpoint_factory):
     """A ragged batch gives each prompt's single-run output, with one prefill per request or all in one
-    (EngineConfig.batched_prefill: padded on the dense model; the hybrid one keeps per-request prefills)."""
-    from tests.runtimes import cpu_runtime
-
-    gen, hf = _gen(checkpoint_factory, name, runtime=cpu_runtime(batched_prefill=batched_prefill))
+    (Generator(prefill_together=True): padded on the dense model; the hybrid one keeps per-request prefills)."""
+    gen, hf = _gen(checkpoint_factory, name, prefill_together)
     prompts = [torch.randint(0, 300, (n,)).tolist() for n in (3, 29, 11)]
     params = SamplingParams(max_new_tokens=24)
     batched = [r.token_ids for r in gen.generate(prompts, params)]

@@ -22,15 +22,15 @@ def test_defaults_on_a_gpu():
     assert rt.draft == KernelPaths(gemv=True, block_kernel=True, compiled=True)
     assert (rt.device, rt.on_gpu, rt.cuda_graphs, rt.verify_graphs, rt.verify_layers_per_graph) == (GPU, True, True,
                                                                                                     True, 8)
-    assert rt.fold_hybrid_chains and not rt.batched_prefill and rt.weight_format == "bf16"
+    assert rt.fold_hybrid_chains and rt.weight_format == "bf16"
     assert not rt.verify.pdl, "verify blocks never launch with PDL"
 
 
 def test_on_the_cpu_every_gpu_path_is_off():
-    everything = EngineConfig(block_attention="sdpa", decode_attention_splits=3, batched_prefill=True)
+    everything = EngineConfig(block_attention="sdpa", decode_attention_splits=3)
     rt = Runtime.build(everything, "cpu")
     assert rt.decode == KernelPaths(decode_splits=3) and rt.verify == rt.prefill == rt.draft == PLAIN
-    assert not (rt.on_gpu or rt.cuda_graphs or rt.verify_graphs) and rt.batched_prefill
+    assert not (rt.on_gpu or rt.cuda_graphs or rt.verify_graphs)
     # what is not a GPU path holds on the CPU too: the tree-attention op asked for, the W12N weights
     rt = Runtime.build(EngineConfig(block_attention="tree", weight_format="w12n"), torch.device("cpu"))
     assert rt.verify.block_kernel and rt.prefill.block_kernel and not rt.verify_graphs
@@ -67,7 +67,6 @@ def test_engine_fields_map_to_the_runtime():
     assert only.decode.w12n and only.weight_format == "w12n_only"
     assert not build(hybrid_chain_commit="replay").fold_hybrid_chains
     assert build(verify_layers_per_graph=0).verify_layers_per_graph == 0
-    assert build(batched_prefill=True).batched_prefill
 
 
 def test_runtime_is_frozen():
@@ -102,9 +101,11 @@ def test_engine_config_replace_takes_ablation_switches_by_name():
         EngineConfig().replace(verify_pdl=True)
 
 
-def test_unread_and_rejected_fields_are_gone():
+def test_unread_rejected_and_unmeasured_fields_are_gone():
     names = {f.name for f in dataclasses.fields(EngineConfig)} | {f.name for f in dataclasses.fields(Ablations)}
-    assert not names & {"device", "dtype", "max_batch_size", "max_seq_len", "verify_pdl"}
+    assert not names & {"device", "dtype", "max_batch_size", "max_seq_len", "verify_pdl", "batched_prefill"}
+    with pytest.raises(ValueError, match="unknown key 'batched_prefill'"):  # an old recipe that names it
+        EngineConfig.from_dict({"batched_prefill": True})
 
 
 def test_a_runner_takes_a_runtime_of_its_device():

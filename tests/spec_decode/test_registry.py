@@ -84,7 +84,7 @@ def test_build_drafter_hands_the_runtime_over(checkpoint_factory, tmp_path):
     path, _ = checkpoint_factory("qwen3")
     draft_path, _ = checkpoint_factory("qwen3", num_hidden_layers=1)
     target = load_model(str(path), "cpu", "float32")
-    runtime = cpu_runtime(block_attention="tree", batched_prefill=True)
+    runtime = cpu_runtime(block_attention="tree")
     assert build_drafter(str(draft_path), target, runtime=runtime).runner.runtime is runtime
     assert build_drafter(str(draft_path), target).runner.runtime == cpu_runtime()
     dflash_dir = write_dflash(tmp_path / "d")
