@@ -62,9 +62,9 @@ def test_dispatch_and_kernel_agree_on_the_row_limit():
 def test_wide_blocks_take_the_skinny_kernel_only_where_it_was_measured_faster():
     from specpilot.ops.gemv import configs
 
-    assert configs.skinny_config(5120, 6144, 16) == configs.SKINNY_H200[(5120, 6144)]
+    assert configs.skinny_config(5120, 6144, 16) == configs.H200[(5120, 6144)][1]
     assert configs.skinny_config(5120, 6144, 29) is None  # cuBLAS won at 24 and 32 rows
-    assert configs.skinny_config(14336, 5120, 32) == configs.SKINNY_H200[(14336, 5120)]
+    assert configs.skinny_config(14336, 5120, 32) == configs.H200[(14336, 5120)][1]
     assert configs.skinny_config(123, 456, 17) is None and configs.skinny_config(123, 456, 8) == configs.SKINNY_DEFAULT
 
 

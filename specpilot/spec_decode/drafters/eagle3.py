@@ -1,14 +1,6 @@
 """EAGLE-3 head drafter (SafeAILab checkpoint format: `LlamaForCausalLMEagle3` / `Eagle3LlamaForCausalLM`).
 
-The head is one Llama decoder layer over its own KV cache. Its input at head position p pairs the target
-feature of position p (the outputs of three target layers, fused by `fc`) with the embedding of token p+1; its
-output h_p predicts token p+2 through `norm` -> `lm_head` over a reduced draft vocabulary (`d2t` maps a
-draft id to a target id: target = draft + d2t[draft]). Per token:
-
-    x = cat(input_layernorm(embed(token)), hidden_norm(fused))        # 2H
-    a = o_proj(attention(RoPE(q_proj(x)), RoPE(k_proj(x)), v_proj(x)))  # causal over the head cache
-    r = fused + a            (hidden_norm(fused) + a with `norm_before_residual`)
-    h = r + mlp(post_attention_layernorm(r))
+The head network and its per-token computation are in models/eagle3.py; this drafter feeds it and grows trees.
 
 Features: EAGLE-3 taps the INPUT of target decoder layers 2, L//2 and L-3 (or the config's
 `eagle_aux_hidden_state_layer_ids`), i.e. the OUTPUT of layers id-1, which is what the engine hands over.
