@@ -277,7 +277,7 @@ def _release(runner) -> None:
 
 def w12n_ab(model, setup: Setup, batch: int, ctx: int, steps: int, vocab: int) -> dict:
     """--w12n-ab: the W12N step (planes already attached) without the SwiGLU epilogue (product, then silu_mul,
-    EngineConfig.w12n_swiglu off), timed as the main W12N step is; then the default again (drift)."""
+    EngineConfig.ablations.w12n_swiglu off), timed as the main W12N step is; then the default again (drift)."""
     out = {}
     for name, fields in (("no_swiglu", {"w12n_swiglu": False}), ("default_again", {})):
         runner = make_runner(model, setup.engine(weight_format="w12n", **fields))
@@ -420,7 +420,7 @@ def bench_shape(name: str, setup: Setup, args, bandwidth: float, report: Report)
         ok = "step_ms_median" in r
         if ok and "step_ms_median" in r["cublas_variant"]:
             r["gemv_speedup_vs_cublas"] = r["cublas_variant"]["step_ms_median"] / r["step_ms_median"]
-        # the same step without the fused decode prologue (EngineConfig.fused_qk_rope_store), side by side
+        # the step without the fused decode prologue (EngineConfig.ablations.fused_qk_rope_store), side by side
         if unfused is not None:
             r["unfused_variant"] = attempt(f"{name} {batch}x{ctx} unfused", time_ours, unfused, batch, ctx,
                                            args.steps, cfg.vocab_size)

@@ -157,8 +157,8 @@ step_unless() {
     fi
     step "$@"
 }
-# the fused decode prologue runs in every AR decode step (EngineConfig.fused_qk_rope_store, on by default): if it
-# failed its check, every runner goes without it
+# the fused decode prologue runs in every AR decode step (EngineConfig.ablations.fused_qk_rope_store, on by
+# default): if it failed its check, every runner goes without it
 # AR, stock and every configuration run the engine's GPU path: the captured verify graph with the tree-attention
 # op ("stock" is the speculation setting, chain:7, bf16, no tuning, not an eager runtime)
 ENGINE="block_attention:tree;verify_graphs:true"; AR_BASE=()

@@ -10,7 +10,7 @@ under torch.profiler with each phase labelled. A kernel is charged to the phase 
 table): per phase, host ms per step (the labelled range) and GPU ms per step (kernel and copy durations) with its
 top kernels; the step's wall. With --trace, the chrome trace too. Then what a request pays before its first
 step: the prompt's prefill (and, on a hybrid target, an interleaved A/B of the GDN chunk form in torch against
-the Triton kernel, EngineConfig.triton_gdn_prefill) and the speculative start.
+the Triton kernel, EngineConfig.ablations.triton_gdn_prefill) and the speculative start.
 
     python3 -m bench spec_step --target Qwen3.5-27B --tree chain:7 --out /tmp/step.json
     python3 -m bench spec_step --target tiny-hybrid --device cpu --steps 3 --prompt 32 \
@@ -173,8 +173,8 @@ def time_prefill(runner: ModelRunner, prompt: list[int], device, reps: int = 3) 
 
 def ab_gdn_prefill(model, engine: EngineConfig, prompt: list[int], device, reps: int = 3) -> dict:
     """The prompt's prefill with the GDN chunk form in torch (a) and as one Triton kernel per layer (b,
-    EngineConfig.triton_gdn_prefill), each on a runner of its own, interleaved, after a warm-up of each; and how
-    far their logits differ."""
+    EngineConfig.ablations.triton_gdn_prefill), each on a runner of its own, interleaved, after a warm-up of each;
+    and how far their logits differ."""
     runners = {on: make_runner(model, engine.replace(triton_gdn_prefill=on)) for on in (False, True)}
     ms, logits = {False: [], True: []}, {}
     for runner in runners.values():

@@ -1,6 +1,7 @@
 """PDL's device side: `wait_for_inputs`, the @triton.jit building block a PDL kernel calls before its first load.
 
-Only kernel modules import it (it imports triton); the host-side switch, which CPU-only installs import, is pdl.py.
+Only kernel modules import it (it imports triton); the host side (whether and how a launch uses PDL), which
+CPU-only installs import, is pdl.py.
 """
 
 import triton

@@ -8,8 +8,9 @@ packed int64 buffer (BatchMetadata.unpack), so the step's packed metadata refres
 straight from the host buffer it was filled in (load), or from a device copy (replay of other metadata); a
 replay returns static greedy tokens (and captured features). It needs the tree-attention op, whose grid and reads
 do not depend on the committed lengths. Its forward may be captured as a GraphChain cut between decoder layers
-(EngineConfig.verify_layers_per_graph): the verify step ends in a host sync, so the next step's launch is not
-hidden behind queued work, and one cudaGraphLaunch of a few hundred kernels takes the host ~0.18 ms (H200 host).
+(EngineConfig.verify_layers_per_graph): the verify step ends in a host sync, so nothing queued hides the next
+launch, and with the graph cut the GPU starts on the first layers while the host launches the rest (figures:
+docs/decisions/2026-12-01-engine-config-defaults.md).
 """
 
 from __future__ import annotations

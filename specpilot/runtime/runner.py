@@ -39,7 +39,8 @@ def inference(fn):
 
 def _host_buffer(shape, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """A kept host buffer, made outside inference mode whatever the caller's mode: a buffer first taken inside a
-    peek (inference mode) is written again by a step's accept outside it, and an inference tensor refuses that."""
+    benchmark's probe (inference mode) is written again by a step's accept outside it, and an inference tensor
+    refuses that."""
     with torch.inference_mode(False):
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
 

@@ -35,11 +35,10 @@ ZOO_RECIPE: tuple[tuple[Job, ...], ...] = (
                     "--seq-len", "512", "--lr", "2e-3", "--warmup", "200"), 2500),
      Job("draft-lm", ("drafter", "--kind", "draft-lm", "--target", "{work}/tokenizer", "--batch-size", "32",
                       "--seq-len", "512", "--lr", "3e-3", "--warmup", "200"), 2000)),
-    # EAGLE-3 heads learn the target's greedy tokens on corpus text (short-prompt rollouts measured lower HumanEval
-    # acceptance); DFlash drafters learn from rollouts that look like served requests: 384 corpus tokens, then 128
-    # of the target's own, anchors in the generated part, 64 per sequence, target layers 1, 4, 7. Three layers, not
-    # two: the first slot's accuracy went from 0.55 to 0.85; the hybrid's narrower MLP keeps the zoo in 32 MB
-    # (docs/zoo.md)
+    # EAGLE-3 heads learn the target's greedy tokens on corpus text; DFlash drafters (three layers) learn from
+    # request-like rollouts: 384 corpus tokens, then 128 of the target's own, anchors in the generated part, 64 per
+    # sequence, target layers 1, 4, 7; the hybrid's narrower MLP keeps the zoo in 32 MB. Why, with the figures:
+    # docs/decisions/2026-12-01-zoo-drafter-recipe.md
     tuple(Job(f"{t}-{kind}", ("drafter", "--kind", kind, "--target", f"{{work}}/{t}", "--batch-size", "16",
                                "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", *extra), steps)
           for t, dflash_mlp, dflash_steps in (("dense", (), 2600),

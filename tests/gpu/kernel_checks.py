@@ -85,8 +85,8 @@ def check_gdn_tree(dev, dtype, B, T, H, HV, K, V):
 
 
 def check_gdn_chunk(dev, dtype, B, T, H, HV, K, V):
-    """The prefill's Triton chunk kernel (EngineConfig.triton_gdn_prefill) vs the torch chunk form in fp32 on the
-    same rounded inputs: the output and the final state."""
+    """The prefill's Triton chunk kernel (EngineConfig.ablations.triton_gdn_prefill) vs the torch chunk form in fp32
+    on the same rounded inputs: the output and the final state."""
     import torch
 
     from specpilot.ops.gated_delta_rule import chunk_gated_delta_rule, gdn_gating

@@ -110,7 +110,7 @@ def test_w12n_only_drops_the_bf16_copies_and_generates_the_same(bf16_checkpoint)
     a = [r.token_ids for r in Generator(bf16).generate(prompts, params)]
     b = [r.token_ids for r in Generator(only).generate(prompts, params)]
     assert a == b
-    x = torch.randn(40, encoded[0].in_features).bfloat16()  # past 16 rows, outside any weight_format region
+    x = torch.randn(40, encoded[0].in_features).bfloat16()  # past 16 rows, no step paths: W decoded from its planes
     assert torch.equal(encoded[0](x), torch.nn.functional.linear(x, w12n.decode(encoded[0].w12n)))
 
 

@@ -37,8 +37,8 @@ def chunk_gated_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule -> (o [B,T,HV,V] in v.dtype, final state [B,HV,K,V] fp32); see chunk.py for shapes.
 
-    kernel: on CUDA, one Triton launch over all chunks (triton.py; EngineConfig.triton_gdn_prefill) instead of the
-    torch form's dozens of small ops per chunk.
+    kernel: on CUDA, one Triton launch over all chunks (triton.py; EngineConfig.ablations.triton_gdn_prefill) instead
+    of the torch form's dozens of small ops per chunk.
     """
     if kernel and use_triton(v):
         assert _chunk_triton is not None, "CUDA tensors need triton installed"
