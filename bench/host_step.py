@@ -148,7 +148,7 @@ def measure(model, tree: str, batch: int, steps: int, ctx: int, seed: int) -> di
     params = SamplingParams(max_new_tokens=(steps + 8) * (spec.depth + 1) + 8, ignore_eos=True)
     t_start = time.perf_counter()
     prompts = [[rng.randrange(vocab) for _ in range(ctx)] for _ in range(batch)]
-    reqs = engine.requests = engine._start(prompts, params, None, t_start)
+    reqs = engine._start(prompts, params, None, t_start)
     times = {c: [] for c in COLUMNS}
     with fake_cuda_graphs():
         for step in range(steps + 5):

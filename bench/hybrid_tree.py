@@ -71,7 +71,8 @@ def check_fp32(shape: str, device: str, rng: random.Random) -> dict:
     runner = ModelRunner(model)
     runner.allocate(1, 80)
     runner.prefill(0, prompt)
-    meta = tree_metadata([tree], [len(prompt)], [0], device)
+    # the runner's prefill paths: on a GPU the tree block goes through the tree-attention op
+    meta = dataclasses.replace(tree_metadata([tree], [len(prompt)], [0], device), paths=runner.runtime.prefill)
     logits = model.logits(runner.forward(meta))[0].float()
     worst, fold_err = 0.0, 0.0
     paths = tree.paths()
@@ -82,7 +83,7 @@ def check_fp32(shape: str, device: str, rng: random.Random) -> dict:
         fresh.prefill(0, prompt)
         ids = torch.tensor([chain], device=device)
         m = BatchMetadata.contiguous(ids, torch.tensor([len(prompt)], device=device),
-                                     torch.tensor([0], device=device), len(prompt))
+                                     torch.tensor([0], device=device), len(prompt), fresh.runtime.prefill)
         ref = model.logits(fresh.forward(m))[0].float()
         worst = max(worst, ((logits[path] - ref).norm() / ref.norm()).item())
         # fold the kept path into a copy of the committed state and compare with the chain prefill's state

@@ -76,7 +76,7 @@ def forced_logits(runner: ModelRunner, prompt: list[int], output: list[int]) -> 
     runner.cache.reset(torch.tensor([0], device=dev))
     ids = torch.tensor(list(prompt) + list(output[:-1]), device=dev)[None]
     zero = torch.tensor([0], device=dev)
-    hidden = runner.forward(BatchMetadata.contiguous(ids, zero, zero, 0))
+    hidden = runner.forward(BatchMetadata.contiguous(ids, zero, zero, 0, runner.runtime.prefill))
     return runner.logits(hidden)[0, len(prompt) - 1:]
 
 

@@ -179,8 +179,9 @@ def run_shape(shape: Shape, sizes: Sizes, root: Path, draft_dir: Path, device: s
     for drafter_name in DRAFTERS:
         for tree in TREES:
             label = f"{drafter_name} {tree}"
-            drafter = build_drafter(sources[drafter_name], model, tokenizer)
-            engine = SpecEngine(ModelRunner(model), drafter, TreeSpec.parse(tree))
+            spec_runner = ModelRunner(model)
+            drafter = build_drafter(sources[drafter_name], model, tokenizer, runtime=spec_runner.runtime)
+            engine = SpecEngine(spec_runner, drafter, TreeSpec.parse(tree))
             run = attempt(f"{shape.name} {label}", engine.generate, prompts, params)
             if isinstance(run, dict):  # the error record of attempt()
                 out["spec"][label] = {"ok": False, "error": run["error"]}

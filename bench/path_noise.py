@@ -50,7 +50,8 @@ def profile(shape: str, layers: int, dtype: torch.dtype, prompt_len: int, tokens
     runner.cache.reset(torch.tensor([0], device=dev))
     ids = torch.tensor((prompt + out)[:-1], device=dev)[None]
     zero = torch.tensor([0], device=dev)
-    forced = runner.logits(runner.forward(BatchMetadata.contiguous(ids, zero, zero, 0)))[0, prompt_len - 1:].float()
+    meta = BatchMetadata.contiguous(ids, zero, zero, 0, runner.runtime.prefill)
+    forced = runner.logits(runner.forward(meta))[0, prompt_len - 1:].float()
     dec = torch.stack(decoded)
     diff = (forced - dec).abs()
     top2 = forced.topk(2, dim=-1).values

@@ -99,13 +99,13 @@ def profile_steps(args) -> dict:
         with labels[0]("oracle"):
             return clock(fn, *args)
 
-    drafter = SyntheticDrafter(random_dflash(model, args.target), {0: list(truth)},
+    drafter = SyntheticDrafter(random_dflash(model, args.target, runtime=runner.runtime), {0: list(truth)},
                                AcceptanceProfile.load(args.profile), vocab, untimed=oracle)
     spec = TreeSpec.parse(args.tree)
     engine = ProbingEngine(runner, drafter, spec)  # hands the drafter its probe
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     t_start = time.perf_counter()
-    reqs = engine.requests = engine._start([prompt], params, None, t_start)
+    reqs = engine._start([prompt], params, None, t_start)
 
     def step(label=None):
         engine_step(engine, reqs, params, t_start, label)

@@ -184,7 +184,7 @@ def _stepper(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, r
     engine = SpecEngine(runner, FullTreeDrafter(vocab), spec)
     params = SamplingParams(max_new_tokens=3 * steps + 3 * spec.max_tree_nodes + 16, ignore_eos=True)
     t_start = time.perf_counter()
-    reqs = engine.requests = engine._start([[rng.randrange(vocab) for _ in range(ctx)]], params, None, t_start)
+    reqs = engine._start([[rng.randrange(vocab) for _ in range(ctx)]], params, None, t_start)
     state = {"engine": engine}
 
     def step(label=None):

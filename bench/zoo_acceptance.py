@@ -37,9 +37,10 @@ def measure(zoo: Path, target: str, drafter: str, tree: str, prompts: list[list[
             batch: int, device: str) -> dict:
     model = load_model(str(zoo / target), device, "float32")
     tok = load_tokenizer(str(zoo / target))
-    draft = build_drafter(str(zoo / drafter), model, tok)
+    runner = ModelRunner(model)
+    draft = build_drafter(str(zoo / drafter), model, tok, runtime=runner.runtime)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine = SpecEngine(ModelRunner(model), draft, TreeSpec.parse(tree))
+    engine = SpecEngine(runner, draft, TreeSpec.parse(tree))
     steps = emitted = 0
     drafted, accepted = [0] * 8, [0] * 8
     report, outputs = ForcingReport(), []
@@ -53,9 +54,9 @@ def measure(zoo: Path, target: str, drafter: str, tree: str, prompts: list[list[
                 for d, n in enumerate(per_depth):  # the two lists have their own lengths
                     counts[d] += n
     seconds = time.perf_counter() - t0
-    runner = ModelRunner(model)
+    checker = ModelRunner(model)
     for i, (p, out) in enumerate(zip(prompts, outputs)):
-        force_check(runner, p, out, report, i)
+        force_check(checker, p, out, report, i)
     depth = [round(a / n, 4) if n else None for n, a in zip(drafted, accepted)]
     return {"target": target, "drafter": drafter, "tree": tree, "prompts": len(prompts), "tokens": emitted,
             "steps": steps, "tau": round(emitted / steps, 4), "acceptance_per_depth": depth,
