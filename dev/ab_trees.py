@@ -29,7 +29,13 @@ def metrics(report: dict) -> dict[str, float]:
     out = {}
     for row in report.get("results") or []:  # specpilot bench
         if "tok_per_s" in row:
-            out[f"{row['workload']}/b{row['batch']}/{row['config']}/tok_per_s"] = row["tok_per_s"]
+            key = f"{row['workload']}/b{row['batch']}/{row['config']}"
+            out[f"{key}/tok_per_s"] = row["tok_per_s"]
+            split = row.get("seconds_split")
+            if split:  # the speculative steps alone: every component but the requests' start, per emitted token
+                out[f"{key}/step_ms_per_token"] = 1e3 * (sum(split.values()) - split["start"]) / row["tokens"]
+                out[f"{key}/start_s"] = split["start"]
+                out[f"{key}/tau"] = row["tau"]
     for shape in report.get("shapes") or []:  # bench ar_decode
         for run in shape.get("runs") or []:
             if "step_ms_median" in run:
@@ -99,6 +105,7 @@ def main() -> int:
                     report.setdefault("errors", []).append(f"{name} {side} round {r + 1}: {e}")
             if all(sides[name].values()):
                 report["jobs"][name] = summary(sides[name])
+                report.setdefault("runs", {})[name] = sides[name]
             report["rounds_done"] = r + 1
             args.out.write_text(json.dumps(report, indent=1))
     return 0
