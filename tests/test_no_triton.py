@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # the modules that may import triton at import time: kernels and the @triton.jit pieces they share
-KERNEL_SIDE = ("specpilot.ops.split_softmax", "specpilot.ops.pdl_wait", "specpilot.ops.w12n_gemv.mma")
+KERNEL_SIDE = ("specpilot.ops.split_softmax", "specpilot.ops.pdl_wait", "specpilot.ops.w12n_gemv.mma",
+               "specpilot.ops.gated_delta_rule.blocks")
 
 NO_TRITON = "import sys; sys.modules['triton'] = None\n"
 
