@@ -265,10 +265,10 @@ def run_generation(args, model, tokenizer, load_s: float) -> int:
 
 
 def engine_config(args) -> EngineConfig:
-    """generate's and demo's flags as an EngineConfig: --eager turns off the decode CUDA graphs, torch.compile, the
-    Triton GEMVs and the fused q/k norm + RoPE + K/V store; --weight-format."""
+    """generate's and demo's flags as an EngineConfig: --eager turns off every CUDA graph (decode, verify, DFlash
+    proposals), torch.compile, the Triton GEMVs and the fused q/k norm + RoPE + K/V store; --weight-format."""
     fast = not args.eager
-    return EngineConfig(cuda_graphs=fast, weight_format=args.weight_format,
+    return EngineConfig(cuda_graphs=fast, verify_graphs=fast, weight_format=args.weight_format,
                         ablations=Ablations(compile_pointwise=fast, decode_gemv=fast, fused_qk_rope_store=fast))
 
 

@@ -241,11 +241,12 @@ def test_eager_and_weight_format_reach_a_draft_lms_runner(checkpoint_factory, mo
              "--weight-format", "w12n", "--json"]
     assert main(flags) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["drafter"] == str(draft_path)
-    eager = EngineConfig(cuda_graphs=False, weight_format="w12n",
+    eager = EngineConfig(cuda_graphs=False, verify_graphs=False, weight_format="w12n",
                          ablations=Ablations(compile_pointwise=False, decode_gemv=False, fused_qk_rope_store=False))
     (drafter,) = built
     assert drafter.runner.runtime == Runtime.build(eager, "cpu")
     assert any(getattr(m, "w12n", None) is not None for m in drafter.model.modules())
     gpu = Runtime.build(cli.engine_config(cli._parser().parse_args(flags)), "cuda")
-    assert gpu == Runtime.build(eager, "cuda") and gpu.weight_format == "w12n" and not gpu.cuda_graphs
+    assert gpu == Runtime.build(eager, "cuda") and gpu.weight_format == "w12n"
+    assert not gpu.cuda_graphs and not gpu.verify_graphs  # --eager: no CUDA graph of any kind
     assert not any(p.gemv or p.compiled or p.fused_qk_rope_store for p in (gpu.decode, gpu.verify, gpu.draft))
