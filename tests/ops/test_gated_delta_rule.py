@@ -335,9 +335,11 @@ def test_triton_chunk_bf16_strided_views_and_scale(layout):
 
 def test_chunk_dispatch_takes_the_kernel_only_when_asked(monkeypatch):
     import specpilot.ops.gated_delta_rule as op
+    import specpilot.ops.gated_delta_rule.triton as op_triton
 
     calls = []
-    monkeypatch.setattr(op, "_chunk_triton", lambda *a: calls.append(1) or op._chunk.chunk_gated_delta_rule(*a))
+    monkeypatch.setattr(op_triton, "chunk_gated_delta_rule",
+                        lambda *a: calls.append(1) or op._chunk.chunk_gated_delta_rule(*a))
     q, k, v = _qkv(1, 20, 1, 1, 16, 16)
     g, beta = _gates(1, 20, 1)
     chunk_gated_delta_rule(q, k, v, g, beta, kernel=True)  # CPU tensors: the torch form

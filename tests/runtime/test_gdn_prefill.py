@@ -5,6 +5,7 @@ chunk form."""
 import torch
 
 import specpilot.ops.gated_delta_rule as op
+import specpilot.ops.gated_delta_rule.triton as op_triton
 from specpilot.bench.shapes import hf_config, random_model
 from specpilot.runtime.runner import ModelRunner
 from tests.runtimes import cpu_runtime, set_paths
@@ -29,8 +30,8 @@ def test_triton_gdn_prefill_equals_torch_chunk_form(monkeypatch):
     want = prefill_and_extend(runner, prompts, extra)
 
     calls = []
-    kernel = op._chunk_triton
-    monkeypatch.setattr(op, "_chunk_triton", lambda *a: calls.append(1) or kernel(*a))
+    kernel = op_triton.chunk_gated_delta_rule
+    monkeypatch.setattr(op_triton, "chunk_gated_delta_rule", lambda *a: calls.append(1) or kernel(*a))
     monkeypatch.setattr(op, "use_triton", lambda x: True)  # CPU tensors through the interpreted kernel
     set_paths(runner, "prefill", gdn_prefill_kernel=True)
     got = prefill_and_extend(runner, prompts, extra)

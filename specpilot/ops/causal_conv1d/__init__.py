@@ -6,12 +6,6 @@ import torch
 from ..dispatch import takes, use_triton
 from .reference import causal_conv1d_prefill, causal_conv1d_update_ref
 
-try:
-    from .triton import causal_conv1d_update as _causal_conv1d_update_triton
-    from .triton import supports as _supports
-except ImportError:  # CPU-only installs may lack triton; they always take the reference path.
-    _causal_conv1d_update_triton = _supports = None
-
 __all__ = ["causal_conv1d_prefill", "causal_conv1d_update", "causal_conv1d_update_ref"]
 
 
@@ -23,7 +17,8 @@ def causal_conv1d_update(
     See reference.causal_conv1d_update_ref for shapes.
     """
     if use_triton(x):
-        assert _causal_conv1d_update_triton is not None, "CUDA tensors need triton installed"
-        if takes("causal_conv1d_update", _supports(weight)):
-            return _causal_conv1d_update_triton(x, conv_state_pool, state_idx, weight)
+        from . import triton  # only here: CPU-only installs have no triton and never take this branch
+
+        if takes("causal_conv1d_update", triton.supports(weight)):
+            return triton.causal_conv1d_update(x, conv_state_pool, state_idx, weight)
     return causal_conv1d_update_ref(x, conv_state_pool, state_idx, weight)

@@ -7,13 +7,6 @@ from ..dispatch import takes, use_triton
 from . import chunk as _chunk
 from .reference import fused_recurrent_gated_delta_rule_ref, gdn_gating, recurrent_gated_delta_rule
 
-try:
-    from .triton import chunk_gated_delta_rule as _chunk_triton
-    from .triton import fused_recurrent_gated_delta_rule as _fused_recurrent_triton
-    from .triton import supports as _supports
-except ImportError:  # CPU-only installs may lack triton; they always take the reference path.
-    _chunk_triton = _fused_recurrent_triton = _supports = None
-
 __all__ = [
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
@@ -41,9 +34,10 @@ def chunk_gated_delta_rule(
     of the torch form's dozens of small ops per chunk.
     """
     if kernel and use_triton(v):
-        assert _chunk_triton is not None, "CUDA tensors need triton installed"
-        if takes("chunk_gated_delta_rule", _supports(q)):
-            return _chunk_triton(q, k, v, g, beta, initial_state, scale, chunk_size)
+        from . import triton  # only here: CPU-only installs have no triton and never take this branch
+
+        if takes("chunk_gated_delta_rule", triton.supports(q)):
+            return triton.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
     return _chunk.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
 
 
@@ -64,7 +58,8 @@ def fused_recurrent_gated_delta_rule(
     See reference.fused_recurrent_gated_delta_rule_ref for shapes.
     """
     if use_triton(q):
-        assert _fused_recurrent_triton is not None, "CUDA tensors need triton installed"
-        if takes("fused_recurrent_gated_delta_rule", _supports(q)):
-            return _fused_recurrent_triton(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)
+        from . import triton
+
+        if takes("fused_recurrent_gated_delta_rule", triton.supports(q)):
+            return triton.fused_recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)
     return fused_recurrent_gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_idx, scale)
