@@ -56,6 +56,24 @@ def run(cmd: str, tree: Path, out: Path, log) -> dict[str, float]:
     return found
 
 
+def gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True)
+    except FileNotFoundError:
+        return "no GPU"
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "no GPU"
+
+
+def commit(tree: Path, given: str | None) -> str:
+    """`given` (--commit-before / --commit-after), else the tree's git HEAD: a copy shipped to another machine may
+    carry a .git whose HEAD is not the copied working tree, so say the commits where they are known."""
+    if given:
+        return given
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
+    return out.stdout.strip() + " (git HEAD)" if out.returncode == 0 else "unknown"
+
+
 def summary(sides: dict[str, list[dict[str, float]]]) -> dict:
     """Per metric both sides' values, their medians and after / before; metrics only the after side has apart."""
     common = sorted(set.intersection(*(set(m) for runs in sides.values() for m in runs)))
@@ -83,10 +101,14 @@ def main() -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--log", type=Path, default=None)
     p.add_argument("--label", default="", help="recorded as is (GPU, commits)")
+    p.add_argument("--commit-before", default=None, help="the before tree's commit (default: its git HEAD)")
+    p.add_argument("--commit-after", default=None, help="the after tree's commit (default: its git HEAD)")
     args = p.parse_args()
     before, after = args.before.resolve(), args.after.resolve()
     log = open(args.log, "a") if args.log else sys.stderr
-    report = {"label": args.label, "command": " ".join(sys.argv), "rounds": args.rounds, "jobs": {}}
+    report = {"gpu": gpu_name(), "commit_before": commit(before, args.commit_before),
+              "commit_after": commit(after, args.commit_after), "label": args.label,
+              "command": " ".join(sys.argv), "rounds": args.rounds, "jobs": {}}
     tmp = Path(tempfile.mkdtemp(prefix="ab_"))
     sides = {name: {"before": [], "after": []} for name, _, _ in args.job}
     started = time.perf_counter()

@@ -192,9 +192,9 @@ class ModelRunner:
     @inference
     def prefill_many(self, token_ids: list[list[int]], layers: tuple[int, ...] = ()):
         """prefill of slots 0 .. B-1 together: one forward per chunk instead of B (drafter training's rollouts
-        prefill thousands of prompts this way). Prompts of different
-        lengths are padded at the end, which only an attention-only model allows: a position never sees the
-        ones after it, and cache rows past a request's prompt are never read before they are written again.
+        prefill thousands of prompts this way). Prompts of different lengths are padded at the end, which only an
+        attention-only model allows: a position never sees the ones after it, and cache rows past a request's
+        prompt are never read before they are written again.
         Returns last-token logits [B, vocab] (and, if `layers` is given, each prompt's features [P_i, F])."""
         B, lengths = len(token_ids), [len(t) for t in token_ids]
         P = max(lengths)
