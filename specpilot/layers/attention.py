@@ -18,7 +18,7 @@ from torch import nn
 from specpilot.config import ModelConfig
 from specpilot.layers import pointwise as pw
 from specpilot.layers.linear import Linear
-from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.metadata import BatchMetadata, MixedMetadata, join, segments
 from specpilot.layers.norm import RMSNorm
 from specpilot.layers.packed import PackedLinear
 from specpilot.ops.decode_attention import decode_attention
@@ -44,12 +44,21 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, meta: BatchMetadata, kv: tuple[torch.Tensor, torch.Tensor], cos, sin) -> torch.Tensor:
-        B, T, _ = x.shape
+    def forward(self, x, meta: BatchMetadata | MixedMetadata, kv: tuple[torch.Tensor, torch.Tensor], cos,
+                sin) -> torch.Tensor:
+        """x [B, T, hidden] of one block, or [1, N, hidden] of a MixedMetadata's blocks (the projections once over
+        all of them, the attention per block)."""
+        qkv = self.qkv_proj(x, meta.paths)
+        out = join([self._mix(*seg, kv) for seg in segments(meta, qkv, cos, sin)])
+        return self.o_proj(out, meta.paths)
+
+    def _mix(self, meta: BatchMetadata, qkv, cos, sin, kv) -> torch.Tensor:
+        """One block's packed projections [B, T, q|k|v] -> its attention output [B, T, H * D] (K/V stored)."""
+        B, T, _ = qkv.shape
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         q_rows = H * D * (2 if self.output_gate else 1)
         paths = meta.paths
-        q, k, v = self.qkv_proj(x, paths).split([q_rows, KVH * D, KVH * D], dim=-1)
+        q, k, v = qkv.split([q_rows, KVH * D, KVH * D], dim=-1)
         gate = None
         if self.output_gate:
             # strided views, no copies: the fused norm/RoPE and gate kernels read them in place
@@ -68,7 +77,7 @@ class Attention(nn.Module):
             out = attend(q, k, v, kv, meta, self.scale)
         if gate is not None:
             out = pw.sigmoid_gate(out, gate, compiled=paths.compiled)
-        return self.o_proj(out.reshape(B, T, H * D), paths)
+        return out.reshape(B, T, H * D)
 
     def _norms(self):
         """(q weight, k weight, eps, zero-centred) of the per-head norms; None weights when the model has none."""

@@ -17,7 +17,7 @@ from torch import nn
 from specpilot.config import ModelConfig
 from specpilot.layers import pointwise as pw
 from specpilot.layers.linear import Linear
-from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.metadata import BatchMetadata, MixedMetadata, join, segments
 from specpilot.layers.packed import PackedLinear
 from specpilot.ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
 from specpilot.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gdn_gating
@@ -44,18 +44,26 @@ class GatedDeltaNet(nn.Module):
         self.norm.weight = nn.Parameter(torch.ones(self.V))
         self.out_proj = Linear(self.value_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, meta: BatchMetadata, cache, index: int) -> torch.Tensor:
-        B, T, _ = x.shape
+    def forward(self, x: torch.Tensor, meta: BatchMetadata | MixedMetadata, cache, index: int) -> torch.Tensor:
+        """x [B, T, hidden] of one block, or [1, N, hidden] of a MixedMetadata's blocks (the projections once over
+        all of them, the conv and the delta rule per block)."""
+        projected = self.in_proj(x, meta.paths)
+        out = join([self._mix(*seg, cache, index) for seg in segments(meta, projected)])
+        return self.out_proj(out, meta.paths)
+
+    def _mix(self, meta: BatchMetadata, projected: torch.Tensor, cache, index: int) -> torch.Tensor:
+        """One block's packed projections [B, T, qkv|z|b|a] -> its normed, gated output [B, T, HV * V]."""
+        B, T, _ = projected.shape
         conv_pool, ssm_pool = cache.linear_state(index)  # [N, C, W-1], [N, HV, K, V] fp32
-        paths = meta.paths
-        mixed, z, b, a = self.in_proj(x, paths).split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
+        mixed, z, b, a = projected.split([self.conv_dim, self.value_dim, self.HV, self.HV], dim=-1)
         weight = self.conv1d.weight[:, 0, :]  # [C, W]
         if meta.block_mask is not None:
             o = self._tree(mixed, a, b, weight, meta, cache, index)
         else:
             o = self._sequence(mixed, a, b, weight, meta, conv_pool, ssm_pool)
-        o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps, compiled=paths.compiled)
-        return self.out_proj(o.reshape(B, T, self.value_dim), paths)
+        o = pw.gated_rms_norm(o, z.reshape(B, T, self.HV, self.V), self.norm.weight, self.eps,
+                              compiled=meta.paths.compiled)
+        return o.reshape(B, T, self.value_dim)
 
     def _split_heads(self, mixed: torch.Tensor):
         B, T, _ = mixed.shape

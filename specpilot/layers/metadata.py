@@ -9,6 +9,10 @@ in this step (layers/paths.py; the runner sets them per step kind, PLAIN otherwi
 A verify block's index fields can all be views into one int64 buffer (`packed`, layout in packed_spans), so
 that the host fills it once (HostMetadata) and copies it to the device once: into a fresh buffer that
 BatchMetadata.unpack views, or straight into the static buffer of a captured graph whose inputs already view it.
+
+MixedMetadata: several such blocks in one forward (a verify block and prefill chunks of other requests): the
+token-wise layers (norms, projections, MLP) run once over all their tokens, so one weight load serves every
+block; the token-mixing cores (attention, the delta rule) run per block (`segments`).
 """
 
 from __future__ import annotations
@@ -78,6 +82,53 @@ class BatchMetadata:
             mask = packed.view(torch.bool).as_strided((B, T, T), (T * T, T, 1), 8 * (base + spans["block_mask"][0]))
         return BatchMetadata(ids, pos, loc, field("slots", (B,), (1,)), field("prefix_len", (B,), (1,)),
                              max_prefix_len, mask, parents=parents, packed=packed, paths=paths)
+
+
+@dataclass(frozen=True, slots=True)
+class MixedMetadata:
+    """Blocks of different shapes in one forward. Hidden states are [1, N, ...] with part i's B_i * T_i tokens
+    (row-major) after those of the parts before it; `paths` are the token-wise layers' kernels, each part's own
+    paths its core's."""
+
+    parts: tuple[BatchMetadata, ...]
+    paths: KernelPaths
+    input_ids: torch.Tensor  # [1, N]
+    positions: torch.Tensor  # [1, N]
+
+    @staticmethod
+    def of(parts: list[BatchMetadata], paths: KernelPaths) -> MixedMetadata:
+        ids = torch.cat([p.input_ids.reshape(-1) for p in parts])[None]
+        pos = torch.cat([p.positions.reshape(-1) for p in parts])[None]
+        return MixedMetadata(tuple(parts), paths, ids, pos)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [p.input_ids.numel() for p in self.parts]
+
+    def split(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x [1, N, ...] -> per part [B_i, T_i, ...] (views)."""
+        out, at = [], 0
+        for p in self.parts:
+            B, T = p.input_ids.shape
+            out.append(x[0, at:at + B * T].unflatten(0, (B, T)))
+            at += B * T
+        return out
+
+
+def segments(meta: BatchMetadata | MixedMetadata, *tensors: torch.Tensor):
+    """Per block of the step: (its metadata, each of `tensors` as that block's [B, T, ...])."""
+    if not isinstance(meta, MixedMetadata):
+        yield (meta, *tensors)
+        return
+    for part, *views in zip(meta.parts, *(meta.split(t) for t in tensors)):
+        yield (part, *views)
+
+
+def join(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """The inverse of segments' split: per-block [B_i, T_i, ...] -> [1, N, ...] (the block itself when alone)."""
+    if len(blocks) == 1:
+        return blocks[0]
+    return torch.cat([b.flatten(0, 1) for b in blocks])[None]
 
 
 @dataclass(frozen=True, slots=True)
