@@ -12,10 +12,11 @@ from specpilot.cli_util import err, pick_device
 
 def add_parsers(sub) -> None:
     b = sub.add_parser("bench", help="AR vs stock speculation vs configurations on the benchmark workloads")
-    b.add_argument("--target", required=True,
-                   help="model directory or Hub repo id, or random:SHAPE[:layers=N] (Qwen3-8B, Qwen3.5-27B: random "
-                        "bf16 weights in the real shape, of --target-kind; margin:SHAPE / flat:SHAPE name the kind; "
-                        "needs --acceptance synthetic:...)")
+    # not required=True: `bench serve` takes its own --target, which this parser never sees (cmd_bench checks it)
+    b.add_argument("--target", default=None,
+                   help="(required) model directory or Hub repo id, or random:SHAPE[:layers=N] (Qwen3-8B, "
+                        "Qwen3.5-27B: random bf16 weights in the real shape, of --target-kind; margin:SHAPE / "
+                        "flat:SHAPE name the kind; needs --acceptance synthetic:...)")
     b.add_argument("--target-kind", choices=["margin", "flat"], default="margin",
                    help="random:SHAPE weights: margin (a planted circuit gives every greedy token a lead of 16 "
                         "logits, so forcing holds at --tie-tolerance in bf16) or flat (every weight random: near-ties "
@@ -48,6 +49,7 @@ def add_parsers(sub) -> None:
     b.add_argument("--out", default="bench.json", help="JSON report path")
     b.add_argument("--plot", default=None, help="PNG plot path (default: next to the JSON)")
     b.set_defaults(func=cmd_bench)
+    _add_serve_parser(b.add_subparsers(dest="bench_command", title="other benchmarks", metavar="{serve}"))
 
 
 def cmd_bench(args) -> int:
@@ -59,6 +61,8 @@ def cmd_bench(args) -> int:
     from specpilot.bench.synthetic import AcceptanceProfile
     from specpilot.config import EngineConfig
 
+    if args.target is None:
+        raise ValueError("--target is required: a model directory, Hub repo id or random:SHAPE")
     _check_flags(args)
     workloads = load_workloads(args.workloads, args.data_dir, args.limit)
     kind, _, name = args.acceptance.partition(":")
@@ -191,3 +195,120 @@ def _bench_models(args, device: str, profile):
     tokenizer = load_tokenizer(args.target)
     model = load_model(args.target, device, args.dtype)
     return model, tokenizer, lambda runtime: build_drafter(args.drafter, model, tokenizer, runtime=runtime)
+
+
+def _add_serve_parser(bsub) -> None:
+    s = bsub.add_parser("serve", help="continuous batching: the speculative engine vs AR on the same scheduler, "
+                                      "closed loop (clients) or open loop (Poisson arrivals)")
+    s.add_argument("--target", required=True,
+                   help="model directory or Hub repo id, or random:SHAPE[:layers=N] (random weights in a real shape; "
+                        "needs --profile)")
+    s.add_argument("--target-kind", choices=["margin", "flat"], default="margin",
+                   help="random:SHAPE weights: margin (speculative output must equal AR's) or flat")
+    s.add_argument("--drafter", default="random-dflash",
+                   help="random-dflash (random targets), a draft model / DFlash / EAGLE-3 checkpoint, or ngram")
+    s.add_argument("--profile", default=None,
+                   help="synthetic acceptance profile (shipped name, e.g. dflash2-gsm8k, or JSON path); omitted: "
+                        "the drafter's real acceptance")
+    s.add_argument("--tree", default="chain:7", help="the speculative engine's tree (its deepest; the engine adapts)")
+    s.add_argument("--mode", choices=["closed", "open"], default="closed")
+    s.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 32],
+                   help="closed: concurrent clients per row; open: the engines' max_num_seqs is the largest")
+    s.add_argument("--load", type=float, nargs="+", default=None,
+                   help="open: arrival rates as fractions of AR's capacity (default 0.3 0.6 0.9)")
+    s.add_argument("--capacity", type=float, default=None,
+                   help="open: AR's capacity in requests/s (default: measured, AR closed loop at the largest batch)")
+    s.add_argument("--requests-per-client", type=int, default=2, help="closed loop: requests each client sends")
+    s.add_argument("--requests", type=int, default=64, help="open loop: requests per load")
+    s.add_argument("--max-new-tokens", type=int, default=2048)
+    s.add_argument("--seed", type=int, default=0, help="arrivals, the open loop's prompt order, the oracle")
+    s.add_argument("--workloads", nargs="+", default=["gsm8k"],
+                   help="prompt sets (as `specpilot bench --workloads`), interleaved; first turns only")
+    s.add_argument("--data-dir", default=None, help="folder holding the named prompt sets")
+    s.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    s.add_argument("--scheduler", default="", help="SchedulerConfig fields, FIELD:VALUE;... (e.g. "
+                                                   "'max_prefill_tokens:2048;adaptive:false')")
+    s.add_argument("--engine", default="", help="EngineConfig fields under both engines, FIELD:VALUE;...")
+    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    s.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
+    s.add_argument("--out", default="serve-bench", help="output directory: MODE.json and MODE.png")
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    from specpilot.bench import serving
+    from specpilot.bench.harness import load_workloads
+    from specpilot.bench.report import write_json
+    from specpilot.bench.serving_plot import plot
+    from specpilot.bench.synthetic import AcceptanceProfile
+
+    cfg = _check_serve_flags(args)
+    profile = AcceptanceProfile.load(args.profile) if args.profile else None
+    workloads = load_workloads(args.workloads, args.data_dir)
+    device = pick_device(args.device)
+    model, tokenizer, make_drafter = _bench_models(args, device, profile)
+    prompts = serving.workload_prompts(tokenizer, workloads, args.seed, not args.no_chat, shuffle=cfg.mode == "open")
+    eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+    engines = serving.Engines(model, make_drafter, eos, cfg, profile)
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out / f"{cfg.mode}.json", out / f"{cfg.mode}.png"
+    extra = {"target": args.target, "target_kind": _target_kind(args), "drafter": args.drafter,
+             "profile": profile.__dict__ if profile else None, "config": cfg.to_dict(), "workloads": args.workloads}
+    done = []
+
+    def on_row(row):  # the report is rewritten after every row: a run cut short keeps what it measured
+        done.append(row)
+        write_json(done, json_path, {**extra, "partial": True})
+
+    with serving.RichProgress(err, on_row) as progress:
+        if cfg.mode == "closed":
+            rows = serving.serve_closed(engines, prompts, _target_kind(args), progress)
+        else:
+            rows = serving.serve_open(engines, prompts, _target_kind(args), progress, args.capacity)
+    write_json(rows, json_path, extra)
+    try:
+        plot(rows, png_path, f"{args.target} {cfg.mode} loop, {cfg.tree}")
+    except Exception as e:  # noqa: BLE001 - the JSON is the result; the plot is a view of it
+        err.print(f"[yellow]plot failed: {type(e).__name__}: {e}[/]")
+    err.print(f"wrote {json_path} and {png_path}")
+    exact_needed = _target_kind(args) != "flat"
+    ok = all("error" not in r and (r.get("exact", True) or not exact_needed) for r in rows)
+    return 0 if ok else 1
+
+
+def _check_serve_flags(args):
+    """The flags that need no file read; returns the run's ServeConfig."""
+    from specpilot.bench.serving import ServeConfig, parse_fields, scheduler_config
+    from specpilot.config import EngineConfig
+    from specpilot.spec_decode.tree import TreeSpec
+
+    counts = [("--max-new-tokens", args.max_new_tokens), ("--requests-per-client", args.requests_per_client),
+              ("--requests", args.requests)] + [("--batch", b) for b in args.batch]
+    for flag, value in counts:
+        if value < 1:
+            raise ValueError(f"{flag} {value}: must be >= 1")
+    if args.mode == "closed":
+        for flag, value in (("--load", args.load), ("--capacity", args.capacity)):
+            if value is not None:
+                raise ValueError(f"{flag} goes with --mode open (the closed loop sets its load by --batch)")
+    for load in args.load or ():
+        if not load > 0:
+            raise ValueError(f"--load {load}: must be > 0 (a fraction of AR's capacity, e.g. 0.3 0.6 0.9)")
+    if args.capacity is not None and not args.capacity > 0:
+        raise ValueError(f"--capacity {args.capacity}: must be > 0 requests/s")
+    TreeSpec.parse(args.tree, "--tree")
+    scheduler = parse_fields(args.scheduler, "--scheduler")
+    scheduler_config(scheduler, 1)  # an unknown field or a bad value fails here, before any model is built
+    engine = parse_fields(args.engine, "--engine")
+    EngineConfig.from_dict(engine)
+    out = Path(args.out).expanduser()
+    folder = next(p for p in (out, *out.parents) if p.exists())
+    if not folder.is_dir():
+        raise ValueError(f"--out {args.out}: {folder} is not a directory (--out names a folder for MODE.json and "
+                         "MODE.png)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {args.out}: cannot write in {folder} (permission denied)")
+    return ServeConfig(args.mode, tuple(args.batch), args.max_new_tokens, args.tree, args.requests_per_client,
+                       tuple(args.load or (0.3, 0.6, 0.9)) if args.mode == "open" else (), args.requests, args.seed,
+                       tuple(scheduler.items()), tuple(engine.items()))
