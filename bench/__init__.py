@@ -17,6 +17,7 @@ Benchmarks:
     verify_cost      t(N)/t(1) of verifying N tree tokens in one forward, and a step's host overhead
     w12n_gemv        W12N GEMV vs cuBLAS bf16 vs our bf16 GEMV vs the FP8 view, per projection shape
     zoo_acceptance   tau and per-depth acceptance of the zoo's drafter x target pairs (CPU)
+    zoo_batching     the zoo under continuous batching: adaptive budget on vs off, tokens per verified token (CPU)
 
 Shared by the benchmarks, not run on their own: common (run record, JSON report, error capture, timing, copy
 bandwidth), projections (the projection shapes and GEMV timing), sass (offline SASS and its main loop), trees
