@@ -10,11 +10,16 @@ of the B-1 next positions: a chain takes the argmax of each, a tree the top cand
 A step's proposal is one forward over every request's block (the drafter's own attention layers: the block's
 K/V go to scratch positions [context, context + B) of the slot, past the context, which the next context
 extension overwrites), then one device-to-host copy; on GPU that forward is a CUDA graph per (batch, depth,
-tree width). Accepted tokens' target features extend the context lazily, inside the same forward: each
-request's new rows (at most a block: the accepted path) sit in a [n, B, F] buffer, and all B rows are written
-at [old context, old context + B); the rows past the new ones land on scratch positions that the block then
-overwrites, so the extension has a fixed shape and joins the graph. Longer extensions (a prompt's features)
-take one eager pass first.
+tree width). The block reads its context through the draft paths' attention: with `block_kernel` (the runtime's
+choice on a GPU) the tree-attention op reads each request's own context by its device length; SDPA has no device
+bound, so a captured SDPA proposal gathers the whole cache of every slot in the batch. Accepted tokens' target
+features extend the context lazily, inside the same forward: the requests' new rows (at most a block each: the
+accepted path) are packed back to back in an [n * B, F] buffer by one copy, the forward gathers B rows per request
+from its offset and writes them at [old context, old context + B); the rows past the new ones land on scratch
+positions that the block then overwrites, so the extension has a fixed shape and joins the graph. Longer
+extensions (a prompt's features) take one eager pass first. A chain's tokens are the argmax of the LM head's
+output in the model dtype (the same index as the argmax of its exact fp32 widening, without an fp32 copy of
+n * depth * vocab logits); a tree's candidates are the top-k of the fp32 log-softmax.
 """
 
 from __future__ import annotations
@@ -40,23 +45,27 @@ from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 class ProposalGraph:
     """The context extension and proposal forward of a fixed (batch, depth, width), captured once and replayed:
     it reads one static int64 input [4, n] (roots, slots, old context lengths, new context rows) and a static
-    features buffer [n, B, F], and writes one static output."""
+    packed features buffer [n * B, F], and writes one static output."""
 
     def __init__(self, run, inputs: torch.Tensor, features: torch.Tensor, warmup: int = 2):
         self.inputs, self.features = inputs.clone(), features.clone()
         self.graph, self.output = capture(run, self.inputs, self.features, warmup=warmup)
 
-    def replay(self, inputs: torch.Tensor, rows: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    def replay(self, inputs: torch.Tensor, new: list[torch.Tensor], pack) -> torch.Tensor:
+        """pack(buffer, new): writes the requests' new context rows into the static features buffer."""
         self.inputs.copy_(inputs, non_blocking=True)
-        _fill_rows(self.features, rows)
+        pack(self.features, new)
         self.graph.replay()
         return self.output
 
 
-def _fill_rows(buffer: torch.Tensor, rows: list[tuple[int, torch.Tensor]]) -> None:
-    """Each request's new context features into its row of the [n, B, F] buffer (the rest of a row is scratch)."""
-    for row, features in rows:
-        buffer[row, :features.shape[0]].copy_(features)
+def pack_rows(buffer: torch.Tensor, new: list[torch.Tensor]) -> None:
+    """The requests' new context features (in batch-row order) back to back from row 0 of the [n * B, F] buffer, in
+    one copy; the rows after them are scratch."""
+    if len(new) == 1:
+        buffer[:new[0].shape[0]].copy_(new[0])
+    elif new:
+        torch.cat(new, out=buffer[:sum(f.shape[0] for f in new)])
 
 
 class DFlashDrafter:
@@ -156,23 +165,28 @@ class DFlashDrafter:
         argmax rows [n][depth]; else top-k ids and log-prob bits as an int32 host tensor [2, n, depth, width]."""
         pending = self._take_pending(slots)
         host = self._inputs(slots, roots, pending)
-        rows = [(row, f) for row, _, f in pending]
+        new = [f for _, _, f in sorted(pending, key=lambda p: p[0])]  # batch-row order, as the forward gathers
         if self.use_graphs:
             key = (len(slots), depth, width)
             graph = self.graphs.get(key)
             if graph is None:
-                max_len = self.cache.max_seq_len  # a replay cannot follow a host bound: the SDPA path reads all
+                # a replay cannot follow a host bound: the SDPA path (no block_kernel) reads the whole cache; the
+                # tree-attention op ignores the bound and reads each request's context by its device length
+                max_len = self.cache.max_seq_len
                 features = self._features(len(slots))
-                _fill_rows(features, rows)
+                self._pack(features, new)
                 graph = self.graphs[key] = ProposalGraph(lambda x, f: self._run(x, f, depth, width, max_len),
                                                          host.to(self.device), features)
-            out = graph.replay(host, rows)
+            out = graph.replay(host, new, self._pack)
         else:
             features = self._features(len(slots))
-            _fill_rows(features, rows)
+            self._pack(features, new)
             out = self._run(host.to(self.device, non_blocking=True), features, depth, width,
                             int((host[2] + host[3]).max()))
         return out.tolist() if width == 0 else out.cpu()
+
+    def _pack(self, buffer: torch.Tensor, new: list[torch.Tensor]) -> None:
+        pack_rows(buffer, new)
 
     def _inputs(self, slots: list[int], roots: list[int], pending) -> torch.Tensor:
         """The step's only host-to-device input, [4, n] (roots, slots, old context lengths, new context rows);
@@ -183,28 +197,38 @@ class DFlashDrafter:
         return torch.tensor([roots, slots, old, new], dtype=torch.long, pin_memory=self.on_gpu)
 
     def _features(self, n: int) -> torch.Tensor:
-        """A zeroed [n, B, F] buffer of new context features (zeros: the scratch rows stay finite)."""
+        """A zeroed [n * B, F] buffer of packed new context features (zeros: the scratch rows stay finite)."""
         fc = self.model.fc.weight
-        return torch.zeros(n, self.block_size, fc.shape[1], dtype=fc.dtype, device=self.device)
+        return torch.zeros(n * self.block_size, fc.shape[1], dtype=fc.dtype, device=self.device)
 
     def _run(self, inputs: torch.Tensor, features: torch.Tensor, depth: int, width: int,
              max_prefix_len: int) -> torch.Tensor:
-        """Device only (capturable): inputs [4, n] and the new context features [n, B, F] -> chain argmax
-        [n, depth] int64, or (width > 0) the top-k ids and log-prob bits [2, n, depth, width] int32, so one copy
-        brings back both."""
+        """Device only (capturable): inputs [4, n] and the packed new context features [n * B, F] -> chain
+        argmax [n, depth] int64, or (width > 0) the top-k ids and log-prob bits [2, n, depth, width] int32, so
+        one copy brings back both."""
         roots, slots, old, new = inputs
-        n, B = features.shape[:2]
-        self.model.add_context(features.view(n * B, -1), (old[:, None] + self._offsets).view(-1),
+        n, B = inputs.shape[1], self.block_size
+        # request r's rows start where the rows of the requests before it end; its rows past `new` are scratch
+        # (another request's rows or stale ones: finite) that land where the block then writes
+        first = torch.cumsum(new, 0) - new
+        rows = (first[:, None] + self._offsets).clamp_(max=features.shape[0] - 1).view(-1)
+        self.model.add_context(features[rows], (old[:, None] + self._offsets).view(-1),
                                slots[:, None].expand(n, B).reshape(-1), self.cache, self.paths)
-        logits = self._logits(torch.stack((roots, slots, old + new)), depth, max_prefix_len)
+        return self._pick(self._logits(torch.stack((roots, slots, old + new)), depth, max_prefix_len), width)
+
+    def _pick(self, logits: torch.Tensor, width: int) -> torch.Tensor:
+        """logits [n, depth, vocab] in the LM head's dtype -> chain argmax [n, depth] int64 (widening to fp32 is
+        exact and keeps the order and the first of equal maxima, so the argmax needs no fp32 copy), or the top
+        `width` ids and log-prob bits [2, n, depth, width] int32 of the fp32 log-softmax."""
         if width == 0:
             return logits.argmax(-1)
-        top = torch.log_softmax(logits, dim=-1).topk(width, dim=-1)
+        top = torch.log_softmax(logits.float(), dim=-1).topk(width, dim=-1)
         return torch.stack((top.indices.to(torch.int32), top.values.view(torch.int32)))
 
     def _logits(self, inputs: torch.Tensor, depth: int, max_prefix_len: int) -> torch.Tensor:
-        """inputs [3, n] (roots, slots, context lengths) -> draft logits [n, depth, vocab] fp32 of the positions
-        after each root (a root sits at its context length, its block at the scratch positions from there)."""
+        """inputs [3, n] (roots, slots, context lengths) -> draft logits [n, depth, vocab] in the LM head's dtype
+        of the positions after each root (a root sits at its context length, its block at the scratch positions
+        from there)."""
         roots, slots, start = inputs
         n, B = inputs.shape[1], self.block_size
         ids = torch.where(self._offsets == 0, roots[:, None], self.mask_token_id)  # [n, B]
@@ -212,14 +236,14 @@ class DFlashDrafter:
         meta = BatchMetadata(ids, pos, pos, slots, start, max_prefix_len, self._full_mask.expand(n, B, B),
                              paths=self.paths)
         hidden = self.model(self.target.model.embed_tokens(ids), meta, self.cache)
-        return self.target.logits(hidden[:, 1:1 + depth], self.paths).float()
+        return self.target.logits(hidden[:, 1:1 + depth], self.paths)
 
     @torch.inference_mode()
     def block_logits(self, slots: list[int], roots: list[int]) -> torch.Tensor:
         """Draft logits [n, B-1, vocab] fp32 for the positions after each root (eager)."""
         self._flush()
         host = self._inputs(slots, roots, [])[:3]
-        return self._logits(host.to(self.device), self.block_size - 1, int(host[2].max()))
+        return self._logits(host.to(self.device), self.block_size - 1, int(host[2].max())).float()
 
 
 def load_dflash(model_dir: Path, target: CausalLM, dtype="auto", runtime: Runtime | None = None) -> DFlashDrafter:
