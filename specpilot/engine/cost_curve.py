@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import os
 import re
 import statistics
@@ -85,7 +86,7 @@ class VerifyCostCurve:
             if len(rows) != len(self.contexts) or any(len(r) != len(toks) for r in rows):
                 raise ValueError(f"VerifyCostCurve.seconds_grid at batch {b} must be [contexts][tokens] = "
                                  f"[{len(self.contexts)}][{len(toks)}]")
-            if not all(np.isfinite(s) and s > 0 for r in rows for s in r):
+            if not all(math.isfinite(s) and s > 0 for r in rows for s in r):
                 raise ValueError(f"VerifyCostCurve.seconds_grid at batch {b} holds a time that is not a positive "
                                  f"finite number")
 
