@@ -4,7 +4,16 @@ acceptance means nothing; every number produced this way is labelled synthetic.
 
 A profile gives, per depth d, the probability that the rank-0 child of a node on the true path is the true
 next token (conditional on its parent being right); a sibling of rank r is right with per_depth[d] *
-sibling_decay**r when the earlier ranks missed. At most one child of a node is right.
+sibling_decay**r when the earlier ranks missed. At most one child of a node is right. Without a variation model
+every step of every request draws from per_depth (i.i.d.); with one (bench/variation.py: a two-state Markov chain
+per request, fitted to the zoo's traces) each request draws from its own state's per-depth table, step by step,
+and the run's pooled per-depth acceptance is still per_depth. Every row says which (AcceptanceProfile.label).
+
+Requests are told apart by their prompts: `truth` maps a prompt (tuple of token ids) to its stock continuation,
+and start(slot, prompt) takes it for the slot, with a fresh acceptance state, so a slot reused by a new request
+(continuous batching) follows the new request. A request's state path comes from a generator seeded by the seed
+and its prompt alone: the same whatever requests share its steps, and in whatever order. A static batch may key
+`truth` by slot instead.
 
 The probe: in bf16 a random target's logits are nearly flat, so the AR decode path and the verify block (two
 equally valid kernels) round a near-tie differently on ~20% of tokens, and a truth taken from the stock AR
@@ -31,10 +40,11 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from specpilot.bench.variation import RequestAcceptance, VariationModel
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -47,6 +57,29 @@ class AcceptanceProfile:
     per_depth: tuple[float, ...]
     sibling_decay: float = 0.5
     source: str = ""
+    # the variation model's fields as (name, value) pairs (the profile stays plain JSON data); see `variation`
+    variation_params: tuple[tuple[str, float], ...] = ()
+    variation_source: str = ""
+
+    @property
+    def variation(self) -> VariationModel | None:
+        return VariationModel.from_dict(dict(self.variation_params)) if self.variation_params else None
+
+    def with_variation(self, model: VariationModel | None, source: str = "") -> AcceptanceProfile:
+        return replace(self, variation_params=tuple(model.to_dict().items()) if model else (), variation_source=source)
+
+    @property
+    def label(self) -> str:
+        """What a benchmark row says about its acceptance."""
+        how = (self.variation_source or "2-state Markov variation") if self.variation_params else "i.i.d. per step"
+        return f"{self.name} (synthetic, {how})"
+
+    def to_dict(self) -> dict:
+        raw = {"name": self.name, "per_depth": list(self.per_depth), "sibling_decay": self.sibling_decay,
+               "source": self.source}
+        if self.variation_params:
+            raw.update(variation=dict(self.variation_params), variation_source=self.variation_source)
+        return raw
 
     @staticmethod
     def load(name_or_path: str) -> AcceptanceProfile:
@@ -60,8 +93,15 @@ class AcceptanceProfile:
         per_depth = tuple(float(p) for p in raw.get("per_depth", ()))
         if not per_depth or not all(0 <= p <= 1 for p in per_depth):
             raise ValueError(f"{path}: per_depth must be a non-empty list of probabilities")
-        return AcceptanceProfile(raw.get("name", path.stem), per_depth, float(raw.get("sibling_decay", 0.5)),
-                                 raw.get("source", ""))
+        profile = AcceptanceProfile(raw.get("name", path.stem), per_depth, float(raw.get("sibling_decay", 0.5)),
+                                    raw.get("source", ""))
+        if "variation" not in raw:
+            return profile
+        try:
+            model = VariationModel.from_dict(raw["variation"])
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        return profile.with_variation(model, str(raw.get("variation_source", "")))
 
     def p(self, depth: int, rank: int) -> float:
         base = self.per_depth[min(depth, len(self.per_depth)) - 1]
@@ -90,18 +130,25 @@ class SyntheticDrafter:
     """Wraps a drafter: the drafter still runs (its cost is real), but the tree has the spec's full shape and its
     tokens come from the oracle."""
 
-    def __init__(self, inner, truth: dict[int, list[int]], profile: AcceptanceProfile, vocab_size: int, seed: int = 0,
-                 probe: Probe | None = None, untimed: Callable | None = None):
-        """truth: per slot, the stock continuation (the guess); probe: see set_probe; untimed(fn, *args): runs
-        the oracle's work, a benchmark's clock that excludes it (default: a plain call)."""
+    def __init__(self, inner, truth: dict[tuple[int, ...] | int, list[int]], profile: AcceptanceProfile,
+                 vocab_size: int, seed: int = 0, probe: Probe | None = None, untimed: Callable | None = None):
+        """truth: the stock continuation (the guess) per request's prompt (tuple of token ids), or per slot (an
+        int; a static batch), which the probes correct in place; probe: see set_probe; untimed(fn, *args): runs the
+        oracle's work, a benchmark's clock that excludes it (default: a plain call)."""
         self.inner, self.truth, self.profile, self.vocab = inner, truth, profile, vocab_size
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
-        self.rng = random.Random(seed)
+        block = getattr(inner, "block_size", None)  # a DFlash block of B drafts B - 1 tokens deep
+        self.max_depth = getattr(inner, "max_depth", None) or (block - 1 if block else None)
+        self.seed, self.rng = seed, random.Random(seed)
+        self.variation = profile.variation
         self.probe = probe
         self.probes = 0  # probe passes so far (each one a verify forward)
         self.untimed = untimed or (lambda fn, *args: fn(*args))
         self.out: dict[int, list[int]] = {}  # per slot: the tokens emitted so far, the current root last
+        self.key: dict[int, tuple[int, ...] | int] = {}  # per slot: its request's key into truth
+        # per slot: its request's acceptance state and the generator that moves it
+        self.state: dict[int, tuple[RequestAcceptance, random.Random]] = {}
 
     def set_probe(self, probe: Probe) -> None:
         """probe(slots, trees): the target's greedy token after every node of the trees, from a verify that commits
@@ -112,8 +159,14 @@ class SyntheticDrafter:
         self.inner.allocate(num_slots, max_seq_len)
 
     def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
+        """A request takes the slot: its truth (by prompt, else by slot), nothing emitted yet, a fresh state."""
         self.inner.start(slot, prompt_ids, features)
         self.out[slot] = []  # the first token (from the prefill) arrives as the first root
+        key = tuple(prompt_ids)
+        self.key[slot] = key if key in self.truth or slot not in self.truth else slot
+        if self.variation is not None:
+            rng = random.Random(repr((self.seed, key)))
+            self.state[slot] = (self.variation.request(self.profile.per_depth, rng), rng)
 
     def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.inner.commit(slot, accepted, features)
@@ -132,36 +185,44 @@ class SyntheticDrafter:
             self.out.setdefault(s, []).append(root)  # the root is the last emitted token
             tree = shape(spec, root, self.profile)
             future = self._future(s)
-            on_path = self._draw(tree, None if self.probe is not None else len(future))
+            on_path = self._draw(tree, None if self.probe is not None else len(future), self._per_depth(s))
             trees.append(self._fill(tree, on_path, future))
             right.append(on_path)
+            if s in self.state:
+                state, rng = self.state[s]
+                state.advance(rng)
         return self._settle(slots, trees, right) if self.probe is not None else trees
+
+    def _per_depth(self, slot: int) -> tuple[float, ...]:
+        """This step's per-depth acceptance for the slot's request: its state's, or the profile's."""
+        return self.state[slot][0].per_depth() if slot in self.state else self.profile.per_depth
+
+    def _truth(self, slot: int) -> list[int]:
+        return self.truth.get(self.key.get(slot, slot), [])
 
     def _future(self, slot: int) -> list[int]:
         """The guessed tokens after the root: the truth's, while the emitted prefix still follows it."""
-        out, truth = self.out[slot], self.truth.get(slot, [])
+        out, truth = self.out[slot], self._truth(slot)
         return truth[len(out):] if truth[:len(out)] == out else []
 
     def _capped(self, spec: TreeSpec) -> TreeSpec:
-        """The spec no deeper than the inner drafter can draft (a DFlash block of B drafts B - 1 tokens deep, as
-        DFlashDrafter caps it): the oracle must not credit depths the real drafter never proposes."""
-        block = getattr(self.inner, "block_size", None)
-        if block is None or spec.depth <= block - 1:
-            return spec
-        depth = block - 1
-        return TreeSpec(spec.kind, depth, spec.branching[:depth], spec.top_k, spec.max_nodes)
+        """The spec no deeper than the inner drafter drafts (as DFlashDrafter caps it): the oracle must not credit
+        depths the real drafter never proposes."""
+        return spec.capped(self.max_depth) if self.max_depth else spec
 
-    def _draw(self, tree: DraftTree, known: int | None) -> list[bool]:
-        """Which nodes are right, from the profile's draws alone: a path from the root (at most one right child
-        per node). `known`: the depth up to which the truth is known (None: any, the probe finds it)."""
-        depths = tree.depths
+    def _draw(self, tree: DraftTree, known: int | None, per_depth: tuple[float, ...]) -> list[bool]:
+        """Which nodes are right, from draws alone: a path from the root (at most one right child per node), a
+        rank-r child of depth d right with per_depth[d] * sibling_decay**r. `known`: the depth up to which the
+        truth is known (None: any, the probe finds it)."""
+        depths, decay = tree.depths, self.profile.sibling_decay
         on_path = [True] + [False] * (tree.num_nodes - 1)
         for parent in range(tree.num_nodes):
             if not on_path[parent]:
                 continue
             for rank, child in enumerate(tree.children(parent)):
                 d = depths[child]
-                if (known is None or d <= known) and self.rng.random() < self.profile.p(d, rank):
+                chance = per_depth[min(d, len(per_depth)) - 1] * decay**rank
+                if (known is None or d <= known) and self.rng.random() < chance:
                     on_path[child] = True
                     break
         return on_path
@@ -209,8 +270,8 @@ class SyntheticDrafter:
         past them only if it agrees."""
         path = [n for n in range(1, tree.num_nodes) if right[n]]
         known = self.out[slot] + [tree.tokens[n] for n in path] + [greedy[path[-1] if path else 0]]
-        truth = self.truth.get(slot, [])
-        self.truth[slot] = truth if truth[:len(known)] == known else known
+        truth = self._truth(slot)
+        self.truth[self.key.get(slot, slot)] = truth if truth[:len(known)] == known else known
 
     def _wrong(self, truth: int | None) -> int:
         tok = self.rng.randrange(self.vocab)

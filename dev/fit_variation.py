@@ -1,0 +1,143 @@
+"""Fits the acceptance variation model (specpilot/bench/variation.py) to the trained zoo's per-request acceptance
+traces and writes bench/results/zoo_variation_fit.json.
+
+Records, per target/drafter pair, the accepted drafts of every step of every request (chain:7, greedy, fp32 CPU):
+a thin wrapper around the drafter logs len(accepted) at each commit, per slot; the engine is untouched. Then fits
+the model's shape (between-request Beta mix, per-step redraw, easy/hard contrast) by maximum likelihood, per pair
+and jointly over the two DFlash pairs (the shape the dflash2 profiles carry), and puts the traces' statistics
+beside the fitted model's, simulated, so the fit can be judged on figures it was not fitted to.
+
+    OMP_NUM_THREADS=1 python3 dev/fit_variation.py --out bench/results/zoo_variation_fit.json
+    python3 dev/fit_variation.py --traces-from bench/results/zoo_variation_fit.json --out ...  # refit only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from specpilot.bench.variation import fit, pooled_per_depth, simulate, trace_stats
+from specpilot.demo import zoo_dir
+from specpilot.engine.engine import SpecEngine
+from specpilot.models.loader import load_model, load_tokenizer
+from specpilot.prompts import load_prompts, resolve_prompt_set
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.drafters.registry import build_drafter
+from specpilot.spec_decode.tree import TreeSpec
+
+PAIRS = (("dense", "dense-dflash"), ("hybrid", "hybrid-dflash"), ("dense", "dense-eagle3"),
+         ("hybrid", "hybrid-eagle3"), ("dense", "draft-lm"), ("hybrid", "draft-lm"))
+JOINT = ("dense:dense-dflash", "hybrid:hybrid-dflash")  # the dflash2 profiles' shape: the zoo's DFlash drafters
+TREE, DEPTH = "chain:7", 7
+
+
+class Recorder:
+    """Delegates to a drafter; logs, per slot, the number of drafts accepted at each commit."""
+
+    def __init__(self, inner):
+        self.inner, self.counts = inner, {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def start(self, slot, prompt_ids, features=None):
+        self.counts[slot] = []
+        self.inner.start(slot, prompt_ids, features)
+
+    def commit(self, slot, accepted, features=None):
+        self.counts[slot].append(len(accepted))
+        self.inner.commit(slot, accepted, features)
+
+
+def record(zoo: Path, target: str, drafter: str, prompts: list[list[int]], new_tokens: int, batch: int) -> dict:
+    model = load_model(str(zoo / target), "cpu", "float32")
+    tok = load_tokenizer(str(zoo / target))
+    runner = ModelRunner(model)
+    rec = Recorder(build_drafter(str(zoo / drafter), model, tok, runtime=runner.runtime))
+    engine = SpecEngine(runner, rec, TreeSpec.parse(TREE))
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    traces, t0 = [], time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        group = prompts[i:i + batch]
+        engine.generate(group, params)
+        traces += [rec.counts[slot] for slot in range(len(group))]
+    return {"target": target, "drafter": drafter, "traces": ["".join(map(str, t)) for t in traces],
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def judged(traces: list[list[int]], per_depth, model, budget: int, seed: int) -> dict:
+    """The traces' statistics beside the fitted model's and the i.i.d. profile's (no variation), simulated."""
+    out = {"measured": trace_stats(traces, DEPTH)}
+    for name, m in (("fitted", model), ("iid", None)):
+        sim = simulate(m, per_depth, DEPTH, 4000, budget, random.Random(seed))
+        out[name] = trace_stats(sim, DEPTH)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--prompts", default="humaneval")
+    p.add_argument("--limit", type=int, default=24)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--pairs", nargs="+", default=[f"{t}:{d}" for t, d in PAIRS])
+    p.add_argument("--traces-from", default=None, help="refit the traces of an earlier output (no zoo run)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if args.traces_from:
+        old = json.loads(Path(args.traces_from).read_text())
+        recorded, run = {k: v["recorded"] for k, v in old["pairs"].items()}, old["run"]
+    else:
+        zoo = zoo_dir()
+        tok = load_tokenizer(str(zoo / "dense"))
+        texts = [q.text for q in load_prompts(resolve_prompt_set(args.prompts), args.limit)]
+        prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
+        run = {"command": "OMP_NUM_THREADS=1 python3 dev/fit_variation.py " + " ".join(
+                   f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
+                   for k, v in vars(args).items() if v is not None),
+               "commit": commit, "device": "cpu", "cpu": platform.processor() or platform.machine(),
+               "dtype": "float32", "tree": TREE, "prompts": args.prompts, "requests": len(prompts),
+               "max_new_tokens": args.max_new_tokens, "greedy": True,
+               "zoo": json.loads((zoo / "zoo.json").read_text()).get("built_at_commit")}
+        recorded = {}
+        for pair in args.pairs:
+            target, drafter = pair.split(":")
+            recorded[pair] = record(zoo, target, drafter, prompts, args.max_new_tokens, args.batch)
+            print(f"{pair}: {len(recorded[pair]['traces'])} traces in {recorded[pair]['seconds']} s", flush=True)
+    budget = run["max_new_tokens"] - 1  # the prefill emits the first token; steps emit the rest
+    doc = {"run": run, "fit_commit": commit, "model": "2-state Markov chain per request (specpilot/bench/variation.py)",
+           "pairs": {}}
+    for pair, rec in recorded.items():
+        traces = [list(map(int, t)) for t in rec["traces"]]
+        per_depth = pooled_per_depth(traces, DEPTH)
+        model, loglik = fit([(traces, per_depth)])
+        doc["pairs"][pair] = {"per_depth": [round(x, 4) for x in per_depth], "fit": model.to_dict(),
+                              "log_likelihood": round(loglik, 2), **judged(traces, per_depth, model, budget, args.seed),
+                              "recorded": rec}
+        print(f"{pair}: {model}", flush=True)
+    groups = [(tr, pooled_per_depth(tr, DEPTH)) for tr in
+              ([list(map(int, t)) for t in recorded[pair]["traces"]] for pair in JOINT if pair in recorded)]
+    if len(groups) == len(JOINT):
+        model, loglik = fit(groups)
+        doc["joint"] = {"pairs": list(JOINT), "fit": model.to_dict(), "log_likelihood": round(loglik, 2),
+                        "per_pair": {pair: judged(tr, pd, model, budget, args.seed)
+                                     for pair, (tr, pd) in zip(JOINT, groups)}}
+        print(f"joint {JOINT}: {model}", flush=True)
+    tmp = Path(args.out + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
