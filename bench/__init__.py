@@ -15,6 +15,7 @@ Benchmarks:
     sass_count       offline SASS instruction counts of the GEMV kernels' main loops (sm_90, no GPU needed)
     spec_step        where a speculative step's time goes, per phase and per kernel (synthetic acceptance)
     verify_cost      t(N)/t(1) of verifying N tree tokens in one forward, and a step's host overhead
+    verify_curve     the verify cost curve the node budget reads: seconds per batch, tokens per request, context
     w12n_gemv        W12N GEMV vs cuBLAS bf16 vs our bf16 GEMV vs the FP8 view, per projection shape
     zoo_acceptance   tau and per-depth acceptance of the zoo's drafter x target pairs (CPU)
     zoo_batching     the zoo under continuous batching: adaptive budget on vs off, tokens per verified token (CPU)
