@@ -9,8 +9,9 @@ made non-decreasing in tokens (running maximum): a noisy point where more tokens
 the budget add nodes for nothing.
 
 Two sources, one object: measure() times chain verifies through the runner on the present device; roofline() and
-from_model() give the analytic default (weights and K/V read at the device's bandwidth, or the tokens' FLOPs at
-its peak, whichever is slower, plus a launch floor) before a measurement exists and on the CPU. Curves are saved
+from_model() give the analytic default before a measurement exists and on the CPU (weights and K/V read at the
+device's bandwidth against the tokens' FLOPs at its peak, the slower of the two or their sum, plus a launch
+floor). Curves are saved
 as JSON (atomic), cached per GPU name and model fingerprint under $SPECPILOT_CACHE/cost_curves
 (default ~/.cache/specpilot/cost_curves).
 """
@@ -117,16 +118,19 @@ class VerifyCostCurve:
 
     @staticmethod
     def roofline(weight_bytes: int, flops_per_token: float, kv_bytes_per_token: float, bandwidth: float,
-                 peak_flops: float, floor_s: float, state_bytes_per_request: float = 0.0,
+                 peak_flops: float, floor_s: float, state_bytes_per_request: float = 0.0, overlap: bool = True,
                  batches: tuple[int, ...] = ROOFLINE_BATCHES, contexts: tuple[int, ...] = ROOFLINE_CONTEXTS,
                  max_tokens_per_request: int = 64) -> VerifyCostCurve:
         """floor_s + max(bytes read / bandwidth, FLOPs / peak_flops), as a curve: bytes = the weights once, plus per
-        request its context's K/V and its recurrent state; FLOPs = flops_per_token per token. Per batch size the
-        tokens grid holds the points where the time turns from bandwidth- to compute-bound, so that between
-        grid points the curve is the roofline itself (to within a token)."""
+        request its context's K/V and its recurrent state; FLOPs = flops_per_token per token. overlap=False: the
+        sum of the two instead of the larger (memory and compute serialised). Per batch size the tokens grid holds
+        the points where the time turns from bandwidth- to compute-bound, so that between grid points the curve
+        is the formula itself (to within a token)."""
+        combine = max if overlap else (lambda a, b: a + b)
+
         def time_at(tokens: int, batch: int, ctx: int) -> float:
             read = weight_bytes + batch * (ctx * kv_bytes_per_token + state_bytes_per_request)
-            return floor_s + max(read / bandwidth, tokens * flops_per_token / peak_flops)
+            return floor_s + combine(read / bandwidth, tokens * flops_per_token / peak_flops)
 
         tokens, grid = [], []
         for b in batches:
@@ -142,10 +146,13 @@ class VerifyCostCurve:
         return VerifyCostCurve(tuple(batches), tuple(contexts), tuple(tokens), tuple(grid), source="roofline")
 
     @staticmethod
-    def from_model(model: torch.nn.Module, device_kind: str) -> VerifyCostCurve:
+    def from_model(model: torch.nn.Module, device_kind: str, overlap: bool = False) -> VerifyCostCurve:
         """The roofline of a CausalLM on a device kind ("cuda": H200 constants; anything else: CPU-like ones):
         weight bytes from model.weight_bytes_per_token(), 2 FLOPs per weight per token, K/V bytes per token of
-        context from the config and the model's dtype, the recurrent state read and written once per request."""
+        context from the config and the model's dtype, the recurrent state read and written once per request.
+        Memory and compute times add by default (overlap=False): verify blocks of a few tokens per request
+        pay for their tokens well below the roofline's knee (docs/budget.md has the measured figures), and a
+        curve flat up to the knee would give every request every node."""
         roof = DEVICE_ROOFS["cuda" if device_kind == "cuda" else "cpu"]
         cfg: ModelConfig = model.config
         weight_bytes = model.weight_bytes_per_token()
@@ -162,7 +169,7 @@ class VerifyCostCurve:
                     + cfg.linear_num_value_heads * cfg.linear_value_head_dim) * cfg.linear_conv_kernel_dim * elt
             state = 2.0 * cfg.num_linear_layers * (ssm + conv)  # read and written back
         return VerifyCostCurve.roofline(weight_bytes, 2.0 * params, kv, roof.bandwidth, roof.peak_flops, roof.floor_s,
-                                        state_bytes_per_request=state)
+                                        state_bytes_per_request=state, overlap=overlap)
 
     def to_dict(self) -> dict:
         return {"source": self.source, "batches": list(self.batches), "contexts": list(self.contexts),

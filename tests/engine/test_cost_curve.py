@@ -119,14 +119,21 @@ def _tiny(shape="tiny-dense"):
 
 def test_from_model_reads_the_model():
     model = _tiny()
+    weights = model.weight_bytes_per_token()
+    params = sum(p.numel() for p in model.parameters())
+    emb = model.model.embed_tokens.weight
+    params -= emb.numel() - emb.shape[1]  # untied: one row of the table is read
     cpu, roof = VerifyCostCurve.from_model(model, "cpu"), DEVICE_ROOFS["cpu"]
-    assert cpu.seconds(1, 1, 0) == pytest.approx(roof.floor_s + model.weight_bytes_per_token() / roof.bandwidth)
+    for t in (1, 8, 64):  # memory and compute times added
+        assert cpu.seconds(t, 1, 0) == pytest.approx(roof.floor_s + weights / roof.bandwidth
+                                                     + t * 2 * params / roof.peak_flops)
     cfg = model.config
     kv = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     assert cpu.seconds(1, 1, 4096) - cpu.seconds(1, 1, 0) == pytest.approx(4096 * kv / roof.bandwidth)
-    gpu, h200 = VerifyCostCurve.from_model(model, "cuda"), DEVICE_ROOFS["cuda"]
-    assert h200.bandwidth == 4.8e12
-    assert gpu.seconds(1, 1, 0) == pytest.approx(h200.floor_s + model.weight_bytes_per_token() / h200.bandwidth)
+    gpu, h200 = VerifyCostCurve.from_model(model, "cuda", overlap=True), DEVICE_ROOFS["cuda"]
+    assert h200.bandwidth == 4.8e12 and h200.peak_flops == 7e14
+    assert gpu.seconds(1, 1, 0) == pytest.approx(h200.floor_s + weights / h200.bandwidth)
+    assert gpu.seconds(64 * 256, 256, 0) == pytest.approx(h200.floor_s + 64 * 256 * 2 * params / h200.peak_flops)
 
 
 def test_from_model_counts_the_recurrent_state_of_a_hybrid():
