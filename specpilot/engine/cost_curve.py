@@ -258,11 +258,11 @@ def cache_path(gpu_name: str, model_fingerprint: str) -> Path:
 
 @torch.inference_mode()
 def measure(runner, batches: list[int], tokens_grid: list[int], contexts: list[int], reps: int,
-            layers: tuple[int, ...] = ()) -> VerifyCostCurve:
+            layers: tuple[int, ...] = (), rounds: int = 3) -> VerifyCostCurve:
     """Times verify forwards of chains through runner.verify_inputs + runner.verify (the engine's verify call, CUDA
     graphs included where the runtime captures them) on the runner's device: per batch size B, per tokens per
-    request t in tokens_grid (B * t tokens in all) and per context, the median of `reps` back-to-back calls
-    (CUDA events on a GPU, wall time on the CPU). Allocates the runner's cache for the largest batch and context;
+    request t in tokens_grid (B * t tokens in all) and per context, the median over `rounds` timings of `reps`
+    back-to-back calls (CUDA events on a GPU, wall time on the CPU). Allocates the runner's cache for the largest batch and context;
     the cache's contents do not change a forward's time."""
     device = runner.device
     cuda = device.type == "cuda"
@@ -279,7 +279,7 @@ def measure(runner, batches: list[int], tokens_grid: list[int], contexts: list[i
                     host = host_tree_metadata(trees, [ctx] * b, list(range(b)), device, chains_as_trees=fold)
                     runner.verify(runner.verify_inputs(host, layers), layers)
 
-                rows[i][j] = _median_seconds(call, reps, cuda)
+                rows[i][j] = _median_seconds(call, reps, cuda, rounds)
         runner.verify_graphs.clear()  # graphs hold their activations: one batch size's at a time
         grid.append(tuple(map(tuple, rows)))
     totals = tuple(tuple(b * t for t in tokens_grid) for b in batches)

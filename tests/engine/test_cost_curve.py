@@ -200,9 +200,8 @@ def test_cache_path_and_fingerprint(monkeypatch, tmp_path):
     assert str(cache_path("cpu", fp)).endswith(os.path.join(".cache", "specpilot", "cost_curves", f"cpu-{fp}.json"))
 
 
-@pytest.mark.parametrize("shape", ["tiny-dense", "tiny-hybrid"])
-def test_measure_times_chain_verifies_through_the_runner(shape):
-    runner = ModelRunner(_tiny(shape), cpu_runtime())
+def test_measure_times_chain_verifies_through_the_runner():
+    runner = ModelRunner(_tiny(), cpu_runtime())
     seen = []
     verify = runner.verify
 
@@ -211,9 +210,15 @@ def test_measure_times_chain_verifies_through_the_runner(shape):
         return verify(meta, layers)
 
     runner.verify = spy
-    c = measure(runner, batches=[2, 1], tokens_grid=[4, 1], contexts=[32, 8], reps=1)
+    c = measure(runner, batches=[2, 1], tokens_grid=[3], contexts=[32, 8], reps=1, rounds=1)
     assert c.batches == (1, 2) and c.contexts == (8, 32)
-    assert c.tokens == ((1, 4), (2, 8))
+    assert c.tokens == ((3,), (6,))
     assert all(s > 0 for rows in c.seconds_grid for r in rows for s in r)
-    assert {(2, 4), (1, 1)} <= {shape for shape, _ in seen} and {8, 32} == {ctx for _, ctx in seen}
-    assert runner.cache.num_slots >= 2 and runner.cache.max_seq_len >= 32 + 4 + 1
+    assert {shape for shape, _ in seen} == {(1, 3), (2, 3)} and {ctx for _, ctx in seen} == {8, 32}
+    assert runner.cache.num_slots >= 2 and runner.cache.max_seq_len >= 32 + 3 + 1
+
+
+def test_measure_verifies_a_hybrid_targets_chains():
+    runner = ModelRunner(_tiny("tiny-hybrid"), cpu_runtime())
+    c = measure(runner, batches=[2], tokens_grid=[3], contexts=[8], reps=1, rounds=1)
+    assert c.tokens == ((6,),) and c.seconds_grid[0][0][0] > 0
