@@ -1,6 +1,6 @@
 """The batch-aware node budget: how many draft nodes each request of a step verifies.
 
-Three parts, each a pure function of its inputs:
+Three parts (node_gains and split_budget are pure functions of their inputs):
 - AcceptanceTracker: one request's recent acceptance per draft depth, p_d = P(the draft at depth d is accepted |
   the one at depth d-1 was), as exponentially decayed counts over its steps plus a prior worth a few steps.
 - node_gains: the expected accepted tokens that each extra draft node of a request adds, in the order the engine
