@@ -1,172 +1,259 @@
-"""SpecEngine: greedy speculative generation over a batch of requests, each with its own draft tree.
+"""SpecEngine: continuous batching with batch-aware greedy speculation. Requests join and leave every step.
 
-One step is six named calls: schedule (which requests still run), propose (the drafter's trees), verify
-(one target forward over every tree), accept (longest agreeing path + bonus token; the step's one host sync),
-commit (keep the accepted nodes' K/V and recurrent state, advance the drafter) and emit (append tokens, stop).
-Output equals greedy autoregressive output of the same runtime, token for token.
+A client adds requests (add_request), runs steps (step) and reads each request's new tokens from the step's
+outputs; abort drops one at once. Offline `generate` is such a client. One step is a few named calls:
+schedule (the Scheduler admits waiting requests into free slots and picks prefill chunks), budget (how many
+draft nodes each decoding request verifies: engine/budget.py, from the verify cost curve and each request's
+recent acceptance), propose (the drafter's trees, cut to those budgets), verify (one target forward over every
+tree and the prefill chunks riding along), accept (longest agreeing path + bonus token; the step's one host
+sync), commit (keep the accepted nodes' K/V and recurrent state, advance the drafter) and emit (append tokens,
+stop, free finished slots). Output equals greedy autoregressive output of the same runtime, token for token,
+whatever joins, leaves or is preempted around a request. With no drafter every request decodes one token per
+step: autoregressive continuous batching on the same engine.
 
-Each component's time is charged to the step's requests (SpecStats.seconds) without stalling the GPU: CUDA
-events at the component boundaries, read once generation is over (see _Timer).
+With verify CUDA graphs a pure verify step (no prefill chunk) is padded to a bucket of batch size (rows on a
+scratch slot) and width (powers of two), one graph per (batch, width) bucket; a step with prefill chunks runs
+eagerly. Each component's time is charged to the step's requests (SpecStats.seconds) without stalling the GPU:
+CUDA events at the component boundaries, read after a later step's sync (see _Timer).
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from itertools import count
 
 import torch
 
-from specpilot.engine.detokenizer import Detokenizer, decode_text
+from specpilot.engine.budget import AcceptanceTracker, node_gains, split_budget
+from specpilot.engine.cost_curve import VerifyCostCurve
+from specpilot.engine.detokenizer import decode_text
 from specpilot.engine.generator import GenerationResult, append_token, stop_detokenizer
+from specpilot.engine.request import Request, RequestOutput, Status
+from specpilot.engine.scheduler import Chunk, Scheduler, SchedulerConfig, StepPlan
+from specpilot.engine.stats import SpecStats
+from specpilot.layers.metadata import BatchMetadata
 from specpilot.runtime.runner import ModelRunner, inference
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.drafters.base import Drafter
-from specpilot.spec_decode.tree import DraftTree, TreeSpec
+from specpilot.spec_decode.tree import DraftTree, TreeSpec, tree_layout
 from specpilot.spec_decode.verify import Acceptance, accept_greedy, host_tree_metadata
 
-# "start": the request's prefill and drafter start (wall time, ended by the sync of its first token)
-COMPONENTS = ("start", "draft", "verify", "accept", "commit", "other")
-
-
-@dataclass(slots=True)
-class SpecStats:
-    steps: int = 0
-    emitted: int = 0
-    drafted_per_depth: list[int] = field(default_factory=list)
-    accepted_per_depth: list[int] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0.0))
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens emitted per target step, bonus included."""
-        return self.emitted / self.steps if self.steps else 0.0
-
-    def add(self, tree: DraftTree, acc: Acceptance, emitted: int) -> None:
-        self.steps += 1
-        self.emitted += emitted
-        for d, n in enumerate(tree.draft_count_per_depth()):
-            _bump(self.drafted_per_depth, d, n)
-        for d in range(acc.num_accepted):
-            _bump(self.accepted_per_depth, d, 1)
-
-    def to_dict(self) -> dict:
-        return {"steps": self.steps, "tau": round(self.tau, 4), "drafted_per_depth": self.drafted_per_depth,
-                "accepted_per_depth": self.accepted_per_depth,
-                "seconds": {k: round(v, 6) for k, v in self.seconds.items()}}
-
-
-def _bump(counts: list[int], index: int, n: int) -> None:
-    counts.extend([0] * (index + 1 - len(counts)))
-    counts[index] += n
-
-
-@dataclass(slots=True)
-class _Request:
-    index: int
-    slot: int
-    prompt: list[int]
-    result: GenerationResult
-    stats: SpecStats
-    committed: int = 0  # tokens whose K/V and state the target cache holds
-    root: int = -1  # last emitted token, not yet seen by the target
-    done: bool = False
-    detok: Detokenizer | None = None  # stop-string matcher (stop_detokenizer)
+DEFAULT_MODEL_LEN = 4096  # tokens per slot when SchedulerConfig.max_model_len is None (more if a request needs)
+FINISHED_KEPT = 4096
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 class SpecEngine:
-    def __init__(self, runner: ModelRunner, drafter: Drafter, tree: TreeSpec, eos_ids: tuple[int, ...] = (),
-                 tokenizer=None):
-        self.runner, self.drafter, self.tree = runner, drafter, tree
+    def __init__(self, runner: ModelRunner, drafter: Drafter | None, tree: TreeSpec | None = None,
+                 eos_ids: tuple[int, ...] = (), tokenizer=None, scheduler: SchedulerConfig | None = None,
+                 cost: VerifyCostCurve | None = None):
+        """drafter None: plain decoding (one token per request per step). cost: the verify cost curve the budget
+        reads (default: the roofline of this model on this device, rescaled online by measured verify times)."""
+        if drafter is not None and tree is None:
+            raise ValueError("a drafter needs a tree spec (--tree chain:D, static:... or dynamic:...)")
+        self.runner, self.drafter = runner, drafter
+        self.tree = tree.capped(drafter.max_depth) if drafter is not None and drafter.max_depth else tree
         self.eos_ids, self.tokenizer = set(eos_ids), tokenizer
+        self.config = scheduler or SchedulerConfig()
+        self.cost = cost or VerifyCostCurve.from_model(runner.model, runner.device.type)
+        self.scheduler: Scheduler | None = None  # built (and the caches sized) at the first step
+        self.slot_len = 0  # tokens a slot holds (prompt + output), the tree's nodes aside
+        self.requests: list[Request] = []  # the last generate()'s, in prompt order
+        self.step_log: deque[dict] = deque(maxlen=1 << 16)  # per step: batch, budget, prefill tokens
+        self._pending: list[Request] = []  # added before the caches were sized
+        self._finished: OrderedDict[str, Request] = OrderedDict()  # the last FINISHED_KEPT, for stats()
+        self._ids = count()
+        self._timer = _Timer(runner.device)
+        self._verify_scale = 1.0  # measured / predicted verify seconds (EMA)
+        self._draft_s: dict[int, float] = {}  # levels proposed -> measured draft seconds per step (EMA)
+        self._snapshot, self._tree_commit, self._features, self._width = None, False, None, 1
+
+    # ---- client API -------------------------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    priority: int = 0) -> str:
+        if not prompt_ids:
+            raise ValueError("every prompt needs at least one token")
+        if not params.greedy:
+            raise ValueError("the engine decodes greedily for now: use temperature 0 (speculative sampling is not "
+                             "built yet)")
+        need = len(prompt_ids) + params.max_new_tokens
+        limit = self.runner.config.max_position_embeddings
+        if need > limit:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={params.max_new_tokens} exceeds "
+                             f"the model's context of {limit} tokens; shorten the prompt or lower max_new_tokens")
+        if self.scheduler is not None and need + 1 > self.slot_len:
+            self._resize_when_idle(need)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        req = Request(rid, list(prompt_ids), params, time.perf_counter(), GenerationResult(prompt_len=len(prompt_ids)),
+                      SpecStats(), stop_detokenizer(self.tokenizer, params), priority,
+                      AcceptanceTracker(self.tree.depth) if self.drafter is not None else None)
+        if self.scheduler is None:
+            if any(r.request_id == rid for r in self._pending):
+                raise ValueError(f"request id {rid!r} is already in use; pass a fresh request_id")
+            self._pending.append(req)
+        else:
+            self.scheduler.add(req)
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        """Drops the request now (waiting or running); its slot is free for the next step."""
+        for req in self._pending:
+            if req.request_id == request_id:
+                self._pending.remove(req)
+                req.status, req.result.finish_reason = Status.FINISHED, "abort"
+                return
+        req = self.scheduler.by_id.get(request_id) if self.scheduler is not None else None
+        if req is None:
+            raise KeyError(f"no unfinished request {request_id!r}")
+        req.result.finish_reason = "abort"
+        self._finish(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending) or (self.scheduler is not None and self.scheduler.has_unfinished())
+
+    def stats(self, request_id: str) -> SpecStats:
+        """The request's SpecStats: unfinished, or among the last FINISHED_KEPT finished."""
+        req = self._finished.get(request_id) or next((r for r in self._pending if r.request_id == request_id), None)
+        if req is None and self.scheduler is not None:
+            req = self.scheduler.by_id.get(request_id)
+        if req is None:
+            raise KeyError(f"no request {request_id!r}")
+        return req.stats
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[tuple[GenerationResult, SpecStats]]:
-        if not params.greedy:
-            raise NotImplementedError("speculative decoding is greedy for now; use --temperature 0 or --drafter none")
+        """Every prompt as a request, stepped until all finish. on_token(prompt index, token id) as tokens arrive."""
+        if not prompts:
+            raise ValueError("no prompts to generate from")
         start = time.perf_counter()
-        reqs = self.requests = self._start(prompts, params, on_token, start)
-        timer = _Timer(self.runner.device)
-        while True:
-            active = self.schedule(reqs)
-            if not active:
-                break
-            timer.start(active)
-            trees = timer.run("draft", self.propose, active)
-            logits = timer.run("verify", self.verify, active, trees)
-            accepted = timer.run("accept", self.accept, trees, logits)
-            timer.run("commit", self.commit, active, trees, accepted)
-            timer.run("other", self.emit, active, trees, accepted, params, on_token, start)
-        timer.charge()
+        ids = [self.add_request(p, params) for p in prompts]
+        reqs = {r.request_id: r for r in self._pending}
+        reqs.update(self.scheduler.by_id if self.scheduler is not None else {})
+        self.requests = [reqs[i] for i in ids]
+        index = {rid: i for i, rid in enumerate(ids)}
+        while self.has_unfinished():
+            for out in self.step():
+                if on_token is not None:
+                    for tok in out.new_token_ids:
+                        on_token(index[out.request_id], tok)
+        self._timer.charge()
         total = time.perf_counter() - start
-        for r in reqs:
+        for r in self.requests:
             r.result.total_s = total
             if self.tokenizer is not None and r.result.text is None:
                 r.result.text = decode_text(self.tokenizer, r.result.token_ids)
-        return [(r.result, r.stats) for r in reqs]
+        return [(r.result, r.stats) for r in self.requests]
 
-    def _start(self, prompts, params, on_token, start) -> list[_Request]:
-        limit = self.runner.config.max_position_embeddings
-        longest = max(map(len, prompts))
-        if longest + params.max_new_tokens > limit:
-            raise ValueError(f"prompt of {longest} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
-                             f"model's context of {limit} tokens")
-        detoks = [stop_detokenizer(self.tokenizer, params) for _ in prompts]
-        committed = longest + params.max_new_tokens + 1
-        self.runner.allocate(len(prompts), committed + self.tree.max_tree_nodes)
-        # a drafter may store its tree as it grows, past the committed tokens: larger than the tree it proposes
-        self.drafter.allocate(len(prompts), committed + self.tree.max_grown_nodes)
-        reqs = []
-        for i, (prompt, (logits, features, seconds)) in enumerate(zip(prompts, self._prefill(prompts))):
-            t0 = time.perf_counter()
-            r = _Request(i, i, list(prompt), GenerationResult(prompt_len=len(prompt)), SpecStats(), detok=detoks[i])
-            self.drafter.start(r.slot, r.prompt, features)
-            r.committed = len(prompt)
-            self._emit_tokens(r, [int(logits.argmax())], params, on_token, time.perf_counter() - start)
-            r.stats.seconds["start"] += seconds + time.perf_counter() - t0
-            reqs.append(r)
-        return reqs
+    # ---- the step ---------------------------------------------------------------------------------------------
 
-    def _prefill(self, prompts):
-        """Yields per request, one prefill each: its last-token logits [vocab], the drafter's features or None, the
-        seconds spent."""
-        layers = tuple(self.drafter.target_layers)
-        runner = self.runner
-        for i, prompt in enumerate(prompts):
-            t0 = time.perf_counter()
-            if layers:
-                logits, features = runner.prefill_features(i, prompt, layers)
-            else:
-                logits, features = runner.prefill(i, prompt), None
-            yield logits, features, time.perf_counter() - t0
+    def step(self) -> list[RequestOutput]:
+        self._ensure_slots()
+        plan = self.schedule()
+        if not plan.decoding and not plan.chunks:
+            return []
+        active = plan.decoding
+        self._timer.start(active)
+        nodes = self.budget(active)
+        self._note_prediction(active, nodes, plan.chunks)
+        trees = self._timer.run("draft", self.propose, active, nodes)
+        tokens = self._timer.run("verify", self.verify, active, trees, plan.chunks)
+        accepted, firsts = self._timer.run("accept", self.accept, trees, tokens, plan.chunks)
+        self._calibrate(self._timer.charge(keep_last=True))
+        self._timer.run("commit", self.commit, active, trees, accepted, plan.chunks)
+        return self._timer.run("other", self.emit, plan, trees, accepted, firsts)
 
-    def schedule(self, reqs: list[_Request]) -> list[_Request]:
-        return [r for r in reqs if not r.done]
+    def schedule(self) -> StepPlan:
+        plan = self.scheduler.schedule()
+        if plan.admitted:
+            self.runner.cache.reset(torch.tensor([r.slot for r in plan.admitted], device=self.runner.device))
+        return plan
 
-    def propose(self, active: list[_Request]) -> list[DraftTree]:
-        trees = self.drafter.propose([r.slot for r in active], [r.root for r in active], self.tree)
-        room = [self.runner.cache.max_seq_len - r.committed for r in active]
-        assert all(t.num_nodes <= n for t, n in zip(trees, room)), "draft tree larger than the cache room left"
-        return trees
+    def budget(self, active: list[Request]) -> list[int]:
+        """Draft nodes per decoding request (0: plain decoding), logged per step."""
+        if self.drafter is None or not active:
+            nodes = [0] * len(active)
+        elif not self.config.adaptive or self.tree.kind == "dynamic":
+            nodes = [self._full_nodes()] * len(active)
+        else:
+            shape = self._shape()
+            gains = [node_gains(r.tracker, shape) for r in active]
+            plan = split_budget(gains, _Scaled(self.cost, self._verify_scale), [r.committed for r in active],
+                                draft_seconds=self._draft_seconds)
+            nodes = list(plan.nodes)
+        self.step_log.append({"batch": len(active), "nodes": nodes})
+        return nodes
+
+    def propose(self, active: list[Request], nodes: list[int]) -> list[DraftTree]:
+        """Every decoding request's tree, cut to its node budget (the first nodes in topological order, which
+        keeps every kept node's ancestors). The drafter proposes for every request, also those at 0 nodes: a
+        drafter's state follows every step's root."""
+        if not active:
+            return []
+        roots = [r.root for r in active]
+        if self.drafter is None:
+            return [DraftTree((root,), (-1,)) for root in roots]
+        spec = self.tree.capped(max(1, self._depth_for(max(nodes))))
+        trees = self.drafter.propose([r.slot for r in active], roots, spec)
+        room = self.runner.cache.max_seq_len
+        out = []
+        for r, t, n in zip(active, trees, nodes):
+            keep = min(t.num_nodes, 1 + n)
+            t = t if keep == t.num_nodes else DraftTree(t.tokens[:keep], t.parents[:keep])
+            assert r.committed + t.num_nodes <= room, "draft tree larger than the cache room left"
+            out.append(t)
+        return out
 
     @inference
-    def verify(self, active: list[_Request], trees: list[DraftTree]) -> torch.Tensor:
-        """One target forward over all trees -> greedy tokens [B, T] (device); keeps the drafter's features."""
-        # with captured verify graphs every step has the tree spec's full width (one graph per batch size)
-        width = self.tree.max_tree_nodes if self.runner.runtime.verify_graphs else None
-        hybrid = self.runner.config.is_hybrid
-        host = host_tree_metadata(trees, [r.committed for r in active], [r.slot for r in active], self.runner.device,
-                                  width, chains_as_trees=hybrid and self.runner.runtime.fold_hybrid_chains,
-                                  alloc=self.runner.staging.take)
-        layers = tuple(self.drafter.target_layers)
-        meta = self.runner.verify_inputs(host, layers)
-        # replayed chains update recurrent state in place (snapshot to roll back); trees (and folded chains) leave
-        # it and stash their terms
-        self._snapshot = self.runner.cache.snapshot(meta.slots) if hybrid and meta.block_mask is None else None
-        self._tree_commit = hybrid and meta.block_mask is not None
+    def verify(self, active: list[Request], trees: list[DraftTree], chunks: list[Chunk] = ()) -> torch.Tensor:
+        """One target forward over all trees and prefill chunks -> greedy tokens on device: [rows, T] for a pure
+        verify step, else flat (runner.mixed); keeps the drafter's features."""
+        runner, layers = self.runner, tuple(self.drafter.target_layers) if self.drafter is not None else ()
+        hybrid = runner.config.is_hybrid
+        host, self._snapshot, self._tree_commit = None, None, False
+        if trees:
+            graphs = runner.runtime.verify_graphs and not chunks
+            rows, slots, bases = list(trees), [r.slot for r in active], [r.committed for r in active]
+            width = None
+            if graphs:  # pad to a captured bucket: rows that verify a lone root on the scratch slot
+                pad = _bucket(len(rows), BATCH_BUCKETS) - len(rows)
+                rows += [DraftTree((0,), (-1,))] * pad
+                slots += [self.scheduler.num_slots] * pad
+                bases += [0] * pad
+                width = min(_pow2(max(t.num_nodes for t in trees)), self._full_nodes() + 1)
+            host = host_tree_metadata(rows, bases, slots, runner.device, width,
+                                      chains_as_trees=hybrid and runner.runtime.fold_hybrid_chains,
+                                      alloc=runner.staging.take)
+        if host is not None and not chunks:
+            meta = runner.verify_inputs(host, layers)
+            self._before_verify(meta, hybrid)
+            greedy, self._features = runner.verify(meta, layers)
+            return greedy
+        meta = host.to(runner.device, runner.runtime.verify) if host is not None else None
+        if meta is not None:
+            self._before_verify(meta, hybrid)
+        parts = [self._chunk_meta(c) for c in chunks]
+        tokens, features = runner.mixed(meta, parts, layers)
+        self._features = features[0] if features is not None and meta is not None else None
+        self._chunk_features = features[-len(chunks):] if features is not None else [None] * len(chunks)
+        return tokens
+
+    def _before_verify(self, meta: BatchMetadata, hybrid: bool) -> None:
+        # replayed chains update recurrent state in place (snapshot to roll back, unless no row can reject:
+        # width 1); trees (and folded chains) leave it and stash their terms
         self._width = meta.input_ids.shape[1]
-        greedy, self._features = self.runner.verify(meta, layers)
-        return greedy
+        chain = meta.block_mask is None
+        self._snapshot = self.runner.cache.snapshot(meta.slots) if hybrid and chain and self._width > 1 else None
+        self._tree_commit = hybrid and not chain
+
+    def _chunk_meta(self, chunk: Chunk) -> BatchMetadata:
+        dev = self.runner.device
+        ids = torch.tensor([chunk.tokens], dtype=torch.long, device=dev)
+        prefix = torch.tensor([chunk.start], dtype=torch.long, device=dev)
+        slots = torch.tensor([chunk.request.slot], dtype=torch.long, device=dev)
+        return BatchMetadata.contiguous(ids, prefix, slots, chunk.start)
 
     def rewind(self, rows: list[int] | None = None) -> None:
         """Puts back the recurrent state that the last verify advanced in place (a replayed chain), for the given
@@ -174,21 +261,38 @@ class SpecEngine:
         if self._snapshot is not None:
             self.runner.cache.restore(self._snapshot, rows)
 
-    def accept(self, trees: list[DraftTree], greedy: torch.Tensor) -> list[Acceptance]:
-        # the step's one sync, which also frees verify's staged metadata buffer for the next step
-        return accept_greedy(trees, self.runner.staging.read_tokens(greedy))
+    def accept(self, trees: list[DraftTree], tokens: torch.Tensor, chunks: list[Chunk] = ()):
+        """The step's one sync -> (each tree's Acceptance, each chunk's greedy token after its last position)."""
+        host = self.runner.staging.read_tokens(tokens)  # also frees verify's staged metadata buffer
+        if not chunks:
+            return accept_greedy(trees, host[:len(trees)]), []
+        T = self._width
+        rows = [host[i * T:(i + 1) * T] for i in range(len(trees))]
+        return accept_greedy(trees, rows), host[len(trees) * T:]
 
     @inference
-    def commit(self, active: list[_Request], trees: list[DraftTree], accepted: list[Acceptance]) -> None:
-        self.runner.cache.commit([r.slot for r in active], [r.committed for r in active],
-                                 [acc.path for acc in accepted], fold=self._tree_commit)
-        for row, (r, acc) in enumerate(zip(active, accepted)):
-            feats = self._path_features(row, acc.path) if self._features is not None else None
-            self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
-        if self._snapshot is not None:
-            self._replay_recurrent(active, trees, accepted, self._width)
-        for r, acc in zip(active, accepted):
-            r.committed += len(acc.path)
+    def commit(self, active: list[Request], trees: list[DraftTree], accepted: list[Acceptance],
+               chunks: list[Chunk] = ()) -> None:
+        if active:
+            self.runner.cache.commit([r.slot for r in active], [r.committed for r in active],
+                                     [acc.path for acc in accepted], fold=self._tree_commit)
+            for row, (r, acc) in enumerate(zip(active, accepted)):
+                feats = self._path_features(row, acc.path) if self._features is not None else None
+                if self.drafter is not None:
+                    self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
+            if self._snapshot is not None:
+                self._replay_recurrent(active, trees, accepted, self._width)
+            for r, acc in zip(active, accepted):
+                r.committed += len(acc.path)
+        for i, c in enumerate(chunks):
+            r = c.request
+            r.committed += len(c.tokens)
+            if self._chunk_features[i] is not None:
+                r.features.append(self._chunk_features[i][0].clone())
+            if c.last and self.drafter is not None:
+                feats = torch.cat(r.features) if r.features else None
+                self.drafter.start(r.slot, r.sequence, feats)
+                r.features.clear()
 
     def _path_features(self, row: int, path: tuple[int, ...]) -> torch.Tensor:
         # a copy either way: a verify graph's features are a static buffer that the next replay overwrites
@@ -207,21 +311,180 @@ class SpecEngine:
             r, tree, acc = active[i], trees[i], accepted[i]
             self.runner.extend(r.slot, [tree.tokens[j] for j in acc.path], r.committed)
 
-    def emit(self, active, trees, accepted: list[Acceptance], params, on_token, start) -> None:
-        elapsed = time.perf_counter() - start  # a step's tokens all arrive at once
-        for r, tree, acc in zip(active, trees, accepted):
+    def emit(self, plan: StepPlan, trees, accepted: list[Acceptance], firsts: list[int]) -> list[RequestOutput]:
+        now = time.perf_counter()  # a step's tokens all arrive at once
+        touched = []
+        for r, tree, acc in zip(plan.decoding, trees, accepted):
             before = len(r.result.token_ids)
-            self._emit_tokens(r, acc.tokens, params, on_token, elapsed)
+            self._emit_tokens(r, acc.tokens, now)
             r.stats.add(tree, acc, len(r.result.token_ids) - before)
+            if r.tracker is not None:
+                r.tracker.update(max(tree.depths), acc.num_accepted)
+            touched.append(r)
+        for c, first in zip(plan.chunks, firsts):
+            r = c.request
+            if not c.last:
+                continue
+            r.status = Status.DECODING
+            if r.result.token_ids:  # resumed after a preemption: its last emitted token is the root again
+                r.root = r.result.token_ids[-1]
+                continue
+            r.stats.seconds["start"] += now - r.arrival
+            self._emit_tokens(r, [first], now)
+            touched.append(r)
+        outputs = []
+        for r in touched:
+            finished = r.status is Status.FINISHED
+            outputs.append(RequestOutput(r.request_id, r.new_tokens, finished,
+                                         r.result.finish_reason if finished else None))
+            r.new_tokens = []
+        return outputs
 
-    def _emit_tokens(self, r: _Request, tokens, params, on_token, elapsed: float) -> None:
+    def _emit_tokens(self, r: Request, tokens, now: float) -> None:
         for tok in tokens:
-            if on_token is not None:
-                on_token(r.index, tok)
-            if append_token(r.result, tok, params, self.eos_ids, r.detok, elapsed):
-                r.done = True
+            r.new_tokens.append(tok)
+            if append_token(r.result, tok, r.params, self.eos_ids, r.detok, now - r.arrival):
+                self._finish(r)
                 return
         r.root = tokens[-1]
+
+    def _finish(self, req: Request) -> None:
+        self.scheduler.finish(req)
+        self._finished[req.request_id] = req
+        while len(self._finished) > FINISHED_KEPT:
+            self._finished.popitem(last=False)
+
+    # ---- sizing and the budget's inputs -----------------------------------------------------------------------
+
+    def _full_nodes(self) -> int:
+        return self.tree.max_tree_nodes - 1 if self.tree is not None else 0
+
+    def _shape(self):
+        """What node_gains reads for this tree spec: a chain's depth, or a static tree's layout."""
+        if self.tree.kind == "chain":
+            return self.tree.depth
+        return tree_layout(_static_parents(self.tree.branching))
+
+    def _depth_for(self, nodes: int) -> int:
+        """The levels a tree spec needs so that its first `nodes` draft nodes exist."""
+        if self.tree.kind == "chain":
+            return nodes
+        if self.tree.kind == "static":
+            return max(self._shape().depths[:nodes + 1])
+        return self.tree.depth
+
+    def _ensure_slots(self) -> None:
+        """At the first step (and after an idle resize): the slots' length and count, the caches allocated (one
+        extra scratch slot for padded verify rows), the requests added so far handed to the scheduler."""
+        if self.scheduler is not None:
+            return
+        longest = max((len(r.prompt) + r.params.max_new_tokens for r in self._pending), default=1)
+        default = min(self.runner.config.max_position_embeddings, DEFAULT_MODEL_LEN)
+        self.slot_len = max(self.config.max_model_len or default, longest) + 1
+        extra = self._full_nodes() + 1
+        num_slots = min(self.config.max_num_seqs, self._slots_in_memory(self.slot_len + extra))
+        self.runner.allocate(num_slots + 1, self.slot_len + extra)
+        if self.drafter is not None:
+            self.drafter.allocate(num_slots + 1, self.slot_len + self.tree.max_grown_nodes)
+        self.scheduler = Scheduler(self.config, num_slots)
+        for req in self._pending:
+            self.scheduler.add(req)
+        self._pending = []
+
+    def _resize_when_idle(self, need: int) -> None:
+        """A request longer than a slot: with nothing running, the caches are sized again at the next step (the
+        waiting requests kept); else the request cannot join."""
+        if self.scheduler.running:
+            raise ValueError(f"a prompt + max_new_tokens of {need} tokens exceeds the engine's slot of "
+                             f"{self.slot_len - 1} tokens while requests run; raise max_model_len")
+        self._pending = list(self.scheduler.waiting)
+        self.scheduler = None
+
+    def _note_prediction(self, active: list[Request], nodes: list[int], chunks: list[Chunk]) -> None:
+        """What the cost curve predicts for this step's verify forward, for _calibrate to compare with the
+        measurement."""
+        info = self._timer.steps[-1][2]
+        tokens = len(active) + sum(nodes) + sum(len(c.tokens) for c in chunks)
+        context = sum(r.committed for r in active) / len(active) if active else 0
+        info["predicted"] = float(self.cost.seconds(tokens, max(len(active), 1), context))
+        info["levels"] = max(1, self._depth_for(max(nodes))) if self.drafter is not None and active else 0
+
+    def _slots_in_memory(self, length: int) -> int:
+        """How many slots of `length` tokens the target's cache (and a drafter model's, when it has one) fit in
+        memory_fraction of the device memory free now (CUDA; unbounded elsewhere)."""
+        if self.runner.device.type != "cuda":
+            return self.config.max_num_seqs
+        per_slot = cache_bytes_per_slot(self.runner.config, length, self.runner.dtype)
+        draft_cfg = getattr(getattr(self.drafter, "model", None), "config", None)
+        if draft_cfg is not None and hasattr(draft_cfg, "num_attention_layers"):
+            per_slot += cache_bytes_per_slot(draft_cfg, length, self.runner.dtype)
+        held = self.runner.cache.nbytes() if self.runner.cache is not None else 0
+        free = torch.cuda.mem_get_info(self.runner.device)[0] + held
+        slots = int(free * self.config.memory_fraction // per_slot) - 1  # the scratch slot
+        if slots < 1:
+            raise ValueError(f"one request of {length} tokens needs {per_slot / 2**30:.2f} GiB of cache, more than "
+                             f"the {free / 2**30:.2f} GiB free: lower max_model_len")
+        return slots
+
+    def _calibrate(self, charged: list[tuple[dict, dict]]) -> None:
+        """Measured component times of finished steps rescale the cost curve and the draft cost the budget reads."""
+        for info, seconds in charged:
+            predicted = info.get("predicted")
+            if predicted:
+                self._verify_scale += 0.1 * (seconds["verify"] / predicted - self._verify_scale)
+            depth = info.get("levels")
+            if depth:
+                old = self._draft_s.get(depth, seconds["draft"])
+                self._draft_s[depth] = old + 0.2 * (seconds["draft"] - old)
+
+    def _draft_seconds(self, depth: int) -> float:
+        """The drafter's measured cost of a step proposing `depth` levels (the nearest depth measured). A step
+        proposes at least one level even when every budget is 0 (propose), so depth 0 costs what depth 1 does."""
+        if not self._draft_s:
+            return 0.0
+        depth = max(depth, 1)
+        return self._draft_s[min(self._draft_s, key=lambda d: (abs(d - depth), d))]
+
+
+def cache_bytes_per_slot(cfg, length: int, dtype: torch.dtype) -> int:
+    """Bytes of one request's K/V (length tokens) and recurrent state in a ModelCache of `cfg`."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    kv = 2 * cfg.num_attention_layers * cfg.num_key_value_heads * length * cfg.head_dim * elt
+    conv = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    state = cfg.num_linear_layers * (conv * max(cfg.linear_conv_kernel_dim - 1, 0) * elt
+                                     + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4)
+    return kv + state
+
+
+class _Scaled:
+    """A cost curve times a measured correction factor (what split_budget reads)."""
+
+    def __init__(self, curve: VerifyCostCurve, scale: float):
+        self.curve, self.scale = curve, scale
+
+    def seconds(self, tokens, batch: int, context):
+        return self.curve.seconds(tokens, batch, context) * self.scale
+
+
+def _bucket(n: int, buckets: tuple[int, ...]) -> int:
+    return next((b for b in buckets if b >= n), n)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _static_parents(branching: tuple[int, ...]) -> tuple[int, ...]:
+    """A static tree's parents, level by level (the order grow() builds it in)."""
+    parents, frontier = [-1], [0]
+    for c in branching:
+        nxt = []
+        for node in frontier:
+            for _ in range(c):
+                parents.append(node)
+                nxt.append(len(parents) - 1)
+        frontier = nxt
+    return tuple(parents)
 
 
 def _in_place(path: tuple[int, ...]) -> int:
@@ -233,19 +496,19 @@ def _in_place(path: tuple[int, ...]) -> int:
 
 
 class _Timer:
-    """Time per step component, split evenly among the step's requests.
+    """Time per step component, split evenly among the step's decoding requests.
 
     On a GPU a mark is a CUDA event recorded at each component boundary, without a sync: the time between two
     marks is the stream's timeline, i.e. the component's own device work, or the host time during which the
-    idle GPU waited for it. Events are read in charge(), once generation is over. On the CPU a mark is the wall
-    clock."""
+    idle GPU waited for it. Events are read in charge(): after a step's sync (keep_last: every step but the
+    current one) or once generation is over. On the CPU a mark is the wall clock."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.steps: list[tuple[list[_Request], list]] = []  # (requests, [(component, mark)]), first mark unnamed
+        self.steps: list[tuple[list[Request], list, dict]] = []  # (requests, [(component, mark)], info)
 
-    def start(self, active: list[_Request]) -> None:
-        self.steps.append((active, [(None, self._mark())]))
+    def start(self, active: list[Request], **info) -> None:
+        self.steps.append((active, [(None, self._mark())], info))
 
     def run(self, name: str, fn, *args):
         out = fn(*args)
@@ -259,13 +522,19 @@ class _Timer:
         event.record()
         return event
 
-    def charge(self) -> None:
-        """Adds every recorded step's component times to its requests' SpecStats.seconds."""
-        if self.cuda and self.steps:
-            self.steps[-1][1][-1][1].synchronize()
-        for active, marks in self.steps:
+    def charge(self, keep_last: bool = False) -> list[tuple[dict, dict]]:
+        """Adds every finished step's component times to its requests' SpecStats.seconds; returns (info, seconds
+        per component) per step charged."""
+        done = self.steps[:-1] if keep_last else self.steps
+        if self.cuda and done and not keep_last:
+            done[-1][1][-1][1].synchronize()
+        out = []
+        for active, marks, info in done:
+            seconds = {}
             for (_, a), (name, b) in zip(marks, marks[1:]):
-                seconds = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+                seconds[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
                 for r in active:
-                    r.stats.seconds[name] += seconds / len(active)
-        self.steps.clear()
+                    r.stats.seconds[name] += seconds[name] / len(active)
+            out.append((info, seconds))
+        self.steps = self.steps[-1:] if keep_last else []
+        return out

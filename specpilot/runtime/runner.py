@@ -1,7 +1,8 @@
 """ModelRunner: owns a model, its cache and its decode graphs; runs prefill and batched decode steps.
 
 Prefill runs one request at a time in chunks (exact for ragged prompts and recurrent layers); decode runs
-the whole batch, replaying a captured CUDA graph on GPU. The runner never sees requests or sampling. Each step
+the whole batch, replaying a captured CUDA graph on GPU; `mixed` runs a verify block and other requests' prefill
+chunks in one forward. The runner never sees requests or sampling. Each step
 method puts its step kind's KernelPaths from the Runtime (runtime/settings.py) on the step's metadata: decode
 steps runtime.decode, verify blocks runtime.verify, prefill chunks and logits runtime.prefill.
 HostStaging: the host buffers of a verify step's two copies (metadata in, greedy tokens out), kept across steps.
@@ -16,7 +17,7 @@ import torch
 
 from specpilot.config import EngineConfig
 from specpilot.layers import linear
-from specpilot.layers.metadata import BatchMetadata, HostMetadata
+from specpilot.layers.metadata import BatchMetadata, HostMetadata, MixedMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import DecodeGraph, VerifyGraph, decode_metadata
@@ -170,6 +171,28 @@ class ModelRunner:
         if self.runtime.verify_graphs:
             graph = self.verify_graphs.get((host.batch, host.width, host.tree, layers))
         return graph.load(host) if graph is not None else host.to(self.device, self.runtime.verify)
+
+    @inference
+    def mixed(self, verify: BatchMetadata | None, chunks: list[BatchMetadata], layers: tuple[int, ...] = ()):
+        """One eager forward over a verify block (under runtime.verify's paths) and prefill chunks (runtime.prefill's;
+        each a causal block of one request): the token-wise layers read their weights once for all of them.
+        Returns (tokens, features): tokens [B * T + len(chunks)] on device, the verify block's greedy tokens
+        row-major then each chunk's greedy token after its last position; features (layers given) per block,
+        [B, T, F] for the verify block (when there is one) then [1, T_i, F] per chunk, else None."""
+        parts = [dataclasses.replace(c, paths=self.runtime.prefill) for c in chunks]
+        if verify is not None:
+            parts.insert(0, dataclasses.replace(verify, paths=self.runtime.verify))
+        meta = MixedMetadata.of(parts, self.runtime.verify)
+        hidden, features = self.model(meta, self.cache, layers), None
+        if layers:
+            hidden, captured = hidden
+            features = meta.split(torch.cat(captured, dim=-1))
+        blocks = meta.split(hidden)
+        rows = [b[:, -1] for b in blocks[len(parts) - len(chunks):]]
+        if verify is not None:
+            rows.insert(0, blocks[0].flatten(0, 1))
+        tokens = self.model.logits(torch.cat(rows), self.runtime.verify).argmax(-1)
+        return tokens, features
 
     def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):
         hidden, features = self.model(meta, self.cache, layers), None
