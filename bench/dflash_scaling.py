@@ -110,10 +110,10 @@ def _tokens(trees) -> list[tuple[int, ...]]:
 
 def check(drafters: dict, work: Workload, spec: TreeSpec, steps: int, device) -> dict:
     """The first `steps` proposals of every variant from the same state (the first one flushes the contexts and
-    captures the graph): main and new equal token for token; sdpa's agreement with new; the memory each first
-    proposal (its capture) reserved."""
+    captures the graph): main and new equal token for token; sdpa's agreement with new; the memory each variant's
+    first proposal left reserved (the contexts' eager extension and the graph's capture)."""
     slots, cuda = list(range(work.n)), torch.device(device).type == "cuda"
-    out = {"steps": steps, "main_equals_new": None, "sdpa_agreement": None, "capture_reserved_mb": {}}
+    out = {"steps": steps, "main_equals_new": None, "sdpa_agreement": None, "first_proposal_reserved_mb": {}}
     same, agree, total = True, 0, 0
     for step in range(steps):
         roots = work.roots()
@@ -122,7 +122,7 @@ def check(drafters: dict, work: Workload, spec: TreeSpec, steps: int, device) ->
             before = torch.cuda.memory_reserved() if cuda else 0
             trees[name] = _tokens(d.propose(slots, roots, spec))
             if step == 0 and cuda:
-                out["capture_reserved_mb"][name] = (torch.cuda.memory_reserved() - before) / 2**20
+                out["first_proposal_reserved_mb"][name] = (torch.cuda.memory_reserved() - before) / 2**20
             work.commit(d, step)
         if "main" in trees and "new" in trees:
             same = same and trees["main"] == trees["new"]
