@@ -110,7 +110,7 @@ def _steps(pair, n: int, spec: TreeSpec, steps: int = 3) -> None:
                 d.commit(slot, [1] * (k - 1), rows)
 
 
-SPECS = ["chain:4", "chain:2", "static:2,2,1", "dynamic:3,4,8"]
+SPECS = ["chain:4", "static:2,2,1", "dynamic:3,4,8"]
 
 
 @pytest.fixture
