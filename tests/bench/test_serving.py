@@ -282,7 +282,6 @@ def _fake_models(monkeypatch):
 
     monkeypatch.setattr(commands, "_bench_models", lambda args, device, profile: (_FakeModel(), ByteTokenizer(), None))
     monkeypatch.setattr(serving, "Engines", lambda model, make, eos, cfg, profile: FakeEngines(cfg, profile=profile))
-    monkeypatch.setattr(serving, "scheduler_config", lambda fields, n: None)
 
 
 @pytest.mark.parametrize("mode", ["closed", "open"])
@@ -328,6 +327,11 @@ def _bad_serve_cases(tmp_path):
         "bad tree": (["--tree", "chain"], "--tree 'chain': use chain:D"),
         "scheduler item": (["--scheduler", "max_prefill_tokens"],
                            "--scheduler 'max_prefill_tokens': use FIELD:VALUE;FIELD:VALUE, got 'max_prefill_tokens'"),
+        "scheduler field": (["--scheduler", "max_prefill_tokens:64;nope:1"],
+                            "--scheduler: unknown field 'nope' (max_num_seqs comes from --batch); fields: "
+                            "max_prefill_tokens, max_model_len, memory_fraction, adaptive"),
+        "scheduler max_num_seqs": (["--scheduler", "max_num_seqs:4"], "--scheduler: unknown field 'max_num_seqs'"),
+        "scheduler value": (["--scheduler", "max_prefill_tokens:0"], "max_prefill_tokens=0: must be >= 1"),
         "engine field": (["--engine", "nope:1"], "EngineConfig: unknown key 'nope'"),
         "out under a file": (["--out", str(tmp_path / "afile" / "sub")],
                              f"--out {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'} is not a directory"),
@@ -343,7 +347,8 @@ def _no_model(*args, **kwargs):
 
 
 BAD_SERVE = ["batch 0", "max-new-tokens 0", "requests-per-client 0", "requests 0", "load in closed mode",
-             "capacity in closed mode", "load 0", "capacity negative", "bad tree", "scheduler item", "engine field",
+             "capacity in closed mode", "load 0", "capacity negative", "bad tree", "scheduler item", "scheduler field",
+             "scheduler max_num_seqs", "scheduler value", "engine field",
              "out under a file", "out is a file", "unknown profile", "unknown workload"]
 
 
@@ -352,7 +357,6 @@ def test_serve_bad_input_fails_up_front_with_one_line(case, tmp_path, capsys, mo
     from specpilot.bench import commands
 
     monkeypatch.setattr(commands, "_bench_models", _no_model)
-    monkeypatch.setattr(serving, "scheduler_config", lambda fields, n: None)
     (tmp_path / "afile").write_text("x")
     flags, message = _bad_serve_cases(tmp_path)[case]
     before = sorted(p.name for p in tmp_path.rglob("*"))
@@ -370,3 +374,29 @@ def test_bench_without_target_is_one_line(capsys):
     rc = main(["bench", "--acceptance", "synthetic:dflash2-mixed"])
     err = capsys.readouterr().err
     assert rc == 2 and err == "error: --target is required: a model directory, Hub repo id or random:SHAPE\n"
+
+
+# ------------------------------------------------------------------------------------------- on the real engine
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_closed_loop_on_the_engine_emits_ar_output(name, checkpoint_factory):
+    """A tiny random checkpoint (fp32, CPU), the n-gram drafter, real acceptance: the speculative engine's closed
+    loop at 1 and 3 clients emits, request for request, AR's output through the same scheduler."""
+    from specpilot.models.loader import load_model
+    from specpilot.spec_decode.drafters.ngram import NgramDrafter
+
+    path, _ = checkpoint_factory(name)
+    model = load_model(str(path), "cpu", "float32")
+    gen = random.Random(1)
+    prompts = []
+    for n in (5, 12, 8, 17):
+        base = [gen.randrange(300) for _ in range(n)]
+        prompts.append(base + base[:n // 2])  # repeats give the n-gram drafter matches
+    cfg = serving.ServeConfig("closed", (1, 3), max_new_tokens=12, tree="chain:4", per_client=2, warmup_tokens=2)
+    engines = serving.Engines(model, lambda runtime: NgramDrafter(), (), cfg, None)
+    rows = serving.serve_closed(engines, prompts, "checkpoint")
+    assert [(r["engine"], r["batch"]) for r in rows] == [("ar", 1), ("spec", 1), ("ar", 3), ("spec", 3)]
+    assert all("error" not in r for r in rows), rows
+    for r in rows:
+        assert r["requests"] == 2 * r["batch"] and r["tokens"] == 12 * r["requests"]
+    assert all(r["exact"] and r["tau"] >= 1 for r in rows if r["engine"] == "spec")
+    assert rows[0]["tau"] == pytest.approx(1.0)  # AR: one token a step
