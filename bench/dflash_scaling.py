@@ -32,9 +32,12 @@ The JSON is written again after every (context, batch); an error in one is recor
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
+import json
 import statistics
+import tempfile
 import time
 
 import torch
@@ -219,7 +222,7 @@ def labelled(drafter: DFlashDrafter, prefix: str):
 def breakdown(drafters: dict, work: Workload, depth: int, width: int, device) -> dict:
     """Per variant: milliseconds of kernel time (host time on the CPU) of each part of one eager run of the
     captured function on the current state (new context rows none: every row of the extension is scratch, as
-    in a step with nothing accepted), and the top kernels."""
+    in a step with nothing accepted), and each variant's top kernels."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = torch.device(device).type == "cuda"
@@ -237,25 +240,48 @@ def breakdown(drafters: dict, work: Workload, depth: int, width: int, device) ->
             with labelled(d, name), record_function(f"{name}:total"):
                 d._run(inputs, features, depth, width, max_len)
             sync(device)
-    rows = prof.key_averages()
-
-    def total_ms(row) -> float:
-        us = getattr(row, "device_time_total", None) if cuda else row.cpu_time_total
-        return (us if us is not None else row.cuda_time_total) / 1e3
-
-    sums = {r.key: total_ms(r) for r in rows if ":" in r.key and r.key.split(":")[0] in drafters}
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        with open(f"{tmp}/trace.json") as f:
+            sums, kernels = attribute(json.load(f), set(drafters), cuda)
     out = {}
     for name in drafters:
         parts = {part: sums.get(f"{name}:{part}", 0.0) for part in PARTS}
         whole = sums.get(f"{name}:total", 0.0)
         out[name] = {"parts_ms": {**parts, "other": whole - sum(parts.values())}, "total_ms": whole,
-                     "attention_core_ms": sums.get(f"{name}:attention_core", 0.0)}
-    if cuda:
-        kernels = sorted((r for r in rows if r.key.split(":")[0] not in drafters),
-                         key=lambda r: getattr(r, "self_device_time_total", 0), reverse=True)[:10]
-        out["top_kernels_ms_all_variants"] = [(r.key[:90], r.count, round(r.self_device_time_total / 1e3, 4))
-                                              for r in kernels]
+                     "attention_core_ms": sums.get(f"{name}:attention_core", 0.0),
+                     "top_kernels_ms": kernels.get(name, collections.Counter()).most_common(8)}
     return out
+
+
+def attribute(trace: dict, variants: set[str], cuda: bool) -> tuple[dict, dict]:
+    """Chrome trace -> ({range name: ms}, {variant: Counter(kernel name: ms)}). On a GPU a range's ms are the
+    device durations of the kernels, copies and memsets launched inside it (a kernel belongs to every range open
+    at its launch, so nested ranges include their children's); on the CPU, the ranges' own wall durations."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    ranges = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+              if e.get("cat") == "user_annotation" and e["name"].split(":")[0] in variants]
+    sums = collections.Counter()
+    kernels = {v: collections.Counter() for v in variants}
+    if not cuda:
+        for a, b, name in ranges:
+            sums[name] += (b - a) / 1e3
+        return sums, kernels
+    launched = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    for e in events:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        ts = launched.get(e.get("args", {}).get("correlation"))
+        if ts is None:
+            continue
+        ms = e["dur"] / 1e3
+        for a, b, name in ranges:
+            if a <= ts <= b:
+                sums[name] += ms
+                if name.endswith(":total"):
+                    kernels[name.split(":")[0]][e["name"][:90]] += ms
+    return sums, kernels
 
 
 def run(args, report: Report) -> None:
