@@ -25,7 +25,7 @@ def _ok(rows: list[dict], mode: str, engine: str) -> list[dict]:
 
 def _title(rows: list[dict], title: str) -> str:
     label = next((r["synthetic"] for r in rows if r.get("synthetic")), None)
-    return title + (f"\nSYNTHETIC acceptance ({label})" if label else "")
+    return title + (f"\nSYNTHETIC acceptance: {label}" if label else "")
 
 
 def plot_closed(rows: list[dict], path: str | Path, title: str = "closed loop") -> None:
@@ -42,6 +42,9 @@ def plot_closed(rows: list[dict], path: str | Path, title: str = "closed loop") 
         right.bar_label(bars, labels=[f"{v:.2f}x" for _, v in spec], fontsize=8, padding=2)
     right.axhline(1.0, color="gray", linewidth=0.8)
     left.set_xscale("log", base=2)
+    batches = sorted({r["batch"] for r in _ok(rows, "closed", "ar") + _ok(rows, "closed", "spec")})
+    left.set_xticks(batches, [str(b) for b in batches])
+    left.minorticks_off()
     left.set_xlabel("concurrent clients (batch)")
     left.set_ylabel("output tokens/s")
     left.legend()
