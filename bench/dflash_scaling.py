@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         TreeSpec.parse(args.tree)
     except ValueError as e:
-        p.error(f"--tree {args.tree!r}: {e}")
+        p.error(str(e))
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device here: run with --device cpu for a dry run")
     args.variants = list(dict.fromkeys(args.variants))
