@@ -1,8 +1,9 @@
 """Fits the acceptance variation model (specpilot/bench/variation.py) to the trained zoo's per-request acceptance
 traces and writes bench/results/zoo_variation_fit.json.
 
-Records, per target/drafter pair, the accepted drafts of every step of every request (chain:7, greedy, fp32 CPU):
-a thin wrapper around the drafter logs len(accepted) at each commit, per slot; the engine is untouched. Then fits
+Records, per target/drafter pair, the accepted drafts of every step of every request (chain:7 at every step, greedy,
+fp32 CPU, continuous batching of `--batch` requests): a thin wrapper around the drafter logs len(accepted) at each
+commit, per request; the engine is untouched. Then fits
 the model's shape (between-request Beta mix, per-step redraw, easy/hard contrast) by maximum likelihood, per pair
 and jointly over the two DFlash pairs (the shape the dflash2 profiles carry), and puts the traces' statistics
 beside the fitted model's, simulated, so the fit can be judged on figures it was not fitted to.
@@ -23,9 +24,11 @@ from pathlib import Path
 
 import torch
 
+from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.bench.variation import fit, pooled_per_depth, simulate, trace_stats
 from specpilot.demo import zoo_dir
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.models.loader import load_model, load_tokenizer
 from specpilot.prompts import load_prompts, resolve_prompt_set
 from specpilot.runtime.runner import ModelRunner
@@ -37,23 +40,32 @@ PAIRS = (("dense", "dense-dflash"), ("hybrid", "hybrid-dflash"), ("dense", "dens
          ("hybrid", "hybrid-eagle3"), ("dense", "draft-lm"), ("hybrid", "draft-lm"))
 JOINT = ("dense:dense-dflash", "hybrid:hybrid-dflash")  # the dflash2 profiles' shape: the zoo's DFlash drafters
 TREE, DEPTH = "chain:7", 7
+PROFILES, PROFILE_TOKENS = ("dflash2-gsm8k", "dflash2-mixed"), 2048
 
 
 class Recorder:
-    """Delegates to a drafter; logs, per slot, the number of drafts accepted at each commit."""
+    """Delegates to a drafter; logs, per request (told apart by its prompt), the number of drafts accepted at each
+    commit. Slots are reused by new requests; a request resumed after a preemption starts again with its prompt
+    and what it emitted, and its trace goes on."""
 
-    def __init__(self, inner):
-        self.inner, self.counts = inner, {}
+    def __init__(self, inner, prompts: list[list[int]]):
+        self.inner = inner
+        self.traces = {tuple(p): [] for p in prompts}
+        if len(self.traces) != len(prompts):
+            raise ValueError("the prompts repeat: traces are kept per prompt")
+        self.slot: dict[int, list[int]] = {}
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def start(self, slot, prompt_ids, features=None):
-        self.counts[slot] = []
+        seq = tuple(prompt_ids)
+        prompt = max((p for p in self.traces if seq[:len(p)] == p), key=len)
+        self.slot[slot] = self.traces[prompt]
         self.inner.start(slot, prompt_ids, features)
 
     def commit(self, slot, accepted, features=None):
-        self.counts[slot].append(len(accepted))
+        self.slot[slot].append(len(accepted))
         self.inner.commit(slot, accepted, features)
 
 
@@ -61,14 +73,14 @@ def record(zoo: Path, target: str, drafter: str, prompts: list[list[int]], new_t
     model = load_model(str(zoo / target), "cpu", "float32")
     tok = load_tokenizer(str(zoo / target))
     runner = ModelRunner(model)
-    rec = Recorder(build_drafter(str(zoo / drafter), model, tok, runtime=runner.runtime))
-    engine = SpecEngine(runner, rec, TreeSpec.parse(TREE))
+    rec = Recorder(build_drafter(str(zoo / drafter), model, tok, runtime=runner.runtime), prompts)
+    # every step the full chain: acceptance is the models' (the adaptive budget would cut the chain per request)
+    engine = SpecEngine(runner, rec, TreeSpec.parse(TREE), scheduler=SchedulerConfig(max_num_seqs=batch,
+                                                                                   adaptive=False))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    traces, t0 = [], time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        group = prompts[i:i + batch]
-        engine.generate(group, params)
-        traces += [rec.counts[slot] for slot in range(len(group))]
+    t0 = time.perf_counter()
+    engine.generate(prompts, params)
+    traces = [rec.traces[tuple(p)] for p in prompts]
     return {"target": target, "drafter": drafter, "traces": ["".join(map(str, t)) for t in traces],
             "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -79,6 +91,18 @@ def judged(traces: list[list[int]], per_depth, model, budget: int, seed: int) ->
     for name, m in (("fitted", model), ("iid", None)):
         sim = simulate(m, per_depth, DEPTH, 4000, budget, random.Random(seed))
         out[name] = trace_stats(sim, DEPTH)
+    return out
+
+
+def profile_run(name: str, model, seed: int) -> dict:
+    """A published profile with the joint shape, simulated at the benchmark's length (2,048 new tokens): the
+    spread and correlation a synthetic run will show, beside the i.i.d. profile's."""
+    per_depth = AcceptanceProfile.load(name).per_depth
+    easy, hard = model.tables(per_depth)
+    out = {"new_tokens": PROFILE_TOKENS, "easy_per_depth": [round(x, 4) for x in easy],
+           "hard_per_depth": [round(x, 4) for x in hard]}
+    for label, m in (("varied", model), ("iid", None)):
+        out[label] = trace_stats(simulate(m, per_depth, DEPTH, 1000, PROFILE_TOKENS - 1, random.Random(seed)), DEPTH)
     return out
 
 
@@ -115,6 +139,8 @@ def main(argv=None) -> None:
             target, drafter = pair.split(":")
             recorded[pair] = record(zoo, target, drafter, prompts, args.max_new_tokens, args.batch)
             print(f"{pair}: {len(recorded[pair]['traces'])} traces in {recorded[pair]['seconds']} s", flush=True)
+        # the traces first: a fit that fails leaves them to refit (--traces-from)
+        write(args.out, {"run": run, "pairs": {pair: {"recorded": rec} for pair, rec in recorded.items()}})
     budget = run["max_new_tokens"] - 1  # the prefill emits the first token; steps emit the rest
     doc = {"run": run, "fit_commit": commit, "model": "2-state Markov chain per request (specpilot/bench/variation.py)",
            "pairs": {}}
@@ -134,9 +160,14 @@ def main(argv=None) -> None:
                         "per_pair": {pair: judged(tr, pd, model, budget, args.seed)
                                      for pair, (tr, pd) in zip(JOINT, groups)}}
         print(f"joint {JOINT}: {model}", flush=True)
-    tmp = Path(args.out + ".tmp")
+        doc["profiles"] = {name: profile_run(name, model, args.seed) for name in PROFILES}
+    write(args.out, doc)
+
+
+def write(path: str, doc: dict) -> None:
+    tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(args.out)
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

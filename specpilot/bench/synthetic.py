@@ -11,9 +11,10 @@ and the run's pooled per-depth acceptance is still per_depth. Every row says whi
 
 Requests are told apart by their prompts: `truth` maps a prompt (tuple of token ids) to its stock continuation,
 and start(slot, prompt) takes it for the slot, with a fresh acceptance state, so a slot reused by a new request
-(continuous batching) follows the new request. A request's state path comes from a generator seeded by the seed
-and its prompt alone: the same whatever requests share its steps, and in whatever order. A static batch may key
-`truth` by slot instead.
+(continuous batching) follows the new request; a request resumed after a preemption (started again with its
+prompt and what it emitted) keeps its truth and state. A request's state path comes from a generator seeded by
+the seed and its prompt alone: the same whatever requests share its steps, and in whatever order. A static batch
+may key `truth` by slot instead.
 
 The probe: in bf16 a random target's logits are nearly flat, so the AR decode path and the verify block (two
 equally valid kernels) round a near-tie differently on ~20% of tokens, and a truth taken from the stock AR
@@ -147,8 +148,9 @@ class SyntheticDrafter:
         self.untimed = untimed or (lambda fn, *args: fn(*args))
         self.out: dict[int, list[int]] = {}  # per slot: the tokens emitted so far, the current root last
         self.key: dict[int, tuple[int, ...] | int] = {}  # per slot: its request's key into truth
-        # per slot: its request's acceptance state and the generator that moves it
+        # per slot, and per request key (kept for a resumption): the acceptance state and the generator moving it
         self.state: dict[int, tuple[RequestAcceptance, random.Random]] = {}
+        self.requests: dict[tuple[int, ...] | int, tuple[RequestAcceptance, random.Random]] = {}
 
     def set_probe(self, probe: Probe) -> None:
         """probe(slots, trees): the target's greedy token after every node of the trees, from a verify that commits
@@ -159,14 +161,32 @@ class SyntheticDrafter:
         self.inner.allocate(num_slots, max_seq_len)
 
     def start(self, slot: int, prompt_ids: list[int], features=None) -> None:
-        """A request takes the slot: its truth (by prompt, else by slot), nothing emitted yet, a fresh state."""
+        """A request takes the slot: its truth (by prompt, else by slot) and a fresh acceptance state. A request
+        resumed after a preemption starts with its prompt and every token it emitted but the last (the next root):
+        it keeps its truth and its state."""
         self.inner.start(slot, prompt_ids, features)
-        self.out[slot] = []  # the first token (from the prefill) arrives as the first root
-        key = tuple(prompt_ids)
-        self.key[slot] = key if key in self.truth or slot not in self.truth else slot
-        if self.variation is not None:
+        key, emitted = self._request_of(tuple(prompt_ids), slot)
+        self.key[slot] = key
+        self.out[slot] = list(emitted)  # the last emitted token (the prefill's, at first) arrives as the next root
+        if self.variation is None:
+            self.state.pop(slot, None)
+        elif emitted and key in self.requests:
+            self.state[slot] = self.requests[key]
+        else:
             rng = random.Random(repr((self.seed, key)))
-            self.state[slot] = (self.variation.request(self.profile.per_depth, rng), rng)
+            self.state[slot] = self.requests[key] = (self.variation.request(self.profile.per_depth, rng), rng)
+
+    def _request_of(self, sequence: tuple[int, ...], slot: int) -> tuple[tuple[int, ...] | int, tuple[int, ...]]:
+        """The request's key into truth and the tokens it emitted before: its prompt if truth has it, else the
+        longest prompt in truth that the sequence extends (a resumed request), else the slot (a static batch)."""
+        if sequence in self.truth:
+            return sequence, ()
+        prompts = [k for k in self.truth if isinstance(k, tuple) and len(k) < len(sequence) and
+                   sequence[:len(k)] == k]
+        if prompts:
+            prompt = max(prompts, key=len)
+            return prompt, sequence[len(prompt):]
+        return (slot, ()) if slot in self.truth else (sequence, ())
 
     def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.inner.commit(slot, accepted, features)

@@ -58,6 +58,9 @@ class VariationModel:
         names = [f.name for f in fields(VariationModel)]
         if not isinstance(raw, dict) or set(raw) != set(names):
             raise ValueError(f"variation: needs exactly the keys {', '.join(names)}")
+        bad = [n for n in names if isinstance(raw[n], bool) or not isinstance(raw[n], (int, float))]
+        if bad:
+            raise ValueError(f"variation: {bad[0]} must be a number, got {raw[bad[0]]!r}")
         return VariationModel(*(float(raw[n]) for n in names))
 
 
@@ -102,7 +105,8 @@ def _tables_at(per_depth: tuple[float, ...], share: float, contrast: float) -> T
     reach_e = reach_h = 1.0
     for q in per_depth:
         # survivors to this depth are easy in this share: the target is their weighted mean acceptance
-        w = share * reach_e / (share * reach_e + (1 - share) * reach_h)
+        both = share * reach_e + (1 - share) * reach_h
+        w = share * reach_e / both if both > 0 else share
         e, h = _centred(q, w, contrast)
         easy.append(e)
         hard.append(h)
