@@ -117,28 +117,42 @@ def attempt(label: str, fn, *args, **kwargs):
         return out
 
 
-def engine_step(engine, reqs, params, t_start: float, label=None):
-    """One SpecEngine step as generate() runs it (schedule, propose, verify, accept, commit, emit), each phase
+def start_requests(engine, prompts, params) -> list:
+    """Adds the prompts as requests and steps the engine until every one has its slot prefilled and decodes (the
+    requests' start); returns them."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    engine.step()
+    while any(r.status.value != "decoding" for r in engine.scheduler.running):
+        engine.step()
+    reqs = [engine.scheduler.by_id[i] for i in ids]
+    if len(reqs) != len(prompts):
+        raise RuntimeError("a request finished during its start: raise max_new_tokens")
+    return reqs
+
+
+def engine_step(engine, label=None):
+    """One SpecEngine step as step() runs it (schedule, budget, propose, verify, accept, commit, emit), each phase
     inside label(name) if given (torch.profiler.record_function, to find the phases in a trace). Returns the
-    step's (active requests, trees)."""
+    step's (decoding requests, trees)."""
     import contextlib
 
     label = label or (lambda name: contextlib.nullcontext())
     with label("schedule"):
-        active = engine.schedule(reqs)
-    if not active:
+        plan = engine.schedule()
+        nodes = engine.budget(plan.decoding, plan.chunks)
+    if not plan.decoding:
         raise RuntimeError("the request finished before the measurement did: raise max_new_tokens")
     with label("propose"):
-        trees = engine.propose(active)
+        trees = engine.propose(plan.decoding, nodes)
     with label("verify"):
-        greedy = engine.verify(active, trees)
+        tokens = engine.verify(plan.decoding, trees, plan.chunks)
     with label("accept"):
-        accepted = engine.accept(trees, greedy)
+        accepted, firsts = engine.accept(trees, tokens, plan.chunks)
     with label("commit"):
-        engine.commit(active, trees, accepted)
+        engine.commit(plan.decoding, trees, accepted, plan.chunks)
     with label("emit"):
-        engine.emit(active, trees, accepted, params, None, t_start)
-    return active, trees
+        engine.emit(plan, trees, accepted, firsts)
+    return plan.decoding, trees
 
 
 def failed(result) -> bool:

@@ -31,13 +31,14 @@ from unittest import mock
 
 import torch
 
-from bench.common import Report, run_record
+from bench.common import Report, run_record, start_requests
 from bench.trees import FullTreeDrafter
 from specpilot.bench.shapes import hf_config, random_model
 from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.bench.synthetic import shape as full_shape
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.settings import Runtime
 from specpilot.runtime.sampling import SamplingParams
@@ -144,15 +145,14 @@ def measure(model, tree: str, batch: int, steps: int, ctx: int, seed: int) -> di
     # the H200 configuration: verify replayed from CUDA graphs, whose capture is faked below
     runtime = dataclasses.replace(Runtime.build(EngineConfig(), next(model.parameters()).device), verify_graphs=True)
     runner = ModelRunner(model, runtime)
-    engine = SpecEngine(runner, drafter, spec)
+    engine = SpecEngine(runner, drafter, spec, scheduler=SchedulerConfig(adaptive=False))
     params = SamplingParams(max_new_tokens=(steps + 8) * (spec.depth + 1) + 8, ignore_eos=True)
-    t_start = time.perf_counter()
     prompts = [[rng.randrange(vocab) for _ in range(ctx)] for _ in range(batch)]
-    reqs = engine._start(prompts, params, None, t_start)
+    reqs = start_requests(engine, prompts, params)
     times = {c: [] for c in COLUMNS}
     with fake_cuda_graphs():
         for step in range(steps + 5):
-            row = _step(engine, reqs, params, t_start)
+            row = _step(engine, reqs)
             if step == 0:  # the first verify captured the graph: make its static tokens accept a path
                 _set_greedy(runner, drafter)
             if step >= 5:
@@ -168,16 +168,18 @@ def measure(model, tree: str, batch: int, steps: int, ctx: int, seed: int) -> di
             "min_us": {c: min(v) for c, v in times.items() if v}}
 
 
-def _step(engine: SpecEngine, reqs, params, t_start) -> dict:
+def _step(engine: SpecEngine, reqs) -> dict:
     t0 = time.perf_counter()
-    active, t_sched = _timed(engine.schedule, reqs)
+    plan, t_sched = _timed(engine.schedule)
+    active = plan.decoding
     if len(active) != len(reqs):
         raise RuntimeError("a request finished before the measurement did: raise max_new_tokens")
-    trees, t_draft = _timed(engine.propose, active)
+    nodes = engine.budget(active)
+    trees, t_draft = _timed(engine.propose, active, nodes)
     greedy, t_verify = _timed(engine.verify, active, trees)
-    accepted, t_accept = _timed(engine.accept, trees, greedy)
+    (accepted, firsts), t_accept = _timed(engine.accept, trees, greedy)
     _, t_commit = _timed(engine.commit, active, trees, accepted)
-    _, t_emit = _timed(engine.emit, active, trees, accepted, params, None, t_start)
+    _, t_emit = _timed(engine.emit, plan, trees, accepted, firsts)
     t_step = (time.perf_counter() - t0) * 1e6
     # verify's two parts, timed alone on this step's trees (the replay rewrites the same static buffers)
     runner = engine.runner

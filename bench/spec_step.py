@@ -31,13 +31,14 @@ import time
 
 import torch
 
-from bench.common import Report, engine_step, make_runner, run_record, sync
+from bench.common import Report, engine_step, make_runner, run_record, start_requests, sync
 from specpilot.bench.harness import BenchConfig, OracleClock
 from specpilot.bench.probing import ProbingEngine
 from specpilot.bench.shapes import hf_config, random_dflash, random_model
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
@@ -102,13 +103,12 @@ def profile_steps(args) -> dict:
     drafter = SyntheticDrafter(random_dflash(model, args.target, runtime=runner.runtime), {0: list(truth)},
                                AcceptanceProfile.load(args.profile), vocab, untimed=oracle)
     spec = TreeSpec.parse(args.tree)
-    engine = ProbingEngine(runner, drafter, spec)  # hands the drafter its probe
+    engine = ProbingEngine(runner, drafter, spec, scheduler=SchedulerConfig(adaptive=False))  # hands it its probe
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
-    t_start = time.perf_counter()
-    reqs = engine._start([prompt], params, None, t_start)
+    reqs = start_requests(engine, [prompt], params)
 
     def step(label=None):
-        engine_step(engine, reqs, params, t_start, label)
+        engine_step(engine, label)
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -202,10 +202,12 @@ def time_start(engine: SpecEngine, prompt: list[int], params, device, reps: int 
     for _ in range(reps):
         sync(device)
         t0 = time.perf_counter()
-        reqs = engine._start([prompt], params, None, t0)
+        reqs = start_requests(engine, [prompt], params)
         drafter.propose([r.slot for r in reqs], [r.root for r in reqs], engine.tree)
         sync(device)
         ms.append((time.perf_counter() - t0) * 1e3)
+        for r in reqs:
+            engine.abort(r.request_id)
     return ms
 
 

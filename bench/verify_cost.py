@@ -44,11 +44,13 @@ import time
 
 import torch
 
-from bench.common import Report, attempt, engine_step, failed, host_ms, make_runner, run_record, sync, time_replays
+from bench.common import (Report, attempt, engine_step, failed, host_ms, make_runner, run_record, start_requests,
+                          sync, time_replays)
 from bench.trees import FullTreeDrafter, random_tree
 from specpilot.bench.shapes import SHAPES, random_model
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.tree import TreeSpec
@@ -181,14 +183,13 @@ def _stepper(model, engine_cfg: EngineConfig, tree: str, ctx: int, steps: int, r
     vocab = model.config.vocab_size
     runner = make_runner(model, engine_cfg)
     spec = TreeSpec.parse(tree)
-    engine = SpecEngine(runner, FullTreeDrafter(vocab), spec)
+    engine = SpecEngine(runner, FullTreeDrafter(vocab), spec, scheduler=SchedulerConfig(adaptive=False))
     params = SamplingParams(max_new_tokens=3 * steps + 3 * spec.max_tree_nodes + 16, ignore_eos=True)
-    t_start = time.perf_counter()
-    reqs = engine._start([[rng.randrange(vocab) for _ in range(ctx)]], params, None, t_start)
+    reqs = start_requests(engine, [[rng.randrange(vocab) for _ in range(ctx)]], params)
     state = {"engine": engine}
 
     def step(label=None):
-        state["active"], state["trees"] = engine_step(engine, reqs, params, t_start, label)
+        state["active"], state["trees"] = engine_step(engine, label)
 
     return runner, reqs, step, state
 

@@ -18,10 +18,10 @@ class ProbingEngine(SpecEngine):
         self._proposing = []  # the requests whose trees the drafter is choosing (the probe verifies those)
         drafter.set_probe(self.probe)
 
-    def propose(self, active) -> list[DraftTree]:
+    def propose(self, active, nodes) -> list[DraftTree]:
         self._proposing = active
         try:
-            return super().propose(active)
+            return super().propose(active, nodes)
         finally:
             self._proposing = []
 

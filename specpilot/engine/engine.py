@@ -54,7 +54,8 @@ class SpecEngine:
         if drafter is not None and tree is None:
             raise ValueError("a drafter needs a tree spec (--tree chain:D, static:... or dynamic:...)")
         self.runner, self.drafter = runner, drafter
-        self.tree = tree.capped(drafter.max_depth) if drafter is not None and drafter.max_depth else tree
+        depth = getattr(drafter, "max_depth", None)
+        self.tree = tree.capped(depth) if depth else tree
         self.eos_ids, self.tokenizer = set(eos_ids), tokenizer
         self.config = scheduler or SchedulerConfig()
         self.cost = cost or VerifyCostCurve.from_model(runner.model, runner.device.type)
@@ -156,7 +157,7 @@ class SpecEngine:
             return []
         active = plan.decoding
         self._timer.start(active)
-        nodes = self.budget(active)
+        nodes = self.budget(active, plan.chunks)
         self._note_prediction(active, nodes, plan.chunks)
         trees = self._timer.run("draft", self.propose, active, nodes)
         tokens = self._timer.run("verify", self.verify, active, trees, plan.chunks)
@@ -171,8 +172,9 @@ class SpecEngine:
             self.runner.cache.reset(torch.tensor([r.slot for r in plan.admitted], device=self.runner.device))
         return plan
 
-    def budget(self, active: list[Request]) -> list[int]:
-        """Draft nodes per decoding request (0: plain decoding), logged per step."""
+    def budget(self, active: list[Request], chunks: list[Chunk] = ()) -> list[int]:
+        """Draft nodes per decoding request (0: plain decoding), logged per step; the prefill chunks riding along
+        cost the forward time too."""
         if self.drafter is None or not active:
             nodes = [0] * len(active)
         elif not self.config.adaptive or self.tree.kind == "dynamic":
@@ -181,9 +183,9 @@ class SpecEngine:
             shape = self._shape()
             gains = [node_gains(r.tracker, shape) for r in active]
             plan = split_budget(gains, _Scaled(self.cost, self._verify_scale), [r.committed for r in active],
-                                draft_seconds=self._draft_seconds)
+                                draft_seconds=self._draft_seconds, extra_tokens=sum(len(c.tokens) for c in chunks))
             nodes = list(plan.nodes)
-        self.step_log.append({"batch": len(active), "nodes": nodes})
+        self.step_log.append({"batch": len(active), "nodes": nodes, "prefill": sum(len(c.tokens) for c in chunks)})
         return nodes
 
     def propose(self, active: list[Request], nodes: list[int]) -> list[DraftTree]:

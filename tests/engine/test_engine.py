@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from tests.runtimes import cpu_runtime, set_paths, set_runtime
 from specpilot.runtime.cache import ModelCache
-from specpilot.engine.engine import SpecEngine
+from specpilot.engine.engine import BATCH_BUCKETS, SpecEngine
 from specpilot.engine.generator import Generator
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers.metadata import BatchMetadata
@@ -21,6 +22,7 @@ from specpilot.spec_decode.tree import DraftTree, TreeSpec
 
 DENSE_TREES = ["chain:4", "static:3,2,1", "dynamic:3,4,8"]
 PARAMS = SamplingParams(max_new_tokens=24)
+FIXED = SchedulerConfig(adaptive=False)  # every request verifies the tree spec's full tree every step
 
 
 def _models(checkpoint_factory, name):
@@ -51,7 +53,7 @@ DRAFTERS = {
 def test_speculative_equals_autoregressive_dense(drafter, tree, checkpoint_factory):
     target, draft = _models(checkpoint_factory, "qwen3")
     prompts = _prompts()
-    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse(tree))
+    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse(tree), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
     if drafter == "self-draft":  # the target drafting for itself is always right: tau at the tree's depth
@@ -64,7 +66,7 @@ def test_speculative_equals_autoregressive_hybrid_chain(drafter, commit, checkpo
     target, draft = _models(checkpoint_factory, "qwen3_5")
     prompts = _prompts()
     runner = ModelRunner(target, cpu_runtime(hybrid_chain_commit=commit))
-    engine = SpecEngine(runner, DRAFTERS[drafter](target, draft), TreeSpec.parse("chain:3"))
+    engine = SpecEngine(runner, DRAFTERS[drafter](target, draft), TreeSpec.parse("chain:3"), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
 
@@ -76,7 +78,7 @@ def test_speculative_equals_autoregressive_hybrid_tree(drafter, tree, checkpoint
     commit of the kept path; the draft LMs are hybrid too (their trees run the same tree path)."""
     target, draft = _models(checkpoint_factory, "qwen3_5")
     prompts = _prompts()
-    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse(tree))
+    engine = SpecEngine(ModelRunner(target), DRAFTERS[drafter](target, draft), TreeSpec.parse(tree), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
     if drafter == "self-draft":  # a hybrid drafting trees for itself is always right
@@ -99,7 +101,7 @@ def test_hybrid_shapes_keep_output_exact(shape, tree, checkpoint_factory):
     truth = _reference(target, prompts)
     drafters = [DraftLMDrafter(draft)] + ([RandomTreeDrafter(7, truth, prompts)] if tree.startswith("static") else [])
     for drafter in drafters:
-        out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree)).generate(prompts, PARAMS)
+        out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree), scheduler=FIXED).generate(prompts, PARAMS)
         assert [r.token_ids for r, _ in out] == truth
 
 
@@ -108,7 +110,7 @@ def test_random_trees_keep_output_exact_on_hybrid_target(seed, checkpoint_factor
     target, _ = _models(checkpoint_factory, "qwen3_5")
     prompts = _prompts()
     truth = _reference(target, prompts)
-    engine = SpecEngine(ModelRunner(target), RandomTreeDrafter(seed, truth, prompts), TreeSpec.parse("static:4,3"))
+    engine = SpecEngine(ModelRunner(target), RandomTreeDrafter(seed, truth, prompts), TreeSpec.parse("static:4,3"), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     assert any(s.tau > 1.5 for _, s in out)
@@ -156,7 +158,7 @@ def test_random_trees_keep_output_exact(name, seed):
     target = _HYPOTHESIS_TARGETS[name]
     prompts = _prompts()
     truth = _reference(target, prompts)
-    engine = SpecEngine(ModelRunner(target), RandomTreeDrafter(seed, truth, prompts), TreeSpec.parse("static:4,3"))
+    engine = SpecEngine(ModelRunner(target), RandomTreeDrafter(seed, truth, prompts), TreeSpec.parse("static:4,3"), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     assert any(s.tau > 1 for _, s in out)
@@ -181,7 +183,7 @@ def test_commit_equals_prefill(name, tree, checkpoint_factory):
         drafter = RandomTreeDrafter(7, _reference(target, prompts, SamplingParams(max_new_tokens=17)), prompts)
     else:
         drafter = DraftLMDrafter(draft)
-    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree))
+    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree), scheduler=FIXED)
     out = engine.generate(prompts, SamplingParams(max_new_tokens=17))
     cache = engine.runner.cache
     for req, (res, _) in zip(engine.requests, out):
@@ -201,8 +203,8 @@ def test_commit_equals_prefill(name, tree, checkpoint_factory):
 def test_stats_count_drafts_and_acceptance(checkpoint_factory):
     target, _ = _models(checkpoint_factory, "qwen3")
     prompts = _prompts()[:1]
-    _, stats = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:3")).generate(
-        prompts, SamplingParams(max_new_tokens=13))[0]
+    _, stats = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:3"),
+                          scheduler=FIXED).generate(prompts, SamplingParams(max_new_tokens=13))[0]
     assert stats.drafted_per_depth == [stats.steps] * 3
     assert stats.accepted_per_depth[0] <= stats.steps
     assert stats.emitted == 12  # the first token comes from the prefill
@@ -214,13 +216,13 @@ def test_eos_and_max_tokens_cut_the_emitted_block(checkpoint_factory):
     prompts = _prompts()
     ref = _reference(target, prompts, SamplingParams(max_new_tokens=10))
     eos = ref[1][6]
-    out = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:4"), eos_ids=(eos,)).generate(
+    out = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:4"), eos_ids=(eos,), scheduler=FIXED).generate(
         prompts, SamplingParams(max_new_tokens=10))
     for (res, _), r in zip(out, ref):
         expect = r[: r.index(eos) + 1] if eos in r else r
         assert res.token_ids == expect
-    with pytest.raises(NotImplementedError, match="greedy"):
-        SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse("chain:2")).generate(
+    with pytest.raises(ValueError, match="greedily"):
+        SpecEngine(ModelRunner(target), NgramDrafter(), TreeSpec.parse("chain:2"), scheduler=FIXED).generate(
             prompts, SamplingParams(temperature=1.0))
 
 
@@ -231,22 +233,27 @@ def test_tree_attention_op_path_keeps_output_exact(tree, checkpoint_factory):
     target, draft = _models(checkpoint_factory, "qwen3")
     prompts = _prompts()
     runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
-    out = SpecEngine(runner, DraftLMDrafter(draft), TreeSpec.parse(tree)).generate(prompts, PARAMS)
+    out = SpecEngine(runner, DraftLMDrafter(draft), TreeSpec.parse(tree), scheduler=FIXED).generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
 
 
 @pytest.mark.parametrize("name,tree", [("qwen3", "dynamic:3,4,8"), ("qwen3_5", "chain:4"), ("qwen3_5", "static:3,2")])
 def test_fixed_width_verify_blocks_keep_output_exact(name, tree, checkpoint_factory):
-    """What verify graphs change on the host side: every step padded to the tree spec's full width (the graph
-    replay itself is stood in for by the eager forward here; CUDA graphs need a GPU)."""
+    """What verify graphs change on the host side: every step padded to a bucket of batch (rows verifying a lone
+    root on the scratch slot) and of width (a power of two, or the tree spec's full width) (the graph replay itself
+    is stood in for by the eager forward here; CUDA graphs need a GPU)."""
     target, draft = _models(checkpoint_factory, name)
     prompts = _prompts()
     runner = ModelRunner(target)
     set_runtime(runner, verify_graphs=True)
-    runner.verify = lambda meta, layers=(): runner._verify_eager(meta, layers)
-    engine = SpecEngine(runner, NgramDrafter(), TreeSpec.parse(tree))
+    shapes = []
+    runner.verify = lambda meta, layers=(): shapes.append(tuple(meta.input_ids.shape)) or runner._verify_eager(
+        meta, layers)
+    engine = SpecEngine(runner, NgramDrafter(), TreeSpec.parse(tree), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
-    assert engine._width == TreeSpec.parse(tree).max_tree_nodes
+    full = TreeSpec.parse(tree).max_tree_nodes
+    assert all(b in BATCH_BUCKETS and (w & (w - 1) == 0 or w == full) and w <= full for b, w in shapes)
+    assert (4, 1) in shapes or any(b == 4 for b, _ in shapes)  # three requests padded to four rows
     assert [r.token_ids for r, _ in out] == _reference(target, prompts)
 
 
@@ -266,7 +273,7 @@ def test_verify_on_the_decode_gemv_path_keeps_output(name, checkpoint_factory, m
     truth = _reference(target, prompts)
     runner = ModelRunner(target)
     set_paths(runner, "verify", gemv=True, gated_down=True)
-    engine = SpecEngine(runner, RandomTreeDrafter(2, truth, prompts), TreeSpec.parse("static:2,2"))
+    engine = SpecEngine(runner, RandomTreeDrafter(2, truth, prompts), TreeSpec.parse("static:2,2"), scheduler=FIXED)
     assert [r.token_ids for r, _ in engine.generate(prompts, PARAMS)] == truth
     assert any(1 < n <= 16 for n in rows_seen)  # multi-row verify blocks took the GEMV path
     assert set(gated_rows) <= {1}

@@ -16,12 +16,12 @@ from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
 from specpilot.spec_decode.tree import DraftTree, TreeSpec
 from specpilot.spec_decode.verify import host_tree_metadata
 from tests.cuda_graph_fakes import fake_cuda_graphs
-from tests.engine.test_engine import PARAMS, RandomTreeDrafter, _models, _prompts, _reference
+from tests.engine.test_engine import FIXED, PARAMS, RandomTreeDrafter, _models, _prompts, _reference
 
 
 def test_step_times_are_charged_to_every_component(checkpoint_factory):
     target, _ = _models(checkpoint_factory, "qwen3")
-    out = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("static:2,1")).generate(
+    out = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("static:2,1"), scheduler=FIXED).generate(
         _prompts()[:2], PARAMS)
     for _, stats in out:
         assert set(stats.seconds) == {"start", "draft", "verify", "accept", "commit", "other"}
@@ -149,7 +149,7 @@ def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_fac
     runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
     set_runtime(runner, verify_graphs=True)
     drafter = DraftLMDrafter(target) if tree.startswith("chain") else RandomTreeDrafter(3, truth, prompts)
-    engine = SpecEngine(runner, drafter, TreeSpec.parse(tree))
+    engine = SpecEngine(runner, drafter, TreeSpec.parse(tree), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     assert runner.verify_graphs and all(isinstance(g, ReplayedVerifyGraph) for g in runner.verify_graphs.values())
@@ -218,7 +218,7 @@ def test_verify_graph_is_cut_between_layers(per_graph, graphs, checkpoint_factor
     truth = _reference(target, prompts)
     runner = ModelRunner(target, cpu_runtime(block_attention="tree", verify_layers_per_graph=per_graph))
     set_runtime(runner, verify_graphs=True)
-    engine = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:2,2"))
+    engine = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:2,2"), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     chains = [g.graph.graphs for g in runner.verify_graphs.values()]
@@ -324,7 +324,7 @@ def test_engine_steps_reuse_their_staging_buffers_with_exact_output(graphs, chec
     set_runtime(runner, verify_graphs=graphs)
     taken, take = [], runner.staging.take
     runner.staging.take = lambda words: taken.append(take(words)) or taken[-1]
-    out = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:3,2")).generate(
+    out = SpecEngine(runner, RandomTreeDrafter(3, truth, prompts), TreeSpec.parse("static:3,2"), scheduler=FIXED).generate(
         prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     by_size = {}
