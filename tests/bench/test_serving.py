@@ -400,3 +400,18 @@ def test_closed_loop_on_the_engine_emits_ar_output(name, checkpoint_factory):
         assert r["requests"] == 2 * r["batch"] and r["tokens"] == 12 * r["requests"]
     assert all(r["exact"] and r["tau"] >= 1 for r in rows if r["engine"] == "spec")
     assert rows[0]["tau"] == pytest.approx(1.0)  # AR: one token a step
+
+
+def test_serve_on_a_margin_target_under_synthetic_acceptance_is_exact(tmp_path, capsys):
+    """`bench serve` end to end: a margin target (random weights, planted greedy margins), its random DFlash drafter
+    under the synthetic oracle keyed by prompt: the speculative engine's output is AR's, row by row."""
+    out = tmp_path / "serve"
+    rc = main(["bench", "serve", "--target", "random:tiny-dense", "--profile", "dflash2-gsm8k", "--batch", "2",
+               "--max-new-tokens", "10", "--requests-per-client", "2", "--device", "cpu", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "closed.json").read_text())["results"]
+    ar, spec = rows
+    assert ar["engine"] == "ar" and ar["tokens"] == 40 and ar["tau"] == pytest.approx(1.0)
+    assert spec["engine"] == "spec" and spec["exact"] is True and spec["tokens"] == 40 and spec["tau"] > 1
+    assert spec["synthetic"].startswith("dflash2-gsm8k") and spec["oracle"]["probes"] > 0
+    assert _png(out / "closed.png")
