@@ -232,30 +232,42 @@ def _add_serve_parser(bsub) -> None:
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     s.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
     s.add_argument("--out", default="serve-bench", help="output directory: MODE.json and MODE.png")
+    s.add_argument("--append", action="store_true",
+                   help="keep the rows of an earlier run of the same configuration in --out (other batch sizes or "
+                        "loads: a long run split over several commands); its commands are kept under `runs`")
     s.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
+    import json
+
     from specpilot.bench import serving
     from specpilot.bench.harness import load_workloads
-    from specpilot.bench.report import write_json
+    from specpilot.bench.report import environment, write_json
     from specpilot.bench.serving_plot import plot
     from specpilot.bench.synthetic import AcceptanceProfile
 
     cfg = _check_serve_flags(args)
     profile = AcceptanceProfile.load(args.profile) if args.profile else None
     workloads = load_workloads(args.workloads, args.data_dir)
+    out = Path(args.out).expanduser()
+    json_path, png_path = out / f"{cfg.mode}.json", out / f"{cfg.mode}.png"
+    extra = {"target": args.target, "target_kind": _target_kind(args), "drafter": args.drafter,
+             "profile": profile.__dict__ if profile else None, "config": cfg.to_dict(), "workloads": args.workloads}
+    prior, runs = [], []
+    if args.append and json_path.exists():  # checked before any model is built
+        doc = json.loads(json_path.read_text())
+        prior, runs = serving.appended(doc, json.loads(json.dumps(extra)), cfg, args.capacity is None)
     device = pick_device(args.device)
     model, tokenizer, make_drafter = _bench_models(args, device, profile)
     prompts = serving.workload_prompts(tokenizer, workloads, args.seed, not args.no_chat, shuffle=cfg.mode == "open")
     eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     engines = serving.Engines(model, make_drafter, eos, cfg, profile)
-    out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = out / f"{cfg.mode}.json", out / f"{cfg.mode}.png"
-    extra = {"target": args.target, "target_kind": _target_kind(args), "drafter": args.drafter,
-             "profile": profile.__dict__ if profile else None, "config": cfg.to_dict(), "workloads": args.workloads}
-    done = []
+    if args.append:
+        run = environment()
+        extra["runs"] = runs + [{k: run[k] for k in ("command", "commit", "date", "gpu")}]
+    done = list(prior)
 
     def on_row(row):  # the report is rewritten after every row: a run cut short keeps what it measured
         done.append(row)
@@ -266,9 +278,9 @@ def cmd_serve(args) -> int:
             rows = serving.serve_closed(engines, prompts, _target_kind(args), progress)
         else:
             rows = serving.serve_open(engines, prompts, _target_kind(args), progress, args.capacity)
-    write_json(rows, json_path, extra)
+    write_json(prior + rows, json_path, extra)
     try:
-        plot(rows, png_path, f"{args.target} {cfg.mode} loop, {cfg.tree}")
+        plot(prior + rows, png_path, f"{args.target} {cfg.mode} loop, {cfg.tree}")
     except Exception as e:  # noqa: BLE001 - the JSON is the result; the plot is a view of it
         err.print(f"[yellow]plot failed: {type(e).__name__}: {e}[/]")
     err.print(f"wrote {json_path} and {png_path}")

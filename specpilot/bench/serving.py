@@ -488,6 +488,28 @@ def _speedups(spec: dict, ar: dict) -> dict:
     return out
 
 
+APPEND_KEYS = ("target", "target_kind", "drafter", "profile", "workloads")
+
+
+def appended(doc: dict, extra: dict, cfg: ServeConfig, measures_capacity: bool) -> tuple[list[dict], list[dict]]:
+    """`--append`: the rows of an earlier run's report `doc` that this run does not measure again (its batch sizes
+    or loads, and AR's capacity when this run measures it), and the earlier runs' records (command, commit, date,
+    GPU). The earlier run must have the same target, drafter, profile, workloads and configuration, batch sizes and
+    loads aside."""
+    mine = {k: v for k, v in extra["config"].items() if k not in ("batches", "loads")}
+    theirs = {k: v for k, v in doc.get("config", {}).items() if k not in ("batches", "loads")}
+    for key, old, new in [(k, doc.get(k), extra[k]) for k in APPEND_KEYS] + [("config", theirs, mine)]:
+        if old != new:
+            raise ValueError(f"--append: the report there is of another run ({key}: {old!r}, now {new!r}); give "
+                             "another --out")
+    runs = doc.get("runs") or [{k: doc.get(k) for k in ("command", "commit", "date", "gpu")}]
+    again = set(cfg.batches) if cfg.mode == "closed" else set(cfg.loads)
+    rows = [r for r in doc.get("results", [])
+            if not (r.get("role") == "capacity" and measures_capacity)
+            and (r.get("role") == "capacity" or (r["batch"] if cfg.mode == "closed" else r.get("load")) not in again)]
+    return rows, runs
+
+
 def workload_prompts(tokenizer, workloads: dict[str, list[Prompt]], seed: int, chat: bool = True,
                      shuffle: bool = False) -> list[list[int]]:
     """Token ids of each conversation's first turn, the workloads interleaved (one of each in turn); shuffled with

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from specpilot.bench import serving
+from specpilot.bench import commands, serving
 from specpilot.bench.serving import closed_loop, open_loop, percentile, poisson_arrivals, summarize
 from specpilot.cli import main
 from specpilot.runtime.sampling import SamplingParams
@@ -311,6 +311,33 @@ def test_serve_writes_its_json_and_plot(mode, tmp_path, monkeypatch, capsys):
             assert r["load"] == 0.5 and r["rate_req_s"] > 0
     assert _png(out / f"{mode}.png")
     assert not list(out.glob("*.tmp"))
+
+
+def test_append_splits_a_run_over_several_commands(tmp_path, monkeypatch, capsys):
+    """--append keeps an earlier run's rows of other batch sizes (re-measured ones replaced) and its command; a run
+    of another configuration is refused before any model is built, the report left as it was."""
+    _fake_models(monkeypatch)
+    out = tmp_path / "o"
+    base = ["bench", "serve", "--target", "random:tiny-dense", "--profile", "dflash2-gsm8k", "--max-new-tokens", "5",
+            "--requests-per-client", "1", "--device", "cpu", "--out", str(out)]
+
+    def run(*flags):
+        monkeypatch.setattr(sys, "argv", ["specpilot", *base, *flags])
+        return main([*base, *flags])
+
+    assert run("--batch", "1", "2") == 0
+    assert run("--batch", "4", "2", "--append") == 0
+    doc = json.loads((out / "closed.json").read_text())
+    assert [(r["engine"], r["batch"]) for r in doc["results"]] == [("ar", 1), ("spec", 1), ("ar", 4), ("spec", 4),
+                                                                  ("ar", 2), ("spec", 2)]
+    assert [r["command"].split("--batch ")[1] for r in doc["runs"]] == ["1 2", "4 2 --append"]
+    capsys.readouterr()
+    before = (out / "closed.json").read_text()
+    monkeypatch.setattr(commands, "_bench_models", _no_model)
+    assert run("--batch", "8", "--append", "--tree", "chain:3") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --append: the report there is of another run (config: ") and err.count("\n") == 1
+    assert "give another --out" in err and (out / "closed.json").read_text() == before
 
 
 def _bad_serve_cases(tmp_path):
