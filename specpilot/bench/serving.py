@@ -507,6 +507,10 @@ def appended(doc: dict, extra: dict, cfg: ServeConfig, measures_capacity: bool) 
     rows = [r for r in doc.get("results", [])
             if not (r.get("role") == "capacity" and measures_capacity)
             and (r.get("role") == "capacity" or (r["batch"] if cfg.mode == "closed" else r.get("load")) not in again)]
+    earlier = next((r["capacity_req_s"] for r in rows if "capacity_req_s" in r), None)
+    if measures_capacity and earlier is not None:
+        raise ValueError(f"--append: the earlier loads are fractions of a capacity of {earlier:.6g} requests/s; give "
+                         f"--capacity {earlier:.6g}")
     return rows, runs
 
 

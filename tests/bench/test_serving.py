@@ -340,6 +340,24 @@ def test_append_splits_a_run_over_several_commands(tmp_path, monkeypatch, capsys
     assert "give another --out" in err and (out / "closed.json").read_text() == before
 
 
+def test_append_in_the_open_loop_keeps_the_capacity(tmp_path, monkeypatch, capsys):
+    _fake_models(monkeypatch)
+    out = tmp_path / "o"
+    base = ["bench", "serve", "--target", "random:tiny-dense", "--profile", "dflash2-gsm8k", "--mode", "open",
+            "--max-new-tokens", "4", "--requests", "4", "--batch", "2", "--device", "cpu", "--out", str(out)]
+    assert main([*base, "--load", "0.3"]) == 0
+    capacity = json.loads((out / "open.json").read_text())["results"][0]["throughput_req_s"]
+    capsys.readouterr()
+    assert main([*base, "--load", "0.6", "--append"]) == 2
+    assert capsys.readouterr().err == (f"error: --append: the earlier loads are fractions of a capacity of "
+                                       f"{capacity:.6g} requests/s; give --capacity {capacity:.6g}\n")
+    assert main([*base, "--load", "0.6", "--append", "--capacity", repr(capacity)]) == 0
+    rows = json.loads((out / "open.json").read_text())["results"]
+    assert [(r["engine"], r.get("load")) for r in rows] == [("ar", None), ("ar", 0.3), ("spec", 0.3), ("ar", 0.6),
+                                                            ("spec", 0.6)]
+    assert rows[3]["capacity_req_s"] == capacity
+
+
 def _bad_serve_cases(tmp_path):
     return {
         "batch 0": (["--batch", "4", "0"], "--batch 0: must be >= 1"),
