@@ -3,10 +3,11 @@ traces and writes bench/results/zoo_variation_fit.json.
 
 Records, per target/drafter pair, the accepted drafts of every step of every request (chain:7 at every step, greedy,
 fp32 CPU, continuous batching of `--batch` requests): a thin wrapper around the drafter logs len(accepted) at each
-commit, per request; the engine is untouched. Then fits
-the model's shape (between-request Beta mix, per-step redraw, easy/hard contrast) by maximum likelihood, per pair
-and jointly over the two DFlash pairs (the shape the dflash2 profiles carry), and puts the traces' statistics
-beside the fitted model's, simulated, so the fit can be judged on figures it was not fitted to.
+commit, per request; the engine is untouched. Then fits the model's shape (between-request Beta mix, per-step
+redraw, easy/hard contrast) by simulated moments (the per-request tau spread, the within-request autocorrelation at
+lags 1, 2, 4, 8, the pooled lag-1), per pair and jointly over the two DFlash pairs (the shape the dflash2 profiles
+carry), and puts the traces' statistics beside the fitted model's and the i.i.d. profile's, simulated by the plain
+per-request reference (specpilot.bench.variation.simulate).
 
     OMP_NUM_THREADS=1 python3 dev/fit_variation.py --out bench/results/zoo_variation_fit.json
     python3 dev/fit_variation.py --traces-from bench/results/zoo_variation_fit.json --out ...  # refit only
@@ -19,13 +20,14 @@ import json
 import platform
 import random
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from specpilot.bench.synthetic import AcceptanceProfile
-from specpilot.bench.variation import fit, pooled_per_depth, simulate, trace_stats
+from specpilot.bench.variation import MOMENTS, fit, moment_errors, pooled_per_depth, simulate, trace_stats
 from specpilot.demo import zoo_dir
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.scheduler import SchedulerConfig
@@ -85,6 +87,17 @@ def record(zoo: Path, target: str, drafter: str, prompts: list[list[int]], new_t
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def described(model, per_depth) -> dict:
+    """The fit in readable terms beside its fields: the mixes' mean and spread, the steps between redraws, the two
+    states' per-depth acceptance."""
+    size = model.mix_a + model.mix_b
+    easy, hard = model.tables(per_depth)
+    return {**model.to_dict(), "mix_mean": round(model.mix_mean, 4),
+            "mix_sd": round((model.mix_mean * (1 - model.mix_mean) / (size + 1)) ** 0.5, 4),
+            "steps_between_redraws": round(1 / model.redraw, 2) if model.redraw else None,
+            "easy_per_depth": [round(x, 4) for x in easy], "hard_per_depth": [round(x, 4) for x in hard]}
+
+
 def judged(traces: list[list[int]], per_depth, model, budget: int, seed: int) -> dict:
     """The traces' statistics beside the fitted model's and the i.i.d. profile's (no variation), simulated."""
     out = {"measured": trace_stats(traces, DEPTH)}
@@ -142,21 +155,26 @@ def main(argv=None) -> None:
         # the traces first: a fit that fails leaves them to refit (--traces-from)
         write(args.out, {"run": run, "pairs": {pair: {"recorded": rec} for pair, rec in recorded.items()}})
     budget = run["max_new_tokens"] - 1  # the prefill emits the first token; steps emit the rest
-    doc = {"run": run, "fit_commit": commit, "model": "2-state Markov chain per request (specpilot/bench/variation.py)",
+    doc = {"run": run, "fit_command": "python3 dev/fit_variation.py " + " ".join(argv if argv is not None else
+                                                                             sys.argv[1:]), "fit_commit": commit, "model": "2-state Markov chain per request (specpilot/bench/variation.py)",
+           "fit_method": "simulated moments: " + ", ".join(MOMENTS) + " (each in units of its standard error from "
+                         "resampling the requests; simulated at the run's token budget, 1,000 requests)",
            "pairs": {}}
     for pair, rec in recorded.items():
         traces = [list(map(int, t)) for t in rec["traces"]]
         per_depth = pooled_per_depth(traces, DEPTH)
-        model, loglik = fit([(traces, per_depth)])
-        doc["pairs"][pair] = {"per_depth": [round(x, 4) for x in per_depth], "fit": model.to_dict(),
-                              "log_likelihood": round(loglik, 2), **judged(traces, per_depth, model, budget, args.seed),
+        model, loss = fit([(traces, per_depth)], budget, seed=args.seed)
+        doc["pairs"][pair] = {"per_depth": [round(x, 4) for x in per_depth], "fit": described(model, per_depth),
+                              "moment_loss": round(loss, 2), "moment_errors": moment_errors(traces, DEPTH),
+                              **judged(traces, per_depth, model, budget, args.seed),
                               "recorded": rec}
         print(f"{pair}: {model}", flush=True)
     groups = [(tr, pooled_per_depth(tr, DEPTH)) for tr in
               ([list(map(int, t)) for t in recorded[pair]["traces"]] for pair in JOINT if pair in recorded)]
     if len(groups) == len(JOINT):
-        model, loglik = fit(groups)
-        doc["joint"] = {"pairs": list(JOINT), "fit": model.to_dict(), "log_likelihood": round(loglik, 2),
+        model, loss = fit(groups, budget, seed=args.seed)
+        doc["joint"] = {"pairs": list(JOINT), "fit": model.to_dict(), "moment_loss": round(loss, 2),
+                        "described": {pair: described(model, pd) for pair, (_, pd) in zip(JOINT, groups)},
                         "per_pair": {pair: judged(tr, pd, model, budget, args.seed)
                                      for pair, (tr, pd) in zip(JOINT, groups)}}
         print(f"joint {JOINT}: {model}", flush=True)

@@ -1,5 +1,5 @@
 """Acceptance that varies like real traffic: a two-state (easy/hard) Markov chain per request, its simulation,
-the statistics of accepted-count traces and the model's maximum-likelihood fit to such traces.
+the statistics of accepted-count traces and the model's fit to such traces.
 
 Each request draws its own mix (its stationary share of easy steps) from Beta(mix_a, mix_b) and starts in a state
 drawn from that mix; after every step, with probability `redraw`, its state is drawn afresh from the mix (so the
@@ -11,7 +11,8 @@ the same number of tokens, so a hard request takes more steps: the run's share o
 weighted by their steps (1 / their tau), below the Beta's mean, and the tables are solved at that share. A chain's
 pooled tau is then the profile's (the published figure), whatever the variation.
 
-A trace is one request's accepted drafts per step of a chain of `depth` drafts.
+A trace is one request's accepted drafts per step of a chain of `depth` drafts. The fit matches simulated traces'
+moments (the per-request tau spread, the within-request autocorrelation and its decay, the pool's) to measured ones.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 Tables = tuple[tuple[float, ...], tuple[float, ...]]  # per-depth acceptance of the (easy, hard) state
 MIX_NODES = 32  # a request's mix integrated over this many equal-width bins of the Beta
+LAGS = (1, 2, 4, 8)  # the within-request autocorrelations trace_stats reports
 
 
 @dataclass(frozen=True)
@@ -176,88 +178,86 @@ def pooled_per_depth(traces: list[list[int]], depth: int) -> tuple[float, ...]:
 
 
 def trace_stats(traces: list[list[int]], depth: int) -> dict:
-    """Summary of traces: tau (tokens per step), the spread of the per-request tau, the lag-1 autocorrelation of
-    accepted counts within a request (around its own mean) and across the pool (around the pooled mean, so the
-    requests' differences count too), and the per-step distribution's spread and ends."""
-    steps = [k for t in traces for k in t]
-    mean = sum(steps) / len(steps)
-    per_request = sorted(1 + sum(t) / len(t) for t in traces)
-    return {"requests": len(traces), "steps": len(steps), "tau": 1 + mean,
-            "request_tau_std": _std(per_request), "request_tau_p10": _quantile(per_request, 0.1),
-            "request_tau_p90": _quantile(per_request, 0.9),
-            "lag1_within": _lag1(traces, [sum(t) / len(t) for t in traces]),
-            "lag1_pooled": _lag1(traces, [mean] * len(traces)),
-            "step_std": _std(steps), "zero_share": steps.count(0) / len(steps),
-            "full_share": steps.count(depth) / len(steps)}
+    """Summary of traces: tau (tokens per step), the spread of the per-request tau, the within-request
+    autocorrelation of accepted counts at lags 1, 2, 4, 8 (around each request's own mean), the lag-1
+    autocorrelation across the pool (around the pooled mean: the requests' differences count too), and the
+    per-step distribution's spread and ends."""
+    return _stats(*_padded(traces), depth)
 
 
-def _std(xs: list[float]) -> float:
-    mean = sum(xs) / len(xs)
-    return math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
-
-
-def _quantile(sorted_xs: list[float], q: float) -> float:
-    pos = q * (len(sorted_xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
-
-
-def _lag1(traces: list[list[int]], means: list[float]) -> float:
-    num = den = 0.0
-    for t, m in zip(traces, means):
-        dev = [k - m for k in t]
-        num += sum(a * b for a, b in zip(dev, dev[1:]))
-        den += sum(d * d for d in dev)
-    return num / den if den else 0.0
-
-
-# --- maximum-likelihood fit ---
-
-
-def log_likelihood(model: VariationModel, groups: list[tuple[list[list[int]], tuple[float, ...]]],
-                   depth: int = 7) -> float:
-    """Log-likelihood of traces under the model: forward algorithm over the two states, per request, its mix
-    integrated over the Beta on MIX_NODES bins. groups: (traces, per_depth) pairs sharing the model's shape."""
-    mix, mass = _mix_bins(model.mix_a, model.mix_b)
-    total = 0.0
-    for traces, per_depth in groups:
-        emit = [_emission_logp(t, depth) for t in model.tables(per_depth)]
-        total += _forward(traces, emit, mix, np.log(np.maximum(mass, 1e-300)), model.redraw)
-    return total
-
-
-def _emission_logp(p: tuple[float, ...], depth: int) -> np.ndarray:
-    """log P(k drafts accepted) for k = 0..depth, given per-depth acceptance p, with an extra 0 for padding."""
-    out, reach = [], 0.0
-    for k in range(depth + 1):
-        stop = 1 - p[min(k, len(p) - 1)] if k < depth else 1.0
-        out.append(reach + math.log(max(stop, 1e-300)))
-        reach += math.log(max(p[min(k, len(p) - 1)], 1e-300)) if k < depth else 0.0
-    return np.array(out + [0.0])
-
-
-def _forward(traces: list[list[int]], emit: list[np.ndarray], mix: np.ndarray, log_mass: np.ndarray,
-             redraw: float) -> float:
-    longest = max(map(len, traces))
-    obs = np.full((len(traces), longest), len(emit[0]) - 1)  # padding: the emission of log-probability 0
+def _padded(traces: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.zeros((len(traces), max(map(len, traces))))
+    mask = np.zeros(counts.shape, dtype=bool)
     for i, t in enumerate(traces):
-        obs[i, :len(t)] = t
-    pe, ph = np.exp(emit[0][obs]), np.exp(emit[1][obs])  # [R, T]
-    a_e = mix[None, :] * pe[:, :1]  # [R, G]: forward probabilities, scaled each step
-    a_h = (1 - mix[None, :]) * ph[:, :1]
-    log_scale = np.zeros_like(a_e)
-    for t in range(longest):
-        if t:
-            both = redraw * (a_e + a_h)
-            a_e, a_h = ((1 - redraw) * a_e + both * mix) * pe[:, t:t + 1], \
-                ((1 - redraw) * a_h + both * (1 - mix)) * ph[:, t:t + 1]
-        z = np.maximum(a_e + a_h, 1e-300)
-        log_scale += np.log(z)
-        a_e, a_h = a_e / z, a_h / z
-    per_request = log_scale + log_mass[None, :]
-    top = per_request.max(axis=1, keepdims=True)
-    return float((top[:, 0] + np.log(np.exp(per_request - top).sum(axis=1))).sum())
+        counts[i, :len(t)], mask[i, :len(t)] = t, True
+    return counts, mask
+
+
+def _stats(counts: np.ndarray, mask: np.ndarray, depth: int) -> dict:
+    """trace_stats of traces as a [requests, steps] array of counts and the mask of real steps."""
+    steps = mask.sum(axis=1)
+    request_mean = np.where(mask, counts, 0).sum(axis=1) / steps
+    mean = float(np.where(mask, counts, 0).sum() / steps.sum())
+    tau = 1 + request_mean
+    out = {"requests": len(counts), "steps": int(steps.sum()), "tau": 1 + mean, "request_tau_std": float(tau.std()),
+           "request_tau_p10": float(np.quantile(tau, 0.1)), "request_tau_p90": float(np.quantile(tau, 0.9))}
+    within = np.where(mask, counts - request_mean[:, None], 0.0)
+    for lag in LAGS:
+        out[f"lag{lag}_within"] = _autocorrelation(within, lag)
+    pooled = np.where(mask, counts - mean, 0.0)
+    out["lag1_pooled"] = _autocorrelation(pooled, 1)
+    real = counts[mask]
+    out.update(step_std=float(real.std()), zero_share=float((real == 0).mean()),
+               full_share=float((real == depth).mean()))
+    return out
+
+
+def _autocorrelation(dev: np.ndarray, lag: int) -> float:
+    """Pooled over requests: sum of dev[t] * dev[t + lag] over sum of dev[t]**2 (padding is 0)."""
+    den = float((dev * dev).sum())
+    return float((dev[:, :-lag] * dev[:, lag:]).sum()) / den if den and dev.shape[1] > lag else 0.0
+
+
+def simulate_arrays(model: VariationModel | None, per_depth: tuple[float, ...], depth: int, requests: int,
+                    tokens: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """simulate for many requests at once (the fit's simulation): the traces as a [requests, steps] array and the
+    mask of real steps. A request's mix comes from the Beta's inverse CDF on a fine grid; the same seed gives the
+    same uniforms whatever the model, so a fit compares models on common draws."""
+    rng = np.random.default_rng(seed)
+    u_mix, u_first = rng.random(requests), rng.random(requests)
+    if model is None:
+        tables, mix, redraw = (tuple(per_depth), tuple(per_depth)), np.ones(requests), 0.0
+    else:
+        tables, redraw = model.tables(per_depth), model.redraw
+        grid = np.linspace(0.0, 1.0, 257)
+        mix = np.interp(u_mix, [_beta_cdf(x, model.mix_a, model.mix_b) for x in grid], grid)
+    cdf_easy, cdf_hard = (np.cumsum(_count_probs(t, depth))[:-1] for t in tables)
+    easy = u_first < mix
+    counts = np.zeros((requests, tokens), dtype=np.int64)
+    mask = np.zeros((requests, tokens), dtype=bool)
+    emitted = np.zeros(requests, dtype=np.int64)
+    used = 0
+    for t in range(tokens):
+        live = emitted < tokens
+        if not live.any():
+            break
+        u_count, u_redraw, u_state = rng.random(requests), rng.random(requests), rng.random(requests)
+        k = np.where(easy, (u_count[:, None] >= cdf_easy).sum(axis=1), (u_count[:, None] >= cdf_hard).sum(axis=1))
+        counts[:, t], mask[:, t] = k, live
+        emitted += (k + 1) * live
+        easy = np.where(u_redraw < redraw, u_state < mix, easy)
+        used = t + 1
+    return counts[:, :used], mask[:, :used]
+
+
+def _count_probs(p: tuple[float, ...], depth: int) -> np.ndarray:
+    """P(k drafts accepted) for k = 0..depth on a chain, given per-depth acceptance p."""
+    out, reach = [], 1.0
+    for k in range(depth):
+        q = p[min(k, len(p) - 1)]
+        out.append(reach * (1 - q))
+        reach *= q
+    return np.array(out + [reach])
 
 
 def _beta_cdf(x: float, a: float, b: float) -> float:
@@ -287,6 +287,12 @@ def _beta_cdf(x: float, a: float, b: float) -> float:
     return front * frac
 
 
+# --- the fit: simulated moments ---
+
+# what the fit matches: between-request spread, within-request persistence and its decay, the pool's correlation.
+# The per-step distribution of counts needs no matching: the tables keep the profile's pooled per-depth acceptance,
+# which fixes it
+MOMENTS = ("request_tau_std", *(f"lag{lag}_within" for lag in LAGS), "lag1_pooled")
 # the search runs on unbounded coordinates: logit(mix mean), log(mix_a + mix_b), logit(redraw), log(contrast)
 _GRID = ((-1.4, -0.6, 0.0, 0.6, 1.4), (-0.7, 0.7, 2.1, 3.5), (-3.5, -2.2, -0.85, 1.5), (0.0, 0.7, 1.25, 1.6))
 
@@ -298,10 +304,32 @@ def _model(u: tuple[float, ...]) -> VariationModel:
     return VariationModel(mean * size, (1 - mean) * size, redraw, math.exp(min(max(u[3], -5), 2.5)))
 
 
-def fit(groups: list[tuple[list[list[int]], tuple[float, ...]]], depth: int = 7) -> tuple[VariationModel, float]:
-    """Maximum-likelihood model for traces (groups as in log_likelihood): the best point of a coarse grid, then a
-    compass search that halves its step until the step is small. Returns the model and its log-likelihood."""
-    cost = functools.cache(lambda u: -log_likelihood(_model(u), groups, depth))
+def moment_errors(traces: list[list[int]], depth: int, resamples: int = 200, seed: int = 0) -> dict:
+    """Each matched moment's standard error, by resampling the requests (the fit's weights)."""
+    counts, mask = _padded(traces)
+    rng = np.random.default_rng(seed)
+    draws = [_stats(counts[i], mask[i], depth) for i in
+             (rng.integers(0, len(traces), len(traces)) for _ in range(resamples))]
+    return {m: max(float(np.std([d[m] for d in draws])), 0.01) for m in MOMENTS}
+
+
+def fit(groups: list[tuple[list[list[int]], tuple[float, ...]]], tokens: int, depth: int = 7,
+        requests: int = 1000, seed: int = 0) -> tuple[VariationModel, float]:
+    """The model whose simulated traces (`requests` requests of `tokens` tokens each, common draws) best match
+    the traces' moments (MOMENTS), each difference in units of its standard error, summed in squares over the
+    groups ((traces, per_depth) pairs sharing the model's shape). The best point of a coarse grid, then a compass
+    search that halves its step until it is small. Returns the model and its loss."""
+    targets = [(trace_stats(traces, depth), moment_errors(traces, depth, seed=seed), per_depth)
+               for traces, per_depth in groups]
+
+    def loss(u: tuple[float, ...]) -> float:
+        model, total = _model(u), 0.0
+        for measured, error, per_depth in targets:
+            sim = _stats(*simulate_arrays(model, per_depth, depth, requests, tokens, seed), depth)
+            total += sum(((sim[m] - measured[m]) / error[m]) ** 2 for m in MOMENTS)
+        return total
+
+    cost = functools.cache(loss)
     grid = [(a, b, c, d) for a in _GRID[0] for b in _GRID[1] for c in _GRID[2] for d in _GRID[3]]
     best = min(grid, key=cost)
     step = 0.5
@@ -314,4 +342,4 @@ def fit(groups: list[tuple[list[list[int]], tuple[float, ...]]], depth: int = 7)
                     best, moved = trial, True
         if not moved:
             step /= 2
-    return _model(best), -cost(best)
+    return _model(best), cost(best)
