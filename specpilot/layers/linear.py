@@ -37,7 +37,10 @@ class Linear(nn.Linear):
         if paths.gemv and self.bias is None and x.numel() <= MAX_M * x.shape[-1]:
             y = gemv(x.reshape(-1, x.shape[-1]), self.weight, pdl=paths.pdl)
             return y.view(*x.shape[:-1], self.out_features)
-        return F.linear(x, self.weight, self.bias)
+        # always 2-D: a non-contiguous [B, T, K] input (a slice of a block's rows) would go to a batched matmul
+        # that reads the whole weight once per B (the DFlash LM head at batch 8: 4.7 ms instead of 0.6 ms on the H200)
+        y = F.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def gated(self, gate_up: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
         """self(silu(gate) * up) for gate_up = [gate | up]. The fused form takes single rows only: formed in the

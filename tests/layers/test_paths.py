@@ -61,3 +61,21 @@ def test_every_path_on_gives_the_plain_tokens_through_the_chosen_ops(name, check
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
     assert gemv and all(gemv) and gated and fused and tree and pdl_asked and all(pdl_asked)
     assert chunk == [True] * model.config.num_linear_layers
+
+
+def test_linear_takes_a_non_contiguous_block_as_one_matrix(monkeypatch):
+    """A slice of a block's rows ([B, T, K], not contiguous) reaches F.linear as one 2-D matrix: a 3-D input goes
+    to a batched matmul that reads the whole weight once per B."""
+    import torch.nn.functional as F
+
+    from specpilot.layers import linear
+
+    layer = linear.Linear(24, 40, bias=False)
+    torch.nn.init.normal_(layer.weight)
+    seen = []
+    real = F.linear
+    monkeypatch.setattr(linear.F, "linear", lambda x, w, b=None: seen.append(x.dim()) or real(x, w, b))
+    block = torch.randn(3, 9, 24)[:, 1:8]
+    out = layer(block)
+    assert seen == [2] and out.shape == (3, 7, 40)
+    torch.testing.assert_close(out, block @ layer.weight.T)
