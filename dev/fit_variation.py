@@ -155,8 +155,9 @@ def main(argv=None) -> None:
         # the traces first: a fit that fails leaves them to refit (--traces-from)
         write(args.out, {"run": run, "pairs": {pair: {"recorded": rec} for pair, rec in recorded.items()}})
     budget = run["max_new_tokens"] - 1  # the prefill emits the first token; steps emit the rest
-    doc = {"run": run, "fit_command": "python3 dev/fit_variation.py " + " ".join(argv if argv is not None else
-                                                                             sys.argv[1:]), "fit_commit": commit, "model": "2-state Markov chain per request (specpilot/bench/variation.py)",
+    command = "python3 dev/fit_variation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    doc = {"run": run, "fit_command": command, "fit_commit": commit,
+           "model": "2-state Markov chain per request (specpilot/bench/variation.py)",
            "fit_method": "simulated moments: " + ", ".join(MOMENTS) + " (each in units of its standard error from "
                          "resampling the requests; simulated at the run's token budget, 1,000 requests)",
            "pairs": {}}
