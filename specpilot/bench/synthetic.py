@@ -139,6 +139,7 @@ class SyntheticDrafter:
         self.inner, self.truth, self.profile, self.vocab = inner, truth, profile, vocab_size
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
+        self.sequential = getattr(inner, "sequential", True)
         block = getattr(inner, "block_size", None)  # a DFlash block of B drafts B - 1 tokens deep
         self.max_depth = getattr(inner, "max_depth", None) or (block - 1 if block else None)
         self.seed, self.rng = seed, random.Random(seed)

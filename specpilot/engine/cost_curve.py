@@ -308,3 +308,20 @@ def _median_seconds(call, reps: int, cuda: bool, rounds: int = 3) -> float:
             out.append((time.perf_counter() - t0) / reps)
     return statistics.median(out)
 
+
+
+BUNDLED = Path(__file__).resolve().parent.parent / "data" / "cost_curves"
+
+
+def curve_for(model, weight_format: str = "bf16") -> VerifyCostCurve:
+    """The verify cost curve the engine's budget reads for this model on its device: a measured one for this GPU
+    and model shape (python3 -m bench verify_curve --cache writes the cache; the package ships the curves measured
+    for the benchmark shapes), else the model's roofline."""
+    param = next(model.parameters())
+    if param.device.type == "cuda":
+        fingerprint = model_fingerprint(model.config, weight_format, str(param.dtype).removeprefix("torch."))
+        cached = cache_path(torch.cuda.get_device_name(param.device), fingerprint)
+        for path in (cached, BUNDLED / cached.name):
+            if path.exists():
+                return VerifyCostCurve.load(path)
+    return VerifyCostCurve.from_model(model, param.device.type)

@@ -27,7 +27,7 @@ from itertools import count
 import torch
 
 from specpilot.engine.budget import AcceptanceTracker, node_gains, split_budget
-from specpilot.engine.cost_curve import VerifyCostCurve
+from specpilot.engine.cost_curve import VerifyCostCurve, curve_for
 from specpilot.engine.detokenizer import decode_text
 from specpilot.engine.generator import GenerationResult, append_token, stop_detokenizer
 from specpilot.engine.request import Request, RequestOutput, Status
@@ -50,7 +50,8 @@ class SpecEngine:
                  eos_ids: tuple[int, ...] = (), tokenizer=None, scheduler: SchedulerConfig | None = None,
                  cost: VerifyCostCurve | None = None):
         """drafter None: plain decoding (one token per request per step). cost: the verify cost curve the budget
-        reads (default: the roofline of this model on this device, rescaled online by measured verify times)."""
+        reads (default: the curve measured on this GPU for this model shape, else its roofline; rescaled online
+        by the measured verify times)."""
         if drafter is not None and tree is None:
             raise ValueError("a drafter needs a tree spec (--tree chain:D, static:... or dynamic:...)")
         self.runner, self.drafter = runner, drafter
@@ -58,7 +59,10 @@ class SpecEngine:
         self.tree = tree.capped(depth) if depth else tree
         self.eos_ids, self.tokenizer = set(eos_ids), tokenizer
         self.config = scheduler or SchedulerConfig()
-        self.cost = cost or VerifyCostCurve.from_model(runner.model, runner.device.type)
+        self.cost = cost or curve_for(runner.model, runner.runtime.weight_format)
+        # a drafter whose cost grows with the levels it drafts (a draft model run level by level) is asked for no
+        # more levels than the deepest budget; a block drafter (DFlash) proposes its whole block at one cost
+        self.sequential = getattr(drafter, "sequential", True)
         self.scheduler: Scheduler | None = None  # built (and the caches sized) at the first step
         self.slot_len = 0  # tokens a slot holds (prompt + output), the tree's nodes aside
         self.requests: list[Request] = []  # the last generate()'s, in prompt order
@@ -197,7 +201,7 @@ class SpecEngine:
         roots = [r.root for r in active]
         if self.drafter is None:
             return [DraftTree((root,), (-1,)) for root in roots]
-        spec = self.tree.capped(max(1, self._depth_for(max(nodes))))
+        spec = self.tree.capped(max(1, self._depth_for(max(nodes)))) if self.sequential else self.tree
         trees = self.drafter.propose([r.slot for r in active], roots, spec)
         room = self.runner.cache.max_seq_len
         out = []
@@ -225,8 +229,9 @@ class SpecEngine:
                 slots += [self.scheduler.num_slots] * pad
                 bases += [0] * pad
                 width = min(_pow2(max(t.num_nodes for t in trees)), self._full_nodes() + 1)
-            host = host_tree_metadata(rows, bases, slots, runner.device, width,
-                                      chains_as_trees=hybrid and runner.runtime.fold_hybrid_chains,
+            # a block of lone roots (plain decoding) takes the recurrent decode path even where chains fold
+            fold = hybrid and runner.runtime.fold_hybrid_chains and max(width or 1, *(t.num_nodes for t in trees)) > 1
+            host = host_tree_metadata(rows, bases, slots, runner.device, width, chains_as_trees=fold,
                                       alloc=runner.staging.take)
         if host is not None and not chunks:
             meta = runner.verify_inputs(host, layers)
@@ -409,7 +414,8 @@ class SpecEngine:
         tokens = len(active) + sum(nodes) + sum(len(c.tokens) for c in chunks)
         context = sum(r.committed for r in active) / len(active) if active else 0
         info["predicted"] = float(self.cost.seconds(tokens, max(len(active), 1), context))
-        info["levels"] = max(1, self._depth_for(max(nodes))) if self.drafter is not None and active else 0
+        if self.drafter is not None and active:
+            info["levels"] = max(1, self._depth_for(max(nodes))) if self.sequential else self.tree.depth
 
     def _slots_in_memory(self, length: int) -> int:
         """How many slots of `length` tokens the target's cache (and a drafter model's, when it has one) fit in
@@ -433,19 +439,27 @@ class SpecEngine:
         for info, seconds in charged:
             predicted = info.get("predicted")
             if predicted:
-                self._verify_scale += 0.1 * (seconds["verify"] / predicted - self._verify_scale)
+                self._verify_scale = _follow(self._verify_scale, seconds["verify"] / predicted)
             depth = info.get("levels")
             if depth:
-                old = self._draft_s.get(depth, seconds["draft"])
-                self._draft_s[depth] = old + 0.2 * (seconds["draft"] - old)
+                self._draft_s[depth] = _follow(self._draft_s.get(depth), seconds["draft"])
 
     def _draft_seconds(self, depth: int) -> float:
         """The drafter's measured cost of a step proposing `depth` levels (the nearest depth measured). A step
-        proposes at least one level even when every budget is 0 (propose), so depth 0 costs what depth 1 does."""
+        proposes at least one level even when every budget is 0 (propose), so depth 0 costs what depth 1 does; a
+        block drafter's every step costs one proposal."""
         if not self._draft_s:
             return 0.0
-        depth = max(depth, 1)
+        depth = max(depth, 1) if self.sequential else self.tree.depth
         return self._draft_s[min(self._draft_s, key=lambda d: (abs(d - depth), d))]
+
+
+def _follow(estimate: float | None, sample: float) -> float:
+    """An estimate that follows falls fast and rises slowly: a one-off slow step (a CUDA graph captured, a
+    kernel compiled) barely moves it, a lasting change does within a few steps."""
+    if estimate is None:
+        return sample
+    return estimate + (0.5 if sample < estimate else 0.05) * (sample - estimate)
 
 
 def cache_bytes_per_slot(cfg, length: int, dtype: torch.dtype) -> int:

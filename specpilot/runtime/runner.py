@@ -179,10 +179,14 @@ class ModelRunner:
         Returns (tokens, features): tokens [B * T + len(chunks)] on device, the verify block's greedy tokens
         row-major then each chunk's greedy token after its last position; features (layers given) per block,
         [B, T, F] for the verify block (when there is one) then [1, T_i, F] per chunk, else None."""
-        parts = [dataclasses.replace(c, paths=self.runtime.prefill) for c in chunks]
+        # eager pointwise helpers: a mixed step's token count changes every step, and each new shape would
+        # recompile the compiled ones
+        verify_paths = dataclasses.replace(self.runtime.verify, compiled=False)
+        prefill_paths = dataclasses.replace(self.runtime.prefill, compiled=False)
+        parts = [dataclasses.replace(c, paths=prefill_paths) for c in chunks]
         if verify is not None:
-            parts.insert(0, dataclasses.replace(verify, paths=self.runtime.verify))
-        meta = MixedMetadata.of(parts, self.runtime.verify)
+            parts.insert(0, dataclasses.replace(verify, paths=verify_paths))
+        meta = MixedMetadata.of(parts, verify_paths)
         hidden, features = self.model(meta, self.cache, layers), None
         if layers:
             hidden, captured = hidden
@@ -191,7 +195,7 @@ class ModelRunner:
         rows = [b[:, -1] for b in blocks[len(parts) - len(chunks):]]
         if verify is not None:
             rows.insert(0, blocks[0].flatten(0, 1))
-        tokens = self.model.logits(torch.cat(rows), self.runtime.verify).argmax(-1)
+        tokens = self.model.logits(torch.cat(rows), verify_paths).argmax(-1)
         return tokens, features
 
     def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):

@@ -106,18 +106,22 @@ def test_abort_frees_the_slot_for_a_waiting_request(checkpoint_factory):
                         scheduler=SchedulerConfig(max_num_seqs=2))
     prompts = _prompts(3)
     a, b, c = (engine.add_request(p, PARAMS) for p in prompts)
-    engine.step()
-    engine.step()
+    got = {}
+
+    def step():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+
+    step()
+    step()
     assert [r.request_id for r in engine.scheduler.running] == [a, b] and engine.scheduler.waiting
     slot = engine.scheduler.by_id[a].slot
     engine.abort(a)
     assert slot in engine.scheduler.free and a not in engine.scheduler.by_id
-    engine.step()
+    step()
     assert engine.scheduler.by_id[c].slot == slot
-    got = {}
     while engine.has_unfinished():
-        for out in engine.step():
-            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+        step()
     ref = _alone(target, prompts)
     assert engine.stats(b) is not None
     assert got[c] == ref[2]

@@ -70,6 +70,7 @@ def pack_rows(buffer: torch.Tensor, new: list[torch.Tensor]) -> None:
 
 class DFlashDrafter:
     name = "dflash"
+    sequential = False  # one proposal costs the same at every depth (the engine then asks for its full tree)
 
     def __init__(self, model: DFlashModel, target: CausalLM, target_layers: tuple[int, ...], block_size: int,
                  mask_token_id: int, use_graphs: bool | None = None, runtime: Runtime | None = None):

@@ -11,6 +11,7 @@ from specpilot.spec_decode.tree import DraftTree, TreeSpec
 
 class NgramDrafter:
     name = "ngram"
+    sequential = False  # one proposal costs the same at every depth (the engine then asks for its full tree)
     target_layers: tuple[int, ...] = ()
     max_depth = None
 
