@@ -31,6 +31,7 @@ from specpilot.bench.probing import ProbingEngine
 from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.settings import Runtime
@@ -40,6 +41,8 @@ from specpilot.prompts import PROMPT_SETS, Prompt, load_prompts, resolve_prompt_
 from specpilot.spec_decode.forcing import ForcingReport, force_check
 from specpilot.spec_decode.tree import TreeSpec
 
+# a configuration names its tree: every request verifies that tree every step (the node budget is `bench serve`'s)
+FIXED_TREE = SchedulerConfig(adaptive=False)
 # bench workload -> prompt set: EAGLE's 80-prompt subsets (alpaca is CC BY-NC 4.0 data, non-commercial)
 WORKLOADS = {"mt-bench": "mt-bench", "humaneval": "eagle-humaneval", "gsm8k": "eagle-gsm8k",
              "alpaca": "eagle-alpaca", "cnndm": "eagle-sum", "spec-bench": "spec-bench"}
@@ -323,7 +326,8 @@ def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, bat
                  else Tolerance(stated, "stated", stated))
     base = {"workload": workload, "batch": batch, "prompts": len(conversations), "turns": len(prompts),
             "target_kind": policy.target_kind, "synthetic": profile is not None,
-            "acceptance": f"synthetic:{profile.name}" if profile else "real"}
+            "acceptance": f"synthetic:{profile.name}" if profile else "real",
+            "acceptance_label": profile.label if profile else "real"}
     rows = [{**base, "config": "ar", **summarize(ar_out, ar_stats, ar_s), "speedup_vs_ar": 1.0}]
     if progress is not None:
         progress(rows[0])
@@ -357,12 +361,13 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
 
     def make(group_truth):
         if profile is None:
-            return SpecEngine(runner, base_drafter, TreeSpec.parse(cfg.tree), eos)
+            return SpecEngine(runner, base_drafter, TreeSpec.parse(cfg.tree), eos, scheduler=FIXED_TREE)
         # a seed per group: with one seed every group would draw the same acceptance pattern
         drafter = SyntheticDrafter(base_drafter, group_truth, profile, model.config.vocab_size, seed=next(seeds),
                                    untimed=clock)
         oracles.append(drafter)
-        return ProbingEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos)  # hands the drafter its probe
+        # hands the drafter its probe
+        return ProbingEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos, scheduler=FIXED_TREE)
 
     synthetic_truth = truth if profile is not None else None
     try:
