@@ -222,3 +222,16 @@ def test_measure_verifies_a_hybrid_targets_chains():
     runner = ModelRunner(_tiny("tiny-hybrid"), cpu_runtime())
     c = measure(runner, batches=[2], tokens_grid=[3], contexts=[8], reps=1, rounds=1)
     assert c.tokens == ((6,),) and c.seconds_grid[0][0][0] > 0
+
+
+def test_the_shipped_curve_is_the_benchmark_shapes_and_the_cpu_takes_the_roofline():
+    """The package ships the H200 curve of the random:Qwen3.5-27B benchmark shape under the name the engine looks
+    up (its GPU and model fingerprint); off a GPU the engine's curve is the model's roofline."""
+    from specpilot.config import ModelConfig
+    from specpilot.engine.cost_curve import BUNDLED, curve_for
+
+    cfg = ModelConfig.from_dict(hf_config("Qwen3.5-27B").to_dict())
+    name = cache_path("NVIDIA H200", model_fingerprint(cfg, "bf16", "bfloat16")).name
+    shipped = VerifyCostCurve.load(BUNDLED / name)
+    assert shipped.source == "measured" and 0.01 < shipped.seconds(64, 8, 2048) < 0.03
+    assert curve_for(_tiny(), "bf16").source == "roofline"
