@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.models.loader import load_model, load_tokenizer
@@ -40,7 +41,7 @@ def measure(zoo: Path, target: str, drafter: str, tree: str, prompts: list[list[
     runner = ModelRunner(model)
     draft = build_drafter(str(zoo / drafter), model, tok, runtime=runner.runtime)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine = SpecEngine(runner, draft, TreeSpec.parse(tree))
+    engine = SpecEngine(runner, draft, TreeSpec.parse(tree), scheduler=SchedulerConfig(adaptive=False))
     steps = emitted = 0
     drafted, accepted = [0] * 8, [0] * 8
     report, outputs = ForcingReport(), []

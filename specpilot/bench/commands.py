@@ -206,7 +206,8 @@ def _add_serve_parser(bsub) -> None:
     s.add_argument("--target-kind", choices=["margin", "flat"], default="margin",
                    help="random:SHAPE weights: margin (speculative output must equal AR's) or flat")
     s.add_argument("--drafter", default="random-dflash",
-                   help="random-dflash (random targets), a draft model / DFlash / EAGLE-3 checkpoint, or ngram")
+                   help="random-dflash (random targets), a draft model / DFlash / EAGLE-3 checkpoint, or ngram (default: "
+                        "random-dflash)")
     s.add_argument("--profile", default=None,
                    help="synthetic acceptance profile (shipped name, e.g. dflash2-gsm8k, or JSON path); omitted: "
                         "the drafter's real acceptance")

@@ -10,6 +10,7 @@ import torch
 import specpilot
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.generator import Generator
 from specpilot.models.loader import load_model
 from specpilot.runtime.runner import ModelRunner
@@ -46,7 +47,8 @@ def test_probe_commits_nothing(name, commit, tree, checkpoint_factory):
     truth = [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts, PARAMS)]
     drafter = SyntheticDrafter(NgramDrafter(), {}, AcceptanceProfile("mostly", (0.8,) * 7), target.config.vocab_size)
     runtime = Runtime.build(EngineConfig(hybrid_chain_commit=commit), "cpu")
-    engine = ProbingEngine(ModelRunner(target, runtime), drafter, TreeSpec.parse(tree))
+    engine = ProbingEngine(ModelRunner(target, runtime), drafter, TreeSpec.parse(tree),
+                           scheduler=SchedulerConfig(adaptive=False))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
     assert drafter.probes > 0 and any(s.tau > 2 for _, s in out)

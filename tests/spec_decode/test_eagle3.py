@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from specpilot.checkpoint.errors import CheckpointError
 from specpilot.config import ConfigError
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
@@ -141,7 +142,7 @@ def test_speculative_equals_autoregressive(tree, target, eagle_dir):
     reference = [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts, PARAMS)]
     drafter = _Recorder(build_drafter(str(eagle_dir), target))
     spec = TreeSpec.parse(tree)
-    engine = SpecEngine(ModelRunner(target), drafter, spec)
+    engine = SpecEngine(ModelRunner(target), drafter, spec, scheduler=SchedulerConfig(adaptive=False))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == reference
     t2d = eagle3_tensors()["t2d"]
@@ -187,7 +188,8 @@ def test_commits_of_accepted_drafts_keep_the_head_cache_exact(target, eagle_dir)
     prompts = _prompts()
     reference = [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts, PARAMS)]
     drafter = _Oracle(build_drafter(str(eagle_dir), target), reference)
-    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse("chain:4"))
+    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse("chain:4"),
+                        scheduler=SchedulerConfig(adaptive=False))
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == reference
     assert all(s.tau > 1.5 for _, s in out)
@@ -346,5 +348,6 @@ def test_hybrid_target(tree, checkpoint_factory, eagle_dir):
     assert hybrid.config.is_hybrid
     prompts = _prompts()
     reference = [r.token_ids for r in Generator(ModelRunner(hybrid)).generate(prompts, PARAMS)]
-    engine = SpecEngine(ModelRunner(hybrid), build_drafter(str(eagle_dir), hybrid), TreeSpec.parse(tree))
+    engine = SpecEngine(ModelRunner(hybrid), build_drafter(str(eagle_dir), hybrid), TreeSpec.parse(tree),
+                        scheduler=SchedulerConfig(adaptive=False))
     assert [r.token_ids for r, _ in engine.generate(prompts, PARAMS)] == reference

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specpilot.engine.engine import SpecEngine
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
@@ -88,7 +89,8 @@ def _both_sides(target, layers, tmp_path, train_layers=None, train_mask=MASK):
     ref = Generator(ModelRunner(target)).generate(prompts, SamplingParams(max_new_tokens=NEW + BLOCK))
     sequences = [p + r.token_ids for p, r in zip(prompts, ref)]
     oracle = _Oracle(drafter, sequences)
-    out = SpecEngine(ModelRunner(target), oracle, TreeSpec.parse(f"chain:{BLOCK - 1}")).generate(
+    out = SpecEngine(ModelRunner(target), oracle, TreeSpec.parse(f"chain:{BLOCK - 1}"),
+                     scheduler=SchedulerConfig(adaptive=False)).generate(
         prompts, SamplingParams(max_new_tokens=NEW))
     emitted = [p + r.token_ids for p, (r, _) in zip(prompts, out)]
     assert emitted == [s[:len(p) + NEW] for p, s in zip(prompts, sequences)]
