@@ -363,20 +363,24 @@ class Engines:
         return self.oracle.seconds, sum(d.probes for d in self.drafters)
 
 
-def _warm(engines: Engines, engine, prompts: list[list[int]], clients: int) -> None:
-    """One untimed request per client (graphs captured, kernels compiled, caches at size)."""
+def _warm(engines: Engines, engine, prompts: list[list[int]], clients: int) -> dict:
+    """The engine's verify graphs captured for every bucket (SpecEngine.warmup), then one untimed request per client
+    (the drafter's graphs, compiled kernels, caches at size); returns warmup's report."""
+    report = engine.warmup()
     params = SamplingParams(max_new_tokens=engines.cfg.warmup_tokens, ignore_eos=True)
     closed_loop(engine, prompts, clients, 1, params, engines.clock)
+    return report
 
 
 def _measure(engines: Engines, kind: str, batch: int, prompts, run, truth=None,
              on_finish=None) -> tuple[dict, LoopResult]:
     """Builds the engine, warms it, runs `run(engine, on_finish)` and summarizes it; the oracle's work is out."""
     engine = engines.ar(batch) if kind == "ar" else engines.spec(batch, truth)
-    _warm(engines, engine, prompts, batch)
+    warm = _warm(engines, engine, prompts, batch)
     seconds, probes = engines.oracle_mark()
     result = run(engine, on_finish)
     row = summarize(result)
+    row["warmup_graphs"], row["warmup_graph_bytes"] = warm["graphs"], warm["bytes"]
     if engines.oracle is not None and kind == "spec":
         after, probes_after = engines.oracle_mark()
         if "draft" in row.get("seconds_split", {}):

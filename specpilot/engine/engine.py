@@ -220,19 +220,8 @@ class SpecEngine:
         hybrid = runner.config.is_hybrid
         host, self._snapshot, self._tree_commit = None, None, False
         if trees:
-            graphs = runner.runtime.verify_graphs and not chunks
-            rows, slots, bases = list(trees), [r.slot for r in active], [r.committed for r in active]
-            width = None
-            if graphs:  # pad to a captured bucket: rows that verify a lone root on the scratch slot
-                pad = _bucket(len(rows), BATCH_BUCKETS) - len(rows)
-                rows += [DraftTree((0,), (-1,))] * pad
-                slots += [self.scheduler.num_slots] * pad
-                bases += [0] * pad
-                width = min(_pow2(max(t.num_nodes for t in trees)), self._full_nodes() + 1)
-            # a block of lone roots (plain decoding) takes the recurrent decode path even where chains fold
-            fold = hybrid and runner.runtime.fold_hybrid_chains and max(width or 1, *(t.num_nodes for t in trees)) > 1
-            host = host_tree_metadata(rows, bases, slots, runner.device, width, chains_as_trees=fold,
-                                      alloc=runner.staging.take)
+            host = self._host_block(trees, [r.slot for r in active], [r.committed for r in active],
+                                    runner.runtime.verify_graphs and not chunks)
         if host is not None and not chunks:
             meta = runner.verify_inputs(host, layers)
             self._before_verify(meta, hybrid)
@@ -246,6 +235,60 @@ class SpecEngine:
         self._features = features[0] if features is not None and meta is not None else None
         self._chunk_features = features[-len(chunks):] if features is not None else [None] * len(chunks)
         return tokens
+
+    def _host_block(self, trees: list[DraftTree], slots: list[int], bases: list[int], bucketed: bool):
+        """The verify block's packed host metadata; bucketed (a captured graph replays it): the batch padded to a
+        bucket with rows that verify a lone root on the scratch slot, the width to a power of two."""
+        runner = self.runner
+        rows, width = list(trees), None
+        if bucketed:
+            pad = _bucket(len(rows), BATCH_BUCKETS) - len(rows)
+            rows += [DraftTree((0,), (-1,))] * pad
+            slots, bases = slots + [self.scheduler.num_slots] * pad, bases + [0] * pad
+            width = min(_pow2(max(t.num_nodes for t in trees)), self._full_nodes() + 1)
+        # a block of lone roots (plain decoding) takes the recurrent decode path even where chains fold
+        fold = (runner.config.is_hybrid and runner.runtime.fold_hybrid_chains
+                and max(width or 1, *(t.num_nodes for t in trees)) > 1)
+        return host_tree_metadata(rows, bases, slots, runner.device, width, chains_as_trees=fold,
+                                  alloc=runner.staging.take)
+
+    def warmup(self) -> dict:
+        """Captures the verify CUDA graph of every (batch, width) bucket a step of this engine can take, before any
+        request runs, so that no step captures one in flight: batches up to the slot count, widths up to the tree
+        spec's full tree. Returns the graphs captured and the device memory they reserved (nothing without verify
+        graphs). The rows verify dummy trees in free slots, which admission resets."""
+        self._ensure_slots()  # outside inference mode: the caches outlive it
+        if not self.runner.runtime.verify_graphs or self.scheduler.running:
+            return {"graphs": 0, "bytes": 0}
+        return self._capture_buckets()
+
+    @inference
+    def _capture_buckets(self) -> dict:
+        runner = self.runner
+        layers = tuple(self.drafter.target_layers) if self.drafter is not None else ()
+        before, count = len(runner.verify_graphs), _reserved(runner.device)
+        full, slots = self._full_nodes() + 1, self.scheduler.num_slots
+        batches = sorted({_bucket(b, BATCH_BUCKETS) for b in range(1, slots + 1)})
+        for width in sorted({min(_pow2(n), full) for n in range(1, full + 1)}):
+            for tree in self._warmup_trees(width):
+                for b in batches:
+                    n = min(b, slots)
+                    host = self._host_block([tree] * n, list(range(n)), [0] * n, True)
+                    greedy, _ = runner.verify(runner.verify_inputs(host, layers), layers)
+                    runner.staging.read_tokens(greedy)  # a sync that frees the staged metadata buffer
+        runner.cache.tree_stash.clear()
+        return {"graphs": len(runner.verify_graphs) - before, "bytes": _reserved(runner.device) - count}
+
+    def _warmup_trees(self, width: int) -> list[DraftTree]:
+        """Dummy trees of `width` nodes of the shapes this engine's steps verify: a chain spec's chains, a static
+        spec's first nodes, and for a dynamic spec both a chain and a branching tree (its graphs differ)."""
+        chain = DraftTree((0,) * width, tuple(range(-1, width - 1)))
+        if self.tree is None or self.tree.kind == "chain":
+            return [chain]
+        if self.tree.kind == "static":
+            return [DraftTree((0,) * width, _static_parents(self.tree.branching)[:width])]
+        branching = DraftTree((0,) * width, tuple((i - 1) // 2 for i in range(width)))
+        return [chain, branching] if width > 2 else [chain]
 
     def _before_verify(self, meta: BatchMetadata, hybrid: bool) -> None:
         # replayed chains update recurrent state in place (snapshot to roll back, unless no row can reject:
@@ -480,6 +523,10 @@ class _Scaled:
 
     def seconds(self, tokens, batch: int, context):
         return self.curve.seconds(tokens, batch, context) * self.scale
+
+
+def _reserved(device: torch.device) -> int:
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
 
 
 def _bucket(n: int, buckets: tuple[int, ...]) -> int:

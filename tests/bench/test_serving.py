@@ -61,6 +61,9 @@ class FakeEngine:
         self.added_at_step: dict[str, int] = {}
         self.most_running = 0
 
+    def warmup(self):
+        return {"graphs": 0, "bytes": 0}
+
     def add_request(self, prompt_ids, params, request_id=None):
         rid = request_id or f"r{next(self.ids)}"
         self.reqs[rid] = {"out": continuation(prompt_ids, params.max_new_tokens), "sent": 0, "stats": FakeStats()}

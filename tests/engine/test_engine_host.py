@@ -369,3 +369,29 @@ def test_ab_layers_per_graph_takes_one_spacing_or_two():
     for bad in ([4, 8, 12], [-1], [4, -2]):
         with pytest.raises(SystemExit):
             ab_spacings(bad)
+
+
+@pytest.mark.parametrize("name,tree", [("qwen3", "chain:4"), ("qwen3_5", "static:2,2"), ("qwen3", "dynamic:2,3,5")])
+def test_warmup_captures_every_bucket_before_requests_run(name, tree, checkpoint_factory, replayed_verify_graphs):
+    """SpecEngine.warmup captures the verify graph of every (batch, width) bucket a step can take: the requests
+    that follow capture none, and their output is exact."""
+    from specpilot.engine.scheduler import SchedulerConfig
+
+    target, _ = _models(checkpoint_factory, name)
+    prompts = _prompts()
+    truth = _reference(target, prompts)
+    runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
+    set_runtime(runner, verify_graphs=True)
+    drafter = DraftLMDrafter(target) if tree.startswith("chain") else RandomTreeDrafter(3, truth, prompts)
+    engine = SpecEngine(runner, drafter, TreeSpec.parse(tree), scheduler=SchedulerConfig(max_num_seqs=3,
+                                                                                        adaptive=False))
+    report = engine.warmup()
+    shapes = {(b, w) for b, w, _, _ in runner.verify_graphs}
+    full = TreeSpec.parse(tree).max_tree_nodes
+    widths = {w for w in (1, 2, 4, 8, 16) if w < full} | {full}
+    assert report["graphs"] == len(runner.verify_graphs) and {b for b, _ in shapes} == {1, 2, 4}
+    assert {w for _, w in shapes} == widths
+    captured = dict(runner.verify_graphs)
+    out = engine.generate(prompts, PARAMS)
+    assert [r.token_ids for r, _ in out] == truth
+    assert runner.verify_graphs.keys() == captured.keys()
