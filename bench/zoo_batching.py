@@ -67,6 +67,21 @@ def run_pair(target: str, drafter: str, prompts_text: list[str], args) -> list[d
     return rows
 
 
+def _check(p: argparse.ArgumentParser, args) -> None:
+    """Bad flags: one line and status 2 before anything loads."""
+    for pair in args.pairs:
+        target, sep, drafter = pair.partition(":")
+        if not sep or target not in ("dense", "hybrid") or drafter not in ("dflash", "eagle3", "draft-lm", "ngram"):
+            p.error(f"--pairs {pair!r}: use TARGET:DRAFTER with TARGET dense or hybrid and DRAFTER dflash, eagle3, "
+                    "draft-lm or ngram")
+    if min(args.batch + [args.limit, args.max_new_tokens, args.requests_per_client]) < 1:
+        p.error("--batch, --limit, --max-new-tokens and --requests-per-client take numbers >= 1")
+    try:
+        TreeSpec.parse(args.tree)
+    except ValueError as e:
+        p.error(str(e))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python3 -m bench zoo_batching", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -80,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tree", default="chain:7", help="the speculative engines' tree (fixed: always all of it)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
+    _check(p, args)
     if zoo_dir() is None:
         raise SystemExit("error: no trained zoo (zoo/ or $SPECPILOT_ZOO); rebuild it with `specpilot train zoo`")
     torch.set_grad_enabled(False)
