@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from functools import cached_property
 from itertools import count
 
 import torch
@@ -184,7 +185,7 @@ class SpecEngine:
         elif not self.config.adaptive or self.tree.kind == "dynamic":
             nodes = [self._full_nodes()] * len(active)
         else:
-            shape = self._shape()
+            shape = self._shape
             gains = [node_gains(r.tracker, shape) for r in active]
             plan = split_budget(gains, _Scaled(self.cost, self._verify_scale), [r.committed for r in active],
                                 draft_seconds=self._draft_seconds, extra_tokens=sum(len(c.tokens) for c in chunks))
@@ -409,6 +410,7 @@ class SpecEngine:
     def _full_nodes(self) -> int:
         return self.tree.max_tree_nodes - 1 if self.tree is not None else 0
 
+    @cached_property
     def _shape(self):
         """What node_gains reads for this tree spec: a chain's depth, or a static tree's layout."""
         if self.tree.kind == "chain":
@@ -420,7 +422,7 @@ class SpecEngine:
         if self.tree.kind == "chain":
             return nodes
         if self.tree.kind == "static":
-            return max(self._shape().depths[:nodes + 1])
+            return max(self._shape.depths[:nodes + 1])
         return self.tree.depth
 
     def _ensure_slots(self) -> None:

@@ -140,15 +140,22 @@ def replayed_verify_graphs(monkeypatch):
     monkeypatch.setattr(runner_module, "VerifyGraph", ReplayedVerifyGraph)
 
 
-@pytest.mark.parametrize("name,tree", [("qwen3", "static:4,3"), ("qwen3_5", "static:4,3"), ("qwen3_5", "chain:4")])
-def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_factory, replayed_verify_graphs):
-    """Random trees (padded to the spec's width) or the target drafting chains for itself, through verify graphs."""
+def _graph_case(checkpoint_factory, name: str, tree: str):
+    """(prompts, AR truth, a runner with verify graphs on the tree-attention path, a drafter: the target itself for
+    a chain spec, random trees otherwise)."""
     target, _ = _models(checkpoint_factory, name)
     prompts = _prompts()
     truth = _reference(target, prompts)
     runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
     set_runtime(runner, verify_graphs=True)
     drafter = DraftLMDrafter(target) if tree.startswith("chain") else RandomTreeDrafter(3, truth, prompts)
+    return prompts, truth, runner, drafter
+
+
+@pytest.mark.parametrize("name,tree", [("qwen3", "static:4,3"), ("qwen3_5", "static:4,3"), ("qwen3_5", "chain:4")])
+def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_factory, replayed_verify_graphs):
+    """Random trees (padded to the spec's width) or the target drafting chains for itself, through verify graphs."""
+    prompts, truth, runner, drafter = _graph_case(checkpoint_factory, name, tree)
     engine = SpecEngine(runner, drafter, TreeSpec.parse(tree), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     assert [r.token_ids for r, _ in out] == truth
@@ -377,12 +384,7 @@ def test_warmup_captures_every_bucket_before_requests_run(name, tree, checkpoint
     that follow capture none, and their output is exact."""
     from specpilot.engine.scheduler import SchedulerConfig
 
-    target, _ = _models(checkpoint_factory, name)
-    prompts = _prompts()
-    truth = _reference(target, prompts)
-    runner = ModelRunner(target, cpu_runtime(block_attention="tree"))
-    set_runtime(runner, verify_graphs=True)
-    drafter = DraftLMDrafter(target) if tree.startswith("chain") else RandomTreeDrafter(3, truth, prompts)
+    prompts, truth, runner, drafter = _graph_case(checkpoint_factory, name, tree)
     engine = SpecEngine(runner, drafter, TreeSpec.parse(tree), scheduler=SchedulerConfig(max_num_seqs=3,
                                                                                         adaptive=False))
     report = engine.warmup()

@@ -23,6 +23,9 @@ class Drafter(Protocol):
     name: str
     target_layers: tuple[int, ...]  # empty: the drafter needs no target features
     max_depth: int | None  # the deepest it drafts (a deeper TreeSpec is cut to it), or None: any depth
+    # False: a proposal costs the same at any depth (DFlash's block, n-gram lookups), so the engine asks for the
+    # spec's whole tree; True (the engine's default for a drafter that does not say): drafting runs level by level
+    sequential: bool
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         """Room for num_slots requests of max_seq_len positions: the committed tokens plus the largest tree the
