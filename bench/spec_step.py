@@ -87,12 +87,13 @@ def profile_steps(args) -> dict:
     model = random_model(hf_config(args.target), device, dtype)
     vocab = model.config.vocab_size
     rng = random.Random(0)
-    prompt = [rng.randrange(vocab) for _ in range(args.prompt)]
+    prompts = [[rng.randrange(vocab) for _ in range(args.prompt)] for _ in range(args.batch)]
+    prompt = prompts[0]
     fields = dict(BenchConfig.parse(f"engine={args.engine}", args.tree).engine)  # the bench's --engine syntax
     cfg = EngineConfig.from_dict(fields)
-    tokens = args.steps * 8 + 64
+    tokens = (args.warmup + 2 * args.steps) * 8 + 64
     stock = make_runner(model, cfg)
-    truth = Generator(stock).generate([prompt], SamplingParams(max_new_tokens=tokens, ignore_eos=True))[0].token_ids
+    truth = Generator(stock).generate(prompts, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
     runner = make_runner(model, cfg)
     clock, labels = OracleClock(torch.device(device)), [contextlib.nullcontext]
 
@@ -100,12 +101,13 @@ def profile_steps(args) -> dict:
         with labels[0]("oracle"):
             return clock(fn, *args)
 
-    drafter = SyntheticDrafter(random_dflash(model, args.target, runtime=runner.runtime), {0: list(truth)},
+    drafter = SyntheticDrafter(random_dflash(model, args.target, runtime=runner.runtime),
+                               {tuple(p): list(t.token_ids) for p, t in zip(prompts, truth)},
                                AcceptanceProfile.load(args.profile), vocab, untimed=oracle)
     spec = TreeSpec.parse(args.tree)
-    engine = ProbingEngine(runner, drafter, spec, scheduler=SchedulerConfig(adaptive=False))  # hands it its probe
+    engine = ProbingEngine(runner, drafter, spec, scheduler=SchedulerConfig(adaptive=args.adaptive))
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
-    reqs = start_requests(engine, [prompt], params)
+    reqs = start_requests(engine, prompts, params)
 
     def step(label=None):
         engine_step(engine, label)
@@ -115,13 +117,13 @@ def profile_steps(args) -> dict:
     for _ in range(args.warmup):
         step()
     sync(device)
-    walls, emitted0 = [], len(reqs[0].result.token_ids)
+    walls, emitted0 = [], sum(len(r.result.token_ids) for r in reqs)
     for _ in range(args.steps):
         t0, probed = time.perf_counter(), clock.seconds
         step()
         sync(device)
         walls.append((time.perf_counter() - t0 - (clock.seconds - probed)) * 1e3)
-    emitted = len(reqs[0].result.token_ids) - emitted0
+    emitted = sum(len(r.result.token_ids) for r in reqs) - emitted0
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     labels[0] = record_function
     with profile(activities=acts) as prof:
@@ -134,11 +136,15 @@ def profile_steps(args) -> dict:
     with opener(path, "rt") as f:
         phases = attribute(json.load(f), args.steps)
     walls.sort()
+    for r in reqs:
+        engine.abort(r.request_id)
     prefill = time_prefill(runner, prompt, device)
     prefill["request_start_ms"] = time_start(engine, prompt, params, device)
     if model.config.is_hybrid:
         prefill["triton_gdn_prefill"] = ab_gdn_prefill(model, cfg, prompt, device)
+    nodes = [sum(s["nodes"]) for s in list(engine.step_log)[-args.steps:]]
     return {"prefill": prefill, "target": args.target, "tree": args.tree, "engine": fields, "profile": args.profile,
+            "batch": args.batch, "adaptive": args.adaptive, "draft_nodes_per_step": sorted(nodes)[len(nodes) // 2],
             "prompt": args.prompt, "steps": args.steps, "tokens_per_step": emitted / args.steps,
             "step_wall_ms_median": walls[len(walls) // 2], "phases": phases,
             "gpu_ms_per_step": sum(p["gpu_ms"] for n, p in phases.items() if n != "oracle"),
@@ -219,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine", default="block_attention:tree;verify_graphs:true", help="EngineConfig FIELD:VALUE;...")
     p.add_argument("--profile", default="dflash2-gsm8k", help="synthetic acceptance profile")
     p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--batch", type=int, default=1, help="requests decoding together (random prompts)")
+    p.add_argument("--adaptive", action="store_true", help="the engine's node budget (default: the full tree)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--trace", default=None, help="also keep the chrome trace here (.json or .json.gz)")
@@ -230,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     r = profile_steps(args)
     report.data.update(r)
     report.save()
-    print(f"{args.target} {args.tree}: step wall {r['step_wall_ms_median']:.2f} ms, GPU {r['gpu_ms_per_step']:.2f} "
+    print(f"{args.target} {args.tree} batch {args.batch}: step wall {r['step_wall_ms_median']:.2f} ms, GPU {r['gpu_ms_per_step']:.2f} "
           f"ms, {r['tokens_per_step']:.2f} tokens/step (synthetic acceptance)")
     print(f"prefill of {r['prefill']['tokens']} tokens: {r['prefill']['ms_median']:.2f} ms; a speculative request's "
           f"start with its first proposal: {min(r['prefill']['request_start_ms']):.2f} ms")
