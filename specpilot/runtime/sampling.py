@@ -1,7 +1,9 @@
 """SamplingParams and the sampler: greedy, or temperature / top-k / top-p with a seeded device generator.
 
-Sampling never syncs with the host: the categorical draw is an exponential race (argmax of p / Exp(1)),
-which is exact and needs no torch.multinomial.
+filtered_probs is the one function that turns logits into the distribution a token is drawn from; plain
+sampling (sample) and speculative sampling (spec_decode/rejection.py) both read it, so the two draw from the
+same distribution by construction. Sampling never syncs with the host: the categorical draw is an exponential
+race (argmax of p / Exp(1)), which is exact and needs no torch.multinomial.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ class SamplingParams:
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [B, vocab] -> probabilities after temperature, top-k and top-p, in fp32."""
+    """logits [..., vocab] -> probabilities after temperature, top-k and top-p, in fp32 (temperature > 0).
+
+    top-k keeps every token tied with the k-th largest logit; top-p keeps the smallest most-likely prefix whose
+    mass reaches top_p (the token crossing the threshold stays), then renormalises."""
     logits = logits.float() / params.temperature
     if params.top_k > 0:
-        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
@@ -57,14 +62,53 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """logits [B, vocab] -> token ids [B] int64, on the logits' device, without a host sync."""
     if params.greedy:
         return logits.argmax(dim=-1)
-    probs = filtered_probs(logits, params)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(dim=-1)
+    return race(filtered_probs(logits, params), generator)
+
+
+def race(probs: torch.Tensor, generator: torch.Generator | None, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """probs [..., vocab] (any non-negative weights; no need to normalise) -> one draw per row, int64: the argmax of
+    probs / E with E ~ Exp(1) i.i.d., which picks token i with probability probs[i] / sum(probs). `noise`: those E
+    given (drawn by exponential_noise), else drawn here from `generator`."""
+    if noise is None:
+        noise = exponential_noise(probs.shape, generator, probs.device)
+    return (probs / noise).argmax(dim=-1)
+
+
+def exponential_noise(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """Exp(1) draws of `shape` in fp32 from `generator` (the race's noise)."""
+    return torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=generator)
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """A request's random stream on `device`: seeded from params.seed, else from a fresh random seed; None when
+    greedy (nothing is drawn)."""
     if params.greedy:
         return None
     gen = torch.Generator(device=device)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
     return gen
+
+
+class NoiseStream:
+    """A request's race noise by output position: row k is the Exp(1) row [vocab] that draws its k-th output token,
+    drawn from its own generator in position order, one row per draw, as plain sampling of a lone request draws
+    them step by step. Speculative sampling reads the rows of the positions a draft tree covers and keeps those it
+    did not emit for the next step, so each position's token is raced with the same row whatever tree, drafter or
+    batch the request runs in."""
+
+    def __init__(self, params: SamplingParams, vocab: int, device):
+        self.generator = make_generator(params, device)
+        self.vocab, self.device = vocab, device
+        self.start = 0  # output position of rows[0]
+        self.rows: list[torch.Tensor] = []
+
+    def take(self, position: int, n: int) -> torch.Tensor:
+        """[n, vocab]: the rows of output positions position .. position + n - 1. Rows before `position` are
+        dropped (those tokens are emitted): positions only move forward."""
+        if position < self.start:
+            raise ValueError(f"noise row {position} was already used (the stream is at row {self.start})")
+        while self.start + len(self.rows) < position + n:
+            self.rows.append(exponential_noise((self.vocab,), self.generator, self.device))
+        del self.rows[:position - self.start]
+        self.start = position
+        return torch.stack(self.rows[:n])
