@@ -52,6 +52,7 @@ def load_model(path_or_id: str, device: str | torch.device = "cpu", dtype: str |
     device = torch.device(device)
     model = build_empty(cfg, device, resolve_dtype(dtype, device))
     load_weights(model, safetensors_files(model_dir))
+    model.checkpoint_dir = model_dir  # where the MTP drafter (models/mtp.py) reads the checkpoint's mtp.* keys
     return model
 
 

@@ -63,3 +63,48 @@ def write_tokenizer(path: Path, vocab_size: int, texts, special_tokens: tuple[st
     # compact JSON: 40% of the pretty file, and the zoo commits three copies inside its 32 MB budget
     tok_file = Path(path) / "tokenizer.json"
     Tokenizer.from_file(str(tok_file)).save(str(tok_file), pretty=False)
+
+
+def mtp_tensors(cfg, gen: torch.Generator, dtype: torch.dtype = torch.float32, std: float = 0.08) -> dict:
+    """Random `mtp.*` tensors of a Qwen3.5 / Qwen3-Next MTP layer for a target of ModelConfig `cfg`, under the
+    public key names and shapes (models/mtp.py); norms are zero-centred (scale 1 + w)."""
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    nH, nKV = cfg.num_attention_heads, cfg.num_key_value_heads
+
+    def w(*shape, scale=std):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+    p = "mtp.layers.0."
+    return {"mtp.fc.weight": w(H, 2 * H), "mtp.pre_fc_norm_embedding.weight": w(H, scale=0.2),
+            "mtp.pre_fc_norm_hidden.weight": w(H, scale=0.2), "mtp.norm.weight": w(H, scale=0.2),
+            p + "input_layernorm.weight": w(H, scale=0.2), p + "post_attention_layernorm.weight": w(H, scale=0.2),
+            p + "self_attn.q_proj.weight": w(2 * nH * D, H), p + "self_attn.k_proj.weight": w(nKV * D, H),
+            p + "self_attn.v_proj.weight": w(nKV * D, H), p + "self_attn.o_proj.weight": w(H, nH * D),
+            p + "self_attn.q_norm.weight": w(D, scale=0.2), p + "self_attn.k_norm.weight": w(D, scale=0.2),
+            p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H), p + "mlp.down_proj.weight": w(H, I)}
+
+
+def add_mtp_layer(path: Path, tensors: dict | None = None, seed: int = 0, dtype: torch.dtype = torch.float32) -> None:
+    """Adds an MTP layer to the Qwen3.5 checkpoint at `path` as the public checkpoints carry it: `mtp.*` tensors
+    in a shard of their own (listed in the index when there is one) and `mtp_num_hidden_layers: 1` in
+    config.json (in text_config when the config nests one)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from specpilot.config import ModelConfig
+
+    path = Path(path)
+    if tensors is None:
+        tensors = mtp_tensors(ModelConfig.from_file(path / "config.json"), torch.Generator().manual_seed(seed), dtype)
+    shard = "model-mtp.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / shard), metadata={"format": "pt"})
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        raw = json.loads(index.read_text())
+        raw["weight_map"].update({k: shard for k in tensors})
+        index.write_text(json.dumps(raw, indent=2))
+    raw = json.loads((path / "config.json").read_text())
+    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    text["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(raw, indent=2))

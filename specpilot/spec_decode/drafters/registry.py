@@ -1,4 +1,5 @@
-"""Builds a drafter from its CLI name (`ngram`, `none`) or from a checkpoint directory / Hub id.
+"""Builds a drafter from its CLI name (`ngram`, `none`, `mtp`: the target's own MTP layer) or from a checkpoint
+directory / Hub id.
 
 Checkpoints are dispatched on their config's `architectures`: drafter formats of their own (DFlash, EAGLE-3) by
 the CHECKPOINT_DRAFTERS table, and any supported causal LM becomes a draft LM (which must share the target's
@@ -19,6 +20,7 @@ from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.dflash import load_dflash
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
 from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
+from specpilot.spec_decode.drafters.mtp import MTPDrafter
 from specpilot.spec_decode.drafters.ngram import NgramDrafter
 
 NAMED = {"ngram": NgramDrafter}
@@ -35,6 +37,15 @@ CHECKPOINT_DRAFTERS = {"DFlashDraftModel": load_dflash,
                        "Eagle3LlamaForCausalLM": _eagle3}
 
 
+def _mtp(target, dtype):
+    # the MTP layer lives in the target's own checkpoint (mtp.* keys), found where the target was loaded from
+    model_dir = getattr(target, "checkpoint_dir", None)
+    if model_dir is None:
+        raise ConfigError("--drafter mtp reads the MTP layer from the target's checkpoint directory; this target "
+                          "was not loaded from one (load it with models.loader.load_model)")
+    return MTPDrafter.from_target(model_dir, target, dtype)
+
+
 def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None,
                   runtime: Runtime | None = None):
     """Returns a Drafter, or None for `none`. runtime: the target runner's (ModelRunner.runtime), handed to the
@@ -44,6 +55,8 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
         return None
     if name in NAMED:
         return NAMED[name]()
+    if name == "mtp":
+        return _mtp(target, dtype)
     model_dir = resolve_model_dir(name, cache_dir)
     archs = _architectures(model_dir)
     own = [a for a in archs if a in CHECKPOINT_DRAFTERS]

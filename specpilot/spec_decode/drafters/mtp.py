@@ -1,0 +1,174 @@
+"""The target's own multi-token-prediction layer as a drafter (`--drafter mtp`, Qwen3.5 / Qwen3-Next checkpoints).
+
+The layer and its loader are in models/mtp.py. It reads the target's final-normed hidden state: the drafter
+asks the engine for the output of the last decoder layer and applies the target's final norm itself.
+
+Bookkeeping per slot: the MTP cache holds `seen` committed pairs (h_j, token j+1) at positions j. The features
+not yet paired wait in `pending_feats` (the prompt's at `start`; root + accepted drafts' at `commit`), their next
+tokens in `pending_tokens`; `propose` appends the root and feeds every request's pairs as one causal block (padded
+to the longest; a pad sits after its request's real pairs, where the next feed overwrites it). The last output
+predicts the first draft token. Chained for depth > 1 as the public engines do: a draft at depth d >= 1 pairs its
+parent's MTP output with its own token at position seen - 1 + d, stored as scratch after the committed pairs; a
+chain runs one batched step per level, a tree re-runs its nodes per level under the ancestor mask (top-k children
+per node by the MTP's log-probabilities).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specpilot.layers.metadata import BatchMetadata
+from specpilot.models.causal_lm import CausalLM
+from specpilot.models.mtp import MTPModel, load_mtp
+from specpilot.runtime.cache import ModelCache
+from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
+
+FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
+FEED_CHUNK = 2048
+
+
+class MTPDrafter:
+    name = "mtp"
+    max_depth = None
+
+    def __init__(self, model: MTPModel, target: CausalLM):
+        self.model, self.target = model, target
+        self.config = model.config
+        self.target_layers = (target.config.num_hidden_layers - 1,)
+        param = model.mtp.fc.weight
+        self.device, self.dtype = param.device, param.dtype
+        self.cache: ModelCache | None = None
+        self.seen: dict[int, int] = {}  # committed (hidden, next token) pairs in the MTP cache
+        self.pending_feats: dict[int, torch.Tensor] = {}  # [n, H] last-layer outputs not yet paired
+        self.pending_tokens: dict[int, list[int]] = {}  # the n - 1 tokens after them (the root comes last)
+
+    @classmethod
+    def from_target(cls, model_dir, target: CausalLM, dtype="auto") -> MTPDrafter:
+        return cls(load_mtp(Path(model_dir), target, dtype), target)
+
+    def allocate(self, num_slots: int, max_seq_len: int) -> None:
+        size = max_seq_len + FEED_BATCH  # a padded feed writes up to FEED_BATCH - 1 pads past the pairs
+        c = self.cache
+        if c is None or c.num_slots < num_slots or c.max_seq_len < size:
+            self.cache = None
+            self.cache = ModelCache(self.config, num_slots, size, self.device, self.dtype)
+
+    def start(self, slot: int, prompt_ids: list[int], features: torch.Tensor | None) -> None:
+        self._check_features(features, len(prompt_ids))
+        self.seen[slot] = 0
+        self.pending_feats[slot] = features
+        self.pending_tokens[slot] = list(prompt_ids[1:])
+
+    def commit(self, slot: int, accepted: list[int], features: torch.Tensor | None) -> None:
+        self._check_features(features, 1 + len(accepted))
+        self.pending_feats[slot] = features
+        self.pending_tokens[slot] = list(accepted)
+
+    def _check_features(self, features, n: int) -> None:
+        width = self.config.hidden_size
+        if features is None or tuple(features.shape) != (n, width):
+            got = None if features is None else tuple(features.shape)
+            raise ValueError(f"MTP needs the target's last-layer outputs [{n}, {width}], got {got}")
+
+    @torch.inference_mode()
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+        h = self.feed(slots, roots)  # [n, H]: the MTP output at each root's pair
+        if spec.kind == "chain":
+            return [DraftTree.chain([root] + row) for root, row in zip(roots, self._chain(slots, h, spec.depth))]
+        out = []
+        for i, (slot, root) in enumerate(zip(slots, roots)):
+            hidden = {0: h[i]}  # node -> MTP output (the hidden state its children pair with)
+            out.append(grow(spec, root, lambda tree, frontier, s=slot, hd=hidden: self._score(s, tree, frontier,
+                                                                                              hd, spec)))
+        return out
+
+    # --- MTP forward ---------------------------------------------------------------------------------------
+
+    def forward(self, meta: BatchMetadata, hidden: torch.Tensor) -> torch.Tensor:
+        embeds = self.target.model.embed_tokens(meta.input_ids).to(self.dtype)
+        return self.model(embeds, hidden.to(self.dtype), meta, self.cache)
+
+    def feed(self, slots: list[int], roots: list[int]) -> torch.Tensor:
+        """Feeds every request's pending pairs (its root last) into the MTP cache -> the outputs at the roots [n, H]."""
+        tokens = [self.pending_tokens[s] + [root] for s, root in zip(slots, roots)]
+        feats = []
+        for s, t in zip(slots, tokens):
+            f = self.pending_feats[s]
+            assert f is not None and f.shape[0] == len(t), "MTP feature/token bookkeeping out of step"
+            # the MTP pairs the target's FINAL-normed hidden state: the last layer's output through the final norm
+            feats.append(self.target.model.norm(f.to(self.device, self.dtype)))
+        out = [None] * len(slots)
+        short = [i for i, t in enumerate(tokens) if len(t) <= FEED_BATCH]
+        if short:
+            h = self._feed_padded([slots[i] for i in short], [tokens[i] for i in short], [feats[i] for i in short])
+            for j, i in enumerate(short):
+                out[i] = h[j]
+        for i in (i for i, t in enumerate(tokens) if len(t) > FEED_BATCH):
+            for off in range(0, len(tokens[i]), FEED_CHUNK):
+                h = self._feed_padded([slots[i]], [tokens[i][off:off + FEED_CHUNK]], [feats[i][off:off + FEED_CHUNK]])
+            out[i] = h[0]
+        for s, t in zip(slots, tokens):
+            self.pending_tokens[s], self.pending_feats[s] = [], None
+        return torch.stack(out)
+
+    def _feed_padded(self, slots: list[int], tokens: list[list[int]], feats: list[torch.Tensor]) -> torch.Tensor:
+        """One causal block per request at positions seen .. seen + len - 1, padded to the longest (pads after the
+        real pairs) -> each request's output at its last real pair [n, H]; advances `seen`."""
+        n, T, dev = len(slots), max(map(len, tokens)), self.device
+        ids = torch.zeros(n, T, dtype=torch.long)
+        hidden = torch.zeros(n, T, self.config.hidden_size, dtype=self.dtype, device=dev)
+        for i, (t, f) in enumerate(zip(tokens, feats)):
+            ids[i, :len(t)] = torch.tensor(t)
+            hidden[i, :len(t)] = f
+        start = [self.seen[s] for s in slots]
+        meta = BatchMetadata.contiguous(ids.to(dev), torch.tensor(start, device=dev), torch.tensor(slots, device=dev),
+                                        max(start))
+        h = self.forward(meta, hidden)
+        last = torch.tensor([len(t) - 1 for t in tokens], device=dev)
+        for s, t in zip(slots, tokens):
+            self.seen[s] += len(t)
+        return h[torch.arange(n, device=dev), last]
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.target.logits(h).float()
+
+    def _chain(self, slots: list[int], h: torch.Tensor, depth: int) -> list[list[int]]:
+        """Greedy chains of `depth` tokens for every request, one batched MTP step per level."""
+        dev = self.device
+        seen = torch.tensor([self.seen[s] for s in slots], device=dev)
+        slot_t = torch.tensor(slots, device=dev)
+        tok = self.draft_logits(h).argmax(-1)
+        out = [tok]
+        for level in range(1, depth):
+            # node `level` pairs (its parent's output, its token) at position seen - 1 + level, stored there too
+            meta = BatchMetadata.contiguous(tok[:, None], seen - 1 + level, slot_t, max(self.seen[s] for s in slots)
+                                            + level - 1)
+            h = self.forward(meta, h[:, None])[:, 0]
+            tok = self.draft_logits(h).argmax(-1)
+            out.append(tok)
+        return torch.stack(out, dim=1).tolist()
+
+    def _score(self, slot: int, tree: DraftTree, frontier: list[int], hidden: dict, spec: TreeSpec):
+        """Top candidates (ids, log-probs) after each frontier node of the partial tree."""
+        if frontier != [0]:
+            hs = self._tree_hidden(slot, tree, hidden)
+            for i in range(1, tree.num_nodes):
+                hidden[i] = hs[i - 1]
+        logp = torch.log_softmax(self.draft_logits(torch.stack([hidden[i] for i in frontier])), dim=-1)
+        top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
+        return [(t.tolist(), v.tolist()) for t, v in zip(top.indices, top.values)]
+
+    def _tree_hidden(self, slot: int, tree: DraftTree, hidden: dict) -> torch.Tensor:
+        """MTP outputs of the non-root nodes: node i pairs its parent's output with its token at position
+        seen - 1 + depth, stored after the committed pairs, seeing them and its ancestors."""
+        dev, n, seen = self.device, tree.num_nodes - 1, self.seen[slot]
+        ids = torch.tensor([tree.tokens[1:]], device=dev)
+        parents = torch.stack([hidden[tree.parents[i]] for i in range(1, tree.num_nodes)])[None]
+        pos = tree.positions(seen - 1)[1:][None].to(dev)
+        loc = (seen + torch.arange(n))[None].to(dev)
+        mask = tree.ancestor_mask()[1:, 1:][None].to(dev)
+        meta = BatchMetadata(ids, pos, loc, torch.tensor([slot], device=dev), torch.tensor([seen], device=dev), seen,
+                             mask)
+        return self.forward(meta, parents)[0]

@@ -1,0 +1,86 @@
+"""--drafter mtp: the target's own MTP layer drafts chains and trees in the engine, and speculative greedy output
+equals plain greedy output on a hybrid (Qwen3.5) target; a chain's batched levels equal the same MTP run request
+by request."""
+
+import pytest
+import torch
+
+from specpilot.config import ConfigError
+from specpilot.engine.engine import SpecEngine
+from specpilot.engine.generator import Generator
+from specpilot.models.loader import load_model
+from specpilot.models.random_checkpoint import add_mtp_layer
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.drafters.registry import build_drafter
+from specpilot.spec_decode.tree import TreeSpec
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    from tests.checkpoints import write_checkpoint
+
+    path = tmp_path_factory.mktemp("qwen3_5_mtp")
+    write_checkpoint("qwen3_5", path)
+    add_mtp_layer(path, seed=3)
+    return load_model(str(path), "cpu", "float32")
+
+
+def _prompts():
+    gen = torch.Generator().manual_seed(9)
+    return [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (5, 16, 9)]
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "static:2,2,1", "dynamic:3,3,6"])
+def test_speculative_equals_autoregressive(tree, target):
+    drafter = build_drafter("mtp", target)
+    assert drafter.name == "mtp" and drafter.target_layers == (3,)
+    params = SamplingParams(max_new_tokens=20)
+    ref = [r.token_ids for r in Generator(ModelRunner(target)).generate(_prompts(), params)]
+    out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree)).generate(_prompts(), params)
+    assert [r.token_ids for r, _ in out] == ref
+
+
+def test_batched_chain_equals_one_request_at_a_time(target):
+    runner = ModelRunner(target)
+    runner.allocate(4, 64)
+    batched, single = build_drafter("mtp", target), build_drafter("mtp", target)
+    for d in (batched, single):
+        d.allocate(4, 64)
+    prompts = _prompts()
+    with torch.no_grad():
+        for slot, p in enumerate(prompts):
+            _, feats = runner.prefill_features(slot, p, (3,))
+            for d in (batched, single):
+                d.start(slot, p, feats)
+    spec = TreeSpec.parse("chain:5")
+    both = batched.propose([0, 1, 2], [7, 8, 9], spec)
+    one = [single.propose([s], [r], spec)[0] for s, r in zip([0, 1, 2], [7, 8, 9])]
+    assert both == one
+
+
+def test_mtp_needs_a_checkpoint_directory(target, checkpoint_factory):
+    from specpilot.models.loader import build_empty
+
+    bare = build_empty(target.config, torch.device("cpu"), torch.float32)
+    with pytest.raises(ConfigError, match="--drafter mtp reads the MTP layer from the target's checkpoint"):
+        build_drafter("mtp", bare)
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "static:3,2"])
+def test_commits_keep_the_cache_equal_to_feeding_the_sequence_at_once(target, tree):
+    """A request that advanced by commits proposes what one started on the whole committed sequence proposes."""
+    runner = ModelRunner(target)
+    runner.allocate(2, 64)
+    seq = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    with torch.no_grad():
+        _, feats = runner.prefill_features(0, seq, (3,))
+    stepped, whole = build_drafter("mtp", target), build_drafter("mtp", target)
+    for d in (stepped, whole):
+        d.allocate(2, 64)
+    spec = TreeSpec.parse(tree)
+    stepped.start(1, seq[:10], feats[:10])
+    stepped.propose([1], [seq[10]], spec)
+    stepped.commit(1, seq[11:13], feats[10:13])
+    whole.start(0, seq[:13], feats[:13])
+    assert stepped.propose([1], [seq[13]], spec) == whole.propose([0], [seq[13]], spec)
