@@ -101,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
                    default="dflash", help="the zoo drafter for the speculative run")
     d.add_argument("--tree", default="chain:7", help="chain:D | static:C1,C2,... | dynamic:TOPK,DEPTH,NODES")
     d.set_defaults(func=cmd_demo)
+    _add_serve_parser(sub)
     return p
 
 
@@ -287,17 +288,23 @@ def _eos(model, tokenizer) -> tuple[int, ...]:
 
 def _generator(args, runner, tokenizer):
     """The plain Generator for --drafter none, else the speculative engine with the built drafter."""
-    from specpilot.engine.engine import SpecEngine
     from specpilot.engine.generator import Generator
+
+    if args.drafter == "none":
+        return Generator(runner, _eos(runner.model, tokenizer), tokenizer)
+    return spec_engine(args, runner, tokenizer)
+
+
+def spec_engine(args, runner, tokenizer, scheduler=None):
+    """The SpecEngine of --drafter and --tree on the runner (--drafter none: plain continuous batching)."""
+    from specpilot.engine.engine import SpecEngine
     from specpilot.spec_decode.drafters.registry import build_drafter
     from specpilot.spec_decode.tree import TreeSpec
 
     drafter = build_drafter(args.drafter, runner.model, tokenizer, cache_dir=getattr(args, "cache_dir", None),
                             runtime=runner.runtime)
-    if drafter is None:
-        return Generator(runner, _eos(runner.model, tokenizer), tokenizer)
-    tree = _drafted_tree(TreeSpec.parse(args.tree), drafter)
-    return SpecEngine(runner, drafter, tree, _eos(runner.model, tokenizer), tokenizer)
+    tree = _drafted_tree(TreeSpec.parse(args.tree), drafter) if drafter is not None else None
+    return SpecEngine(runner, drafter, tree, _eos(runner.model, tokenizer), tokenizer, scheduler=scheduler)
 
 
 def _drafted_tree(tree, drafter):
@@ -307,6 +314,59 @@ def _drafted_tree(tree, drafter):
         err.print(f"[yellow]--tree {tree}: the {drafter.name} drafter drafts at most {drafter.max_depth} tokens "
                   f"ahead, so it drafts {capped} per step[/]")
     return capped
+
+
+def _add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: completions and chat, streaming, Prometheus "
+                                     "metrics (docs/server.md)")
+    s.add_argument("--target", required=True, help="model directory or Hub repo id (org/name)")
+    _add_spec_flags(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free one, printed)")
+    s.add_argument("--served-model-name", default=None, help="the `model` clients ask for (default: --target)")
+    s.add_argument("--max-num-seqs", type=int, default=32, help="requests decoding together (engine slots)")
+    s.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + completion tokens per request (default: the model's context, at most 4096)")
+    s.add_argument("--max-waiting", type=int, default=256,
+                   help="requests queued beyond the running ones; past them the server answers 429")
+    s.add_argument("--chat-template", default=None, help="a Jinja chat template file (default: the tokenizer's)")
+    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    s.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
+    s.add_argument("--eager", action="store_true", help="no CUDA graphs, torch.compile or Triton GEMV (debugging)")
+    s.add_argument("--cache-dir", default=None, help="Hugging Face cache directory (default: HF_HOME)")
+    s.set_defaults(func=cmd_serve, weight_format="bf16")
+
+
+def cmd_serve(args) -> int:
+    import logging
+
+    from specpilot.server.uvicorn_server import bind, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = bind(args.host, args.port)  # before the weights load: a busy port fails at once
+    with sock:
+        serve(serve_app(args), sock)
+    return 0
+
+
+def serve_app(args):
+    """`specpilot serve`'s application: the flags checked, then the target, its tokenizer and the engine of
+    --drafter / --tree behind the server."""
+    from specpilot.engine.scheduler import SchedulerConfig
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.server.app import create_app
+    from specpilot.server.config import ServerConfig
+
+    _check_spec_flags(args.tree, args.drafter)
+    scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    template = Path(args.chat_template).read_text() if args.chat_template else None
+    config = ServerConfig(args.served_model_name or args.target, max_waiting=args.max_waiting, chat_template=template)
+    device = pick_device(args.device)
+    tokenizer = load_tokenizer(args.target, args.cache_dir)
+    model = load_model(args.target, device, args.dtype, args.cache_dir)
+    engine = spec_engine(args, ModelRunner(model, engine_runtime(args, model)), tokenizer, scheduler)
+    return create_app(engine, tokenizer, config)
 
 
 def cmd_verify(args) -> int:
