@@ -38,6 +38,7 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.runtime.runner import ModelRunner, inference
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.drafters.base import Drafter
+from specpilot.spec_decode.rejection import accept_raced, step_tokens
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, tree_layout
 from specpilot.spec_decode.verify import Acceptance, accept_greedy, host_tree_metadata
 
@@ -312,8 +313,33 @@ class SpecEngine:
         if self._snapshot is not None:
             self.runner.cache.restore(self._snapshot, rows)
 
-    def accept(self, trees: list[DraftTree], tokens: torch.Tensor, chunks: list[Chunk] = ()):
-        """The step's one sync -> (each tree's Acceptance, each chunk's greedy token after its last position)."""
+    def accept(self, trees: list[DraftTree], tokens: torch.Tensor, chunks: list[Chunk] = (),
+               active: list[Request] = ()):
+        """The step's one sync -> (each tree's Acceptance, each chunk's first token after its last position).
+        tokens: verify's greedy tokens, or its logits (floating point: [rows, T, vocab] for a pure verify step, else
+        flat [B * T + chunks, vocab]) with `active`, the trees' requests: then a sampling request's nodes are raced
+        with its own noise rows (spec_decode/rejection.py), a greedy one's take the argmax, and both walk the same."""
+        if tokens.is_floating_point():
+            if len(active) != len(trees):
+                raise ValueError("accept needs the trees' requests to sample from logits")
+            vocab, T = tokens.shape[-1], tokens.shape[1] if tokens.dim() == 3 else self._width
+            flat = tokens.reshape(-1, vocab)
+            lone = DraftTree((0,), (-1,))  # a chunk's first token is a lone root's draw
+            nodes = list(trees) + [lone] * len(chunks)
+            reqs = list(active) + [c.request for c in chunks]
+            rows = [flat[i * T:(i + 1) * T] for i in range(len(trees))]
+            rows += [flat[len(trees) * T + i:][:1] for i in range(len(chunks))]
+            sampled = [not r.params.greedy and (i < len(trees) or chunks[i - len(trees)].last)
+                       for i, r in enumerate(reqs)]
+            params = [r.params if s else SamplingParams() for r, s in zip(reqs, sampled)]
+            noise = [r.noise_rows(max(t.depths) + 1, vocab, flat.device) if s else None
+                     for r, t, s in zip(reqs, nodes, sampled)]
+            host = self.runner.staging.read_tokens(torch.cat(step_tokens(nodes, rows, params, noise)))
+            split, at = [], 0
+            for t in nodes:
+                split.append(host[at:at + t.num_nodes])
+                at += t.num_nodes
+            return accept_raced(trees, split[:len(trees)]), [s[0] for s in split[len(trees):]]
         host = self.runner.staging.read_tokens(tokens)  # also frees verify's staged metadata buffer
         if not chunks:
             return accept_greedy(trees, host[:len(trees)]), []

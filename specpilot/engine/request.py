@@ -17,7 +17,7 @@ import torch
 from specpilot.engine.detokenizer import Detokenizer
 from specpilot.engine.generator import GenerationResult
 from specpilot.engine.stats import SpecStats
-from specpilot.runtime.sampling import SamplingParams
+from specpilot.runtime.sampling import NoiseStream, SamplingParams
 
 
 class Status(enum.Enum):
@@ -44,6 +44,7 @@ class Request:
     root: int = -1  # last emitted token, not yet seen by the target
     features: list[torch.Tensor] = field(default_factory=list)  # the drafter's target features, chunk by chunk
     new_tokens: list[int] = field(default_factory=list)  # emitted since the client last got an output
+    noise: NoiseStream | None = None  # a sampling request's own random stream, made at its first draw
 
     @property
     def sequence(self) -> list[int]:
@@ -58,6 +59,13 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    def noise_rows(self, n: int, vocab: int, device) -> torch.Tensor:
+        """[n, vocab]: the race noise of the request's next n output positions, from its own stream seeded by
+        params.seed (or a random seed): what it draws does not depend on the batch it shares."""
+        if self.noise is None:
+            self.noise = NoiseStream(self.params, vocab, device)
+        return self.noise.take(len(self.result.token_ids), n)
 
 
 @dataclass(slots=True)

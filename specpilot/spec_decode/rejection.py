@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specpilot.runtime.sampling import race
+from specpilot.runtime.sampling import SamplingParams, filtered_probs, race
 from specpilot.spec_decode.tree import DraftTree
 from specpilot.spec_decode.verify import Acceptance, accept_greedy
 
@@ -93,3 +93,16 @@ def accept_raced(trees: list[DraftTree], raced: list[list[int]]) -> list[Accepta
     """The walk of the raced rule: raced[b][i] is the token drawn at node i of tree b (race_tokens); move to the
     child carrying it, as greedy acceptance moves to the child carrying the argmax."""
     return accept_greedy(trees, raced)
+
+
+def step_tokens(trees: list[DraftTree], rows: list[torch.Tensor], params: list[SamplingParams],
+                noise: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    """A verify step's token per node, per request, on the device: rows[b] [>= N_b, vocab] the target's logits
+    after each node of tree b; the argmax for a greedy request, else the raced token (noise[b]: its NoiseStream
+    rows from the output position after the root, depth + 1 of them). The host reads them all in one copy and walks
+    them with accept_raced."""
+    out = []
+    for tree, logits, p, e in zip(trees, rows, params, noise):
+        logits = logits[:tree.num_nodes]
+        out.append(logits.argmax(-1) if p.greedy else race_tokens(tree, filtered_probs(logits, p), e))
+    return out
