@@ -20,6 +20,7 @@ from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.dflash import load_dflash
 from specpilot.spec_decode.drafters.dflash2 import load_dflash2
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec_decode.drafters.dspark import load_dspark
 from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.spec_decode.drafters.mtp import MTPDrafter
 from specpilot.spec_decode.drafters.ngram import NgramDrafter
@@ -35,6 +36,7 @@ def _eagle3(model_dir, target, dtype, runtime):
 # checkpoint architectures with a drafter of their own: builder(model_dir, target, dtype, runtime) -> Drafter
 CHECKPOINT_DRAFTERS = {"DFlashDraftModel": load_dflash,
                        "DFlash2DraftModel": load_dflash2,
+                       "Qwen3DSparkModel": load_dspark,
                        "LlamaForCausalLMEagle3": _eagle3,
                        "Eagle3LlamaForCausalLM": _eagle3}
 
