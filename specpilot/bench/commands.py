@@ -32,6 +32,12 @@ def add_parsers(sub) -> None:
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each workload (N >= 1)")
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     b.add_argument("--max-new-tokens", type=int, default=2048)
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); above 0 every row samples (speculative sampling) and is checked "
+                        "against AR sampling with the same seed, token for token (needs --batch-sizes 1)")
+    b.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0: off)")
+    b.add_argument("--top-p", type=float, default=1.0, help="sampling's top-p (1: off)")
+    b.add_argument("--seed", type=int, default=0, help="every request's sampling seed")
     b.add_argument("--stock-tree", default="chain:7", help="the stock configuration's fixed chain")
     b.add_argument("--configs", nargs="*", default=[],
                    help="NAME=tree:SPEC;ENGINE_FIELD:VALUE... e.g. 'tree16=tree:dynamic:4,5,16'")
@@ -82,7 +88,8 @@ def cmd_bench(args) -> int:
         if path:
             Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     extra = {"target": args.target, "target_kind": _target_kind(args), "drafter": args.drafter,
-             "acceptance": args.acceptance,
+             "acceptance": args.acceptance, "temperature": args.temperature, "top_k": args.top_k,
+             "top_p": args.top_p, "seed": args.seed,
              "max_new_tokens": args.max_new_tokens, "limit": args.limit, "workloads": args.workloads,
              "batch_sizes": args.batch_sizes, "stock_tree": args.stock_tree, "configs": args.configs,
              "engine": dict(base.engine),
@@ -112,7 +119,8 @@ def cmd_bench(args) -> int:
                      args.batch_sizes, configs, args.stock_tree, args.max_new_tokens,
                      profile, chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress,
                      base_engine=base.engine, target_kind=kind,
-                     calibrate_tolerance=kind == "flat" or (kind == "checkpoint" and half))
+                     calibrate_tolerance=kind == "flat" or (kind == "checkpoint" and half),
+                     sampling=_sampling(args))
     write_json(rows, args.out, extra)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     try:
@@ -125,9 +133,25 @@ def cmd_bench(args) -> int:
     return 0 if ok else 1
 
 
+def _sampling(args):
+    """The run's sampling settings (--temperature, --top-k, --top-p, --seed); a bad value is a ValueError."""
+    from specpilot.runtime.sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
 def _check_flags(args) -> None:
     """The flags that need no file read: a bad one fails here, before any model loads or row is measured."""
     from specpilot.spec_decode.tree import TreeSpec
+
+    if not _sampling(args).greedy:
+        if args.batch_sizes != [1]:
+            sizes = " ".join(map(str, args.batch_sizes))
+            raise ValueError(f"--temperature {args.temperature:g} with --batch-sizes {sizes}: sampled rows are checked "
+                             "against AR sampling with the same seed one request at a time; use --batch-sizes 1")
+        if args.acceptance != "real":
+            raise ValueError(f"--temperature {args.temperature:g} with --acceptance {args.acceptance}: synthetic "
+                             "acceptance follows greedy continuations; use --acceptance real")
 
     counts = [("--max-new-tokens", args.max_new_tokens)] + [("--batch-sizes", b) for b in args.batch_sizes]
     if args.limit is not None:

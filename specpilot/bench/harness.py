@@ -247,15 +247,19 @@ def _workload_path(name: str, data_dir):
 def bench(model, tokenizer, make_drafter, workloads: dict[str, list[Prompt]], batch_sizes: list[int],
           configs: list[BenchConfig], stock_tree: str, max_new_tokens: int, profile: AcceptanceProfile | None,
           chat: bool = True, tie_tolerance: float = 1e-3, progress=None, base_engine: tuple = (),
-          calibrate_tolerance: bool = False, target_kind: str = "checkpoint") -> list[dict]:
+          calibrate_tolerance: bool = False, target_kind: str = "checkpoint",
+          sampling: SamplingParams | None = None) -> list[dict]:
     """All rows of the report: one per workload x batch size x configuration (AR and stock included).
     make_drafter(runtime): the drafter of a configuration, built for its runner's runtime.
     workloads: name -> conversations, from load_workloads.
     base_engine: EngineConfig fields under AR, stock and every configuration (a configuration's own win).
     calibrate_tolerance (flat random targets, half-precision checkpoints): forcing's tolerance from the target's
-    own path noise. target_kind (margin, flat, checkpoint): recorded in every row."""
+    own path noise. target_kind (margin, flat, checkpoint): recorded in every row. sampling: temperature, top-k,
+    top-p and seed of every run (default greedy); sampled rows are checked by same_as_ar instead of forcing."""
     device = next(model.parameters()).device
-    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=profile is not None)
+    s = sampling or SamplingParams()
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                            seed=s.seed, ignore_eos=profile is not None)
     eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     stock_runner = ModelRunner(model, Runtime.build(EngineConfig.from_dict(dict(base_engine)), device))
     if base_engine:
@@ -396,5 +400,14 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
         count = sum(d.probes for d in oracles)
         row["oracle"] = {"probes": count, "probes_per_step": count / max(_engine_steps(stats, batch), 1),
                          "seconds_excluded": clock.seconds}
-    row["forcing"] = forcing(stock_runner, prompts, out, tolerance)
+    row["forcing"] = forcing(stock_runner, prompts, out, tolerance) if params.greedy else same_as_ar(out, truth)
     return row
+
+
+def same_as_ar(outputs, truth) -> dict:
+    """The check of a sampled row: speculative sampling emits the tokens plain sampling draws with the same seed
+    (the raced rule, spec_decode/rejection.py), so every output equals AR's, token for token (one request per
+    group: AR's generator then draws as a lone request's stream does)."""
+    differ = sum(o != t for o, t in zip(outputs, truth))
+    return {"check": "equal to AR sampling with the same seed", "tokens": sum(map(len, outputs)),
+            "failures": differ, "passed": differ == 0}
