@@ -360,7 +360,11 @@ def serve_app(args):
 
     _check_spec_flags(args.tree, args.drafter)
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
-    template = Path(args.chat_template).read_text() if args.chat_template else None
+    template = None
+    if args.chat_template:
+        if not Path(args.chat_template).is_file():
+            raise FileNotFoundError(f"--chat-template {args.chat_template}: no such file; pass a Jinja template file")
+        template = Path(args.chat_template).read_text()
     config = ServerConfig(args.served_model_name or args.target, max_waiting=args.max_waiting, chat_template=template)
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.target, args.cache_dir)

@@ -76,7 +76,8 @@ class Completions:
 
     @staticmethod
     def _sampling(body, max_tokens: int) -> SamplingParams:
-        fields = {"max_new_tokens": max_tokens, "stop": body.stop_strings(), "seed": body.seed}
+        fields = {"max_new_tokens": max_tokens, "stop": body.stop_strings(), "seed": body.seed,
+                  "ignore_eos": body.ignore_eos}
         for name in ("temperature", "top_p", "top_k"):
             if getattr(body, name) is not None:
                 fields[name] = getattr(body, name)

@@ -56,7 +56,7 @@ class EngineLoop:
         """Queues the job (None), or says why not: "full" (`capacity` jobs are held already: the caller answers
         429) or "closed" (the loop has stopped or failed: 503)."""
         with self._lock:
-            if self._closed or self.stopping:
+            if self._closed or self.stopping or self.error is not None:
                 return "closed"
             if self._held >= capacity:
                 return "full"

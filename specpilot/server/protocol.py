@@ -1,9 +1,9 @@
 """The OpenAI wire format: request bodies of /v1/completions and /v1/chat/completions (pydantic models), and the
 responses and stream chunks of each (plain dicts built by CompletionFormat and ChatFormat).
 
-Beyond OpenAI's fields a response carries `spec_stats` (what speculation did for it), and with
-`return_token_ids: true` (vLLM's extension) each choice carries its `token_ids` (a stream chunk: the tokens it
-adds).
+Beyond OpenAI's fields a response carries `spec_stats` (what speculation did for it). Two of vLLM's request
+extensions are taken: `return_token_ids: true` (each choice carries its `token_ids`; a stream chunk, the tokens
+it adds) and `ignore_eos: true`; and `top_k`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class _GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever comes
     # accepted only at the values that change nothing
     best_of: int | None = None
     logprobs: bool | int | None = None

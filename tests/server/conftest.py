@@ -25,13 +25,22 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 
 
 @pytest.fixture(scope="session")
-def zoo():
-    """(model, tokenizer, target path) of the zoo's hybrid target."""
+def zoo_path() -> str:
     root = zoo_dir()
     if root is None:
         pytest.skip("no trained zoo in this checkout")
-    path = str(root / "hybrid")
-    return load_model(path, "cpu", "float32"), load_tokenizer(path), path
+    return str(root / "hybrid")
+
+
+@pytest.fixture(scope="session")
+def zoo_tokenizer(zoo_path):
+    return load_tokenizer(zoo_path)
+
+
+@pytest.fixture(scope="session")
+def zoo(zoo_path, zoo_tokenizer):
+    """(model, tokenizer, target path) of the zoo's hybrid target."""
+    return load_model(zoo_path, "cpu", "float32"), zoo_tokenizer, zoo_path
 
 
 def build_engine(zoo, flags: list[str], max_num_seqs: int, max_model_len: int = 256):
@@ -82,9 +91,9 @@ class Served:
 
 @pytest.fixture(scope="session")
 def served(zoo):
-    """The main server: the zoo's DFlash drafter, chain:7, 8 slots of 256 tokens, a chat template."""
+    """The main server: the zoo's DFlash drafter, chain:7, 16 slots of 256 tokens, a chat template."""
     flags = ["--drafter", str(zoo_dir() / "hybrid-dflash"), "--tree", "chain:7"]
-    app = create_app(build_engine(zoo, flags, 8), zoo[1], ServerConfig(MODEL, chat_template=CHAT_TEMPLATE))
+    app = create_app(build_engine(zoo, flags, 16), zoo[1], ServerConfig(MODEL, chat_template=CHAT_TEMPLATE))
     with running(app) as url:
         yield Served(app, url)
 

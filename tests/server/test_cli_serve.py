@@ -1,0 +1,106 @@
+"""`specpilot serve` as a user runs it (a subprocess): SIGTERM drains the streams in flight (each answered in full, none aborted)
+and the process exits; bad flags are one `error:` line with status 2, before any weights load."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from specpilot.cli import main
+from tests.server.conftest import MODEL
+
+
+def _start(target: str) -> tuple[subprocess.Popen, str, list[str]]:
+    proc = subprocess.Popen([sys.executable, "-m", "specpilot", "serve", "--target", target, "--drafter", "ngram",
+                             "--port", "0", "--max-model-len", "256", "--served-model-name", MODEL],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line)
+            if "serving on http://" in line:
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(120):
+        proc.kill()
+        raise AssertionError("the server did not start:\n" + "".join(lines))
+    url = next(line for line in lines if "serving on" in line).split("serving on ")[1].strip()
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url, lines
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+        time.sleep(0.1)
+
+
+def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory):
+    path, _ = checkpoint_factory("llama")  # a tiny random model: it loads in a moment; its text does not matter
+    proc, url, lines = _start(str(path))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    started = [threading.Event() for _ in range(4)]
+    results: list = [None] * 4
+
+    def stream(i: int):
+        chunks = []
+        for chunk in client.completions.create(model=MODEL, prompt=f"def f{i}(x):\n", max_tokens=64, stream=True,
+                                               stream_options={"include_usage": True},
+                                               extra_body={"ignore_eos": True}):
+            chunks.append(chunk)
+            started[i].set()
+        results[i] = chunks
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        assert all(e.wait(60) for e in started)
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while True:  # new connections are refused once the shutdown began
+            try:
+                httpx.get(url + "/health", timeout=1)
+            except httpx.ConnectError:
+                break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for t in threads:
+            t.join(60)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for chunks in results:
+        assert chunks is not None
+        assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 64
+    log = "".join(lines)
+    assert rc == -signal.SIGTERM, log  # uvicorn re-raises the SIGTERM it shut down on, after the drain
+    assert log.count("finished (length)") == 4 and "finished (abort)" not in log
+    assert "engine stopped after draining" in log
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--port", "70000"], "--port 70000: must be in 0..65535"),
+    (["--chat-template", "missing.jinja"], "--chat-template missing.jinja: no such file"),
+    (["--max-waiting", "-1"], "max_waiting=-1: must be >= 0"),
+    (["--max-num-seqs", "0"], "max_num_seqs=0: must be >= 1"),
+    (["--tree", "chain:x"], "chain:x"),
+])
+def test_bad_flags_are_one_error_line(zoo_path, capsys, flags, says):
+    assert main(["serve", "--target", zoo_path, "--drafter", "ngram", "--port", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and says in err
