@@ -31,6 +31,7 @@ from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 class DFlash2Drafter(DFlashDrafter):
     name = "dflash2"
+    coupled = False  # its proposals are the selector's greedy walk: no draft distribution for sampled verification
 
     def __init__(self, model: DFlash2Model, target: CausalLM, target_layers: tuple[int, ...],
                  use_graphs: bool | None = None, runtime: Runtime | None = None):
@@ -65,7 +66,7 @@ class DFlash2Drafter(DFlashDrafter):
         cand, unary = self.model.unary(self.target.logits(hidden, self.paths), self.top_k)
         return cand, self.model.candidate_selector.scores(cand, unary, hidden, roots, self.paths)
 
-    def _pick(self, selected: tuple[torch.Tensor, torch.Tensor], width: int) -> torch.Tensor:
+    def _pick(self, selected: tuple[torch.Tensor, torch.Tensor], width: int, noise=None) -> torch.Tensor:
         """Chain (width 0): the greedy walk [n, depth] int64 (the first of equal scores). Tree: per slot and
         predecessor the top `width` children as int32 [3, n, depth, K, width]: token ids, log-prob bits, candidate
         index."""

@@ -36,6 +36,7 @@ from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 class DSparkDrafter(DFlashDrafter):
     name = "dspark"
+    coupled = False  # its proposals are the Markov walk's argmax: no draft distribution for sampled verification
 
     def __init__(self, model: DSparkModel, target: CausalLM, use_graphs: bool | None = None,
                  runtime: Runtime | None = None):
@@ -79,7 +80,7 @@ class DSparkDrafter(DFlashDrafter):
         head = self.model.lm_head if self.model.options.own_head else self.target.lm_head
         return head(hidden, self.paths), hidden, roots
 
-    def _pick(self, block, width: int) -> torch.Tensor:
+    def _pick(self, block, width: int, noise=None) -> torch.Tensor:
         """The chain's Markov walk: [2, n, depth] fp32, the drafted tokens (exact in fp32: ids < 2^24) and each
         slot's confidence."""
         base, hidden, prev = block

@@ -2,28 +2,20 @@
 and on a hybrid target, and the registry builds it from its architecture name."""
 
 import pytest
-import torch
 
-from specpilot.engine.engine import SpecEngine
-from specpilot.engine.generator import Generator
 from specpilot.models.loader import load_model
-from specpilot.runtime.runner import ModelRunner
-from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.drafters.registry import build_drafter
-from specpilot.spec_decode.tree import TreeSpec
+from tests.spec_decode.drafters.test_mtp import check_greedy
+from specpilot.spec_decode.drafters import dflash
+from tests.cuda_graph_fakes import fake_cuda_graphs
+from tests.spec_decode.test_dflash_batched import ReplayedProposalGraph
 from tests.models.test_dflash2 import H, dflash2_tensors, write_dflash2
 
 
-def _prompts():
-    gen = torch.Generator().manual_seed(9)
-    return [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (5, 16, 9)]
-
-
-def _check(target, drafter, tree):
-    params = SamplingParams(max_new_tokens=20)
-    ref = [r.token_ids for r in Generator(ModelRunner(target)).generate(_prompts(), params)]
-    out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree)).generate(_prompts(), params)
-    assert [r.token_ids for r, _ in out] == ref
+@pytest.fixture
+def replayed_graphs(monkeypatch):
+    fake_cuda_graphs(monkeypatch)
+    monkeypatch.setattr(dflash, "ProposalGraph", ReplayedProposalGraph)
 
 
 @pytest.mark.parametrize("tree", ["chain:5", "dynamic:3,4,8"])
@@ -32,7 +24,7 @@ def test_dense_target(tree, checkpoint_factory, tmp_path):
     target = load_model(str(path), "cpu", "float32")
     drafter = build_drafter(str(write_dflash2(tmp_path / "d")), target)
     assert drafter.name == "dflash2"
-    _check(target, drafter, tree)
+    check_greedy(target, drafter, tree)
 
 
 @pytest.mark.parametrize("tree", ["chain:4", "dynamic:2,3,5"])
@@ -42,4 +34,15 @@ def test_hybrid_target(tree, checkpoint_factory, tmp_path):
     drafter = build_drafter(str(write_dflash2(tmp_path / "d", dflash2_tensors(seed=8), num_target_layers=4,
                                               dflash_config={"mask_token_id": 300, "target_layer_ids": [1, 3]})),
                             target)
-    _check(target, drafter, tree)
+    check_greedy(target, drafter, tree)
+
+
+@pytest.mark.parametrize("tree", ["chain:5", "static:2,2"])
+def test_replayed_proposal_graphs_keep_output_exact(tree, checkpoint_factory, tmp_path, replayed_graphs):
+    """The selector's walk / top-k inside the captured proposal (CUDA graphs faked on the CPU, replay re-runs)."""
+    path, _ = checkpoint_factory("qwen3")
+    target = load_model(str(path), "cpu", "float32")
+    drafter = build_drafter(str(write_dflash2(tmp_path / "d")), target)
+    drafter.use_graphs = True
+    check_greedy(target, drafter, tree)
+    assert drafter.graphs and all(isinstance(g, ReplayedProposalGraph) for g in drafter.graphs.values())

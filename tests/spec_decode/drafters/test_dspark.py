@@ -3,30 +3,20 @@ on a hybrid target; the registry builds it from its architecture name; after a s
 its per-node confidence."""
 
 import pytest
-import torch
 
-from specpilot.engine.engine import SpecEngine
-from specpilot.engine.generator import Generator
 from specpilot.models.loader import load_model
-from specpilot.runtime.runner import ModelRunner
-from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.drafters.registry import build_drafter
-from specpilot.spec_decode.tree import TreeSpec
+from tests.spec_decode.drafters.test_mtp import check_greedy
+from specpilot.spec_decode.drafters import dflash
+from tests.cuda_graph_fakes import fake_cuda_graphs
+from tests.spec_decode.test_dflash_batched import ReplayedProposalGraph
 from tests.models.test_dspark import H, dspark_tensors, write_dspark
 
 
-def _prompts():
-    gen = torch.Generator().manual_seed(9)
-    return [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (5, 16, 9)]
-
-
-def _check(target, drafter, tree):
-    params = SamplingParams(max_new_tokens=20)
-    ref = [r.token_ids for r in Generator(ModelRunner(target)).generate(_prompts(), params)]
-    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree))
-    out = engine.generate(_prompts(), params)
-    assert [r.token_ids for r, _ in out] == ref
-    assert all(len(c) >= 1 and 0 <= min(c) <= max(c) <= 1 for c in drafter.confidence.values())
+@pytest.fixture
+def replayed_graphs(monkeypatch):
+    fake_cuda_graphs(monkeypatch)
+    monkeypatch.setattr(dflash, "ProposalGraph", ReplayedProposalGraph)
 
 
 @pytest.mark.parametrize("tree", ["chain:5", "dynamic:3,4,8"])
@@ -35,7 +25,7 @@ def test_dense_target(tree, checkpoint_factory, tmp_path):
     target = load_model(str(path), "cpu", "float32")
     drafter = build_drafter(str(write_dspark(tmp_path / "d")), target)
     assert drafter.name == "dspark"
-    _check(target, drafter, tree)
+    check_greedy(target, drafter, tree)
 
 
 @pytest.mark.parametrize("tree", ["chain:4", "static:2,2"])
@@ -44,4 +34,14 @@ def test_hybrid_target(tree, checkpoint_factory, tmp_path):
     target = load_model(str(path), "cpu", "float32")
     drafter = build_drafter(str(write_dspark(tmp_path / "d", dspark_tensors(seed=8), num_target_layers=4,
                                              mask_token_id=300, target_layer_ids=[1, 3])), target)
-    _check(target, drafter, tree)
+    check_greedy(target, drafter, tree)
+
+
+def test_replayed_proposal_graphs_keep_output_exact(checkpoint_factory, tmp_path, replayed_graphs):
+    """The Markov walk inside the captured chain proposal (CUDA graphs faked on the CPU, replay re-runs)."""
+    path, _ = checkpoint_factory("qwen3")
+    target = load_model(str(path), "cpu", "float32")
+    drafter = build_drafter(str(write_dspark(tmp_path / "d")), target)
+    drafter.use_graphs = True
+    check_greedy(target, drafter, "chain:5")
+    assert drafter.graphs and all(isinstance(g, ReplayedProposalGraph) for g in drafter.graphs.values())
