@@ -17,6 +17,9 @@ class ProbingEngine(SpecEngine):
         super().__init__(runner, drafter, *args, **kwargs)
         self._proposing = []  # the requests whose trees the drafter is choosing (the probe verifies those)
         drafter.set_probe(self.probe)
+        # the oracle's work is the benchmark's: the step's component times (and the budget's draft cost) leave it out
+        untimed = drafter.untimed
+        drafter.untimed = lambda fn, *args: self._timer.excluded(untimed, fn, *args)
 
     def propose(self, active, nodes) -> list[DraftTree]:
         self._proposing = active

@@ -140,6 +140,8 @@ class SyntheticDrafter:
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
         self.sequential = getattr(inner, "sequential", True)
+        if hasattr(inner, "skip"):  # skippable as the drafter it wraps is
+            self.skip = self._skip
         block = getattr(inner, "block_size", None)  # a DFlash block of B drafts B - 1 tokens deep
         self.max_depth = getattr(inner, "max_depth", None) or (block - 1 if block else None)
         self.seed, self.rng = seed, random.Random(seed)
@@ -192,6 +194,11 @@ class SyntheticDrafter:
     def commit(self, slot: int, accepted: list[int], features=None) -> None:
         self.inner.commit(slot, accepted, features)
         self.out.setdefault(slot, []).extend(accepted)
+
+    def _skip(self, slots: list[int], roots: list[int]) -> None:
+        for s, root in zip(slots, roots):
+            self.out.setdefault(s, []).append(root)  # the root is the last emitted token
+        self.inner.skip(slots, roots)
 
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         spec = self._capped(spec)

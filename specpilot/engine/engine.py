@@ -45,6 +45,7 @@ from specpilot.spec_decode.verify import Acceptance, accept_greedy, host_tree_me
 DEFAULT_MODEL_LEN = 4096  # tokens per slot when SchedulerConfig.max_model_len is None (more if a request needs)
 FINISHED_KEPT = 4096
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+SKIPPED_DRAFT_DECAY = 0.9  # per step without a proposal (see _calibrate)
 
 
 class SpecEngine:
@@ -65,10 +66,13 @@ class SpecEngine:
         # a drafter whose cost grows with the levels it drafts (a draft model run level by level) is asked for no
         # more levels than the deepest budget; a block drafter (DFlash) proposes its whole block at one cost
         self.sequential = getattr(drafter, "sequential", True)
+        self.skippable = hasattr(drafter, "skip")
         self.scheduler: Scheduler | None = None  # built (and the caches sized) at the first step
         self.slot_len = 0  # tokens a slot holds (prompt + output), the tree's nodes aside
         self.requests: list[Request] = []  # the last generate()'s, in prompt order
-        self.step_log: deque[dict] = deque(maxlen=1 << 16)  # per step: batch, budget, prefill tokens
+        # per step: batch, draft nodes per request, prefill tokens, the verify seconds predicted, and once measured
+        # (a later step's sync) the seconds per component
+        self.step_log: deque[dict] = deque(maxlen=1 << 16)
         self._pending: list[Request] = []  # added before the caches were sized
         self._finished: OrderedDict[str, Request] = OrderedDict()  # the last FINISHED_KEPT, for stats()
         self._ids = count()
@@ -162,8 +166,10 @@ class SpecEngine:
         if not plan.decoding and not plan.chunks:
             return []
         active = plan.decoding
-        self._timer.start(active)
         nodes = self.budget(active, plan.chunks)
+        record = {"batch": len(active), "nodes": nodes, "prefill": sum(len(c.tokens) for c in plan.chunks)}
+        self.step_log.append(record)
+        self._timer.start(active, record)
         self._note_prediction(active, nodes, plan.chunks)
         trees = self._timer.run("draft", self.propose, active, nodes)
         tokens = self._timer.run("verify", self.verify, active, trees, plan.chunks)
@@ -179,8 +185,8 @@ class SpecEngine:
         return plan
 
     def budget(self, active: list[Request], chunks: list[Chunk] = ()) -> list[int]:
-        """Draft nodes per decoding request (0: plain decoding), logged per step; the prefill chunks riding along
-        cost the forward time too."""
+        """Draft nodes per decoding request (0: plain decoding); the prefill chunks riding along cost the forward
+        time too."""
         if self.drafter is None or not active:
             nodes = [0] * len(active)
         elif not self.config.adaptive or self.tree.kind == "dynamic":
@@ -191,17 +197,20 @@ class SpecEngine:
             plan = split_budget(gains, _Scaled(self.cost, self._verify_scale), [r.committed for r in active],
                                 draft_seconds=self._draft_seconds, extra_tokens=sum(len(c.tokens) for c in chunks))
             nodes = list(plan.nodes)
-        self.step_log.append({"batch": len(active), "nodes": nodes, "prefill": sum(len(c.tokens) for c in chunks)})
         return nodes
 
     def propose(self, active: list[Request], nodes: list[int]) -> list[DraftTree]:
         """Every decoding request's tree, cut to its node budget (the first nodes in topological order, which
-        keeps every kept node's ancestors). The drafter proposes for every request, also those at 0 nodes: a
-        drafter's state follows every step's root."""
+        keeps every kept node's ancestors). The drafter proposes for every request, also those at 0 nodes (a
+        drafter's state follows every step's root), unless every budget is 0 and the drafter can skip a step
+        (Drafter.skip): then no proposal runs."""
         if not active:
             return []
         roots = [r.root for r in active]
         if self.drafter is None:
+            return [DraftTree((root,), (-1,)) for root in roots]
+        if not any(nodes) and self.skippable:
+            self.drafter.skip([r.slot for r in active], roots)
             return [DraftTree((root,), (-1,)) for root in roots]
         spec = self.tree.capped(max(1, self._depth_for(max(nodes)))) if self.sequential else self.tree
         trees = self.drafter.propose([r.slot for r in active], roots, spec)
@@ -481,11 +490,11 @@ class SpecEngine:
     def _note_prediction(self, active: list[Request], nodes: list[int], chunks: list[Chunk]) -> None:
         """What the cost curve predicts for this step's verify forward, for _calibrate to compare with the
         measurement."""
-        info = self._timer.steps[-1][2]
+        info = self.step_log[-1]
         tokens = len(active) + sum(nodes) + sum(len(c.tokens) for c in chunks)
         context = sum(r.committed for r in active) / len(active) if active else 0
         info["predicted"] = float(self.cost.seconds(tokens, max(len(active), 1), context))
-        if self.drafter is not None and active:
+        if self.drafter is not None and active and (any(nodes) or not self.skippable):
             info["levels"] = max(1, self._depth_for(max(nodes))) if self.sequential else self.tree.depth
 
     def _slots_in_memory(self, length: int) -> int:
@@ -514,11 +523,16 @@ class SpecEngine:
             depth = info.get("levels")
             if depth:
                 self._draft_s[depth] = _follow(self._draft_s.get(depth), seconds["draft"])
+            elif self.skippable and info.get("batch"):
+                # a skipped proposal measures nothing: the estimate fades, so that a cost once overestimated (a
+                # compile, a capture, a slow moment) cannot keep speculation off for good
+                self._draft_s = {d: sec * SKIPPED_DRAFT_DECAY for d, sec in self._draft_s.items()}
 
     def _draft_seconds(self, depth: int) -> float:
-        """The drafter's measured cost of a step proposing `depth` levels (the nearest depth measured). A step
-        proposes at least one level even when every budget is 0 (propose), so depth 0 costs what depth 1 does; a
-        block drafter's every step costs one proposal."""
+        """The drafter's measured cost of a step proposing `depth` levels (the nearest depth measured); a block
+        drafter's every step costs one proposal. A drafter that cannot skip a step proposes at least one level even
+        when every budget is 0 (propose), so depth 0 costs what depth 1 does (split_budget counts no drafting
+        at depth 0: the budget is then exact only for a skippable drafter)."""
         if not self._draft_s:
             return 0.0
         depth = max(depth, 1) if self.sequential else self.tree.depth
@@ -592,18 +606,32 @@ class _Timer:
     On a GPU a mark is a CUDA event recorded at each component boundary, without a sync: the time between two
     marks is the stream's timeline, i.e. the component's own device work, or the host time during which the
     idle GPU waited for it. Events are read in charge(): after a step's sync (keep_last: every step but the
-    current one) or once generation is over. On the CPU a mark is the wall clock."""
+    current one) or once generation is over. On the CPU a mark is the wall clock. Work run through excluded()
+    (a benchmark's oracle inside a component) is charged to no component."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.steps: list[tuple[list[Request], list, dict]] = []  # (requests, [(component, mark)], info)
+        self._current = None  # the component running now
 
-    def start(self, active: list[Request], **info) -> None:
+    def start(self, active: list[Request], info: dict) -> None:
+        """info: the step's record, which charge() completes with its measured seconds per component."""
         self.steps.append((active, [(None, self._mark())], info))
 
     def run(self, name: str, fn, *args):
+        self._current = name
         out = fn(*args)
         self.steps[-1][1].append((name, self._mark()))
+        self._current = None
+        return out
+
+    def excluded(self, fn, *args):
+        marks = self.steps[-1][1] if self.steps and self._current else None
+        if marks is not None:
+            marks.append((self._current, self._mark()))
+        out = fn(*args)
+        if marks is not None:
+            marks.append((None, self._mark()))
         return out
 
     def _mark(self):
@@ -614,8 +642,8 @@ class _Timer:
         return event
 
     def charge(self, keep_last: bool = False) -> list[tuple[dict, dict]]:
-        """Adds every finished step's component times to its requests' SpecStats.seconds; returns (info, seconds
-        per component) per step charged."""
+        """Adds every finished step's component times to its requests' SpecStats.seconds and to the step's record
+        (info["seconds"]); returns (info, seconds per component) per step charged."""
         done = self.steps[:-1] if keep_last else self.steps
         if self.cuda and done and not keep_last:
             done[-1][1][-1][1].synchronize()
@@ -623,9 +651,12 @@ class _Timer:
         for active, marks, info in done:
             seconds = {}
             for (_, a), (name, b) in zip(marks, marks[1:]):
-                seconds[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+                if name is not None:
+                    seconds[name] = seconds.get(name, 0.0) + (a.elapsed_time(b) / 1e3 if self.cuda else b - a)
+            for name, sec in seconds.items():
                 for r in active:
-                    r.stats.seconds[name] += seconds[name] / len(active)
+                    r.stats.seconds[name] += sec / len(active)
+            info["seconds"] = seconds
             out.append((info, seconds))
         self.steps = self.steps[-1:] if keep_last else []
         return out

@@ -167,9 +167,10 @@ def test_budget_falls_back_to_plain_decoding(checkpoint_factory):
 
 
 def test_budget_follows_acceptance(checkpoint_factory):
-    """With a flat verify curve a drafter that is always right (the target itself) keeps its full depth."""
+    """With a flat verify curve a drafter that is always right (the target itself) keeps its full depth (the curve's
+    100 s per forward makes the drafter's measured CPU time negligible however loaded the machine is)."""
     target = _target(checkpoint_factory, "qwen3")
-    flat = VerifyCostCurve((1,), (0,), ((1, 64),), (((1.0, 1.0),),))
+    flat = VerifyCostCurve((1,), (0,), ((1, 64),), (((100.0, 100.0),),))
     engine = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:4"), cost=flat)
     out = engine.generate(_prompts(2), PARAMS)
     assert all(s.tau > 3 for _, s in out)
@@ -200,3 +201,49 @@ def test_bad_requests_get_clear_errors(checkpoint_factory):
         engine.add_request([1] * 60, PARAMS)
     with pytest.raises(ValueError, match="max_num_seqs"):
         SchedulerConfig(max_num_seqs=0)
+
+
+@pytest.mark.parametrize("target_name,kind", [("qwen3", "draft-lm"), ("qwen3_5", "draft-lm"), ("qwen3", "dflash")])
+def test_a_skippable_drafter_sits_out_plain_steps(target_name, kind, checkpoint_factory, tmp_path, monkeypatch):
+    """Steps whose every budget is 0 run no proposal (Drafter.skip); the drafter picks up after them in step: output
+    unchanged, and a draft model that is the target itself still has every draft of the next steps accepted."""
+    target = _target(checkpoint_factory, target_name)
+    if kind == "draft-lm":
+        drafter, tree = DraftLMDrafter(target), "chain:3"
+    else:
+        drafter, tree = _drafter(kind, target, checkpoint_factory, tmp_path)
+    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree), scheduler=SchedulerConfig(adaptive=False))
+    full, steps, proposals = engine.budget, [0], []
+    monkeypatch.setattr(engine, "budget", lambda active, chunks=(): [0] * len(active) if steps[0] % 3 else
+                        full(active, chunks))
+    real = drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda *a: proposals.append(1) or real(*a))
+    prompts = _prompts(3)
+    ids = [engine.add_request(p, PARAMS) for p in prompts]
+    got = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        steps[0] += 1
+    assert [got[i] for i in ids] == _alone(target, prompts)
+    skipped = sum(1 for s in engine.step_log if s["batch"] and not any(s["nodes"]))
+    assert skipped > 3 and len(proposals) == sum(1 for s in engine.step_log if any(s["nodes"]))
+    if kind == "draft-lm":  # the draft model is the target: every draft it proposes after a skipped step is right
+        for i in ids:
+            st = engine.stats(i)
+            assert sum(st.drafted_per_depth) > 0 and sum(st.accepted_per_depth) >= 0.9 * sum(st.drafted_per_depth)
+
+
+
+def test_an_overestimated_draft_cost_fades_while_proposals_are_skipped(checkpoint_factory):
+    """A draft cost once measured far too high (a compile, say) keeps every budget at 0, and skipped steps measure
+    nothing: the estimate fades with each of them, so speculation is tried again; a drafter that proposes every
+    step keeps its measured cost."""
+    target = _target(checkpoint_factory, "qwen3")
+    skipped = ({"batch": 2, "nodes": [0, 0]}, {"draft": 0.0, "verify": 0.01})
+    for drafter, kept in ((DraftLMDrafter(target), 0.9 ** 10), (NgramDrafter(), 1.0)):
+        engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse("chain:4"))
+        engine._draft_s = {4: 300.0}
+        engine._calibrate([skipped] * 10)
+        assert engine._draft_s[4] == pytest.approx(300.0 * kept)
+        assert engine.skippable == (kept < 1)

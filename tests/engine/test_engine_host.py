@@ -34,15 +34,35 @@ class _Req:
 
 
 def test_timer_splits_a_step_evenly_and_reads_marks_once():
-    timer, reqs = _Timer(torch.device("cpu")), [_Req(), _Req()]
-    for _ in range(3):
-        timer.start(reqs)
+    timer, reqs, records = _Timer(torch.device("cpu")), [_Req(), _Req()], [{} for _ in range(3)]
+    for record in records:
+        timer.start(reqs, record)
         assert timer.run("a", lambda x: x + 1, 1) == 2
         timer.run("b", sum, [1, 2])
     assert all(r.stats.seconds["a"] == 0 for r in reqs)  # nothing is charged before the end
     timer.charge()
     assert reqs[0].stats.seconds == reqs[1].stats.seconds and reqs[0].stats.seconds["a"] > 0
     assert timer.steps == []
+    assert all(set(r["seconds"]) == {"a", "b"} for r in records)  # each step's record has its own seconds
+    assert sum(r["seconds"]["a"] for r in records) == pytest.approx(2 * reqs[0].stats.seconds["a"])
+
+
+def test_timer_charges_excluded_work_to_no_component():
+    """A benchmark's oracle run inside a component (excluded) is not the component's time; the component's time
+    before and after it is."""
+    timer, reqs = _Timer(torch.device("cpu")), [_Req()]
+    timer.start(reqs, {})
+
+    def draft():
+        time.sleep(0.01)
+        timer.excluded(time.sleep, 0.05)
+        time.sleep(0.01)
+
+    timer.run("a", draft)
+    timer.run("b", lambda: None)
+    (info, seconds), = timer.charge()
+    assert 0.02 <= seconds["a"] < 0.045 and seconds["b"] < 0.01
+    assert set(seconds) == {"a", "b"}
 
 
 class _Event:
@@ -66,7 +86,7 @@ class _Event:
 def test_timer_on_a_gpu_reads_events_after_one_sync(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     timer, reqs = _Timer(torch.device("cuda")), [_Req()]
-    timer.start(reqs)
+    timer.start(reqs, {})
     timer.run("a", time.sleep, 0.01)
     timer.run("b", lambda: None)
     timer.charge()

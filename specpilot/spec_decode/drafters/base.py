@@ -38,3 +38,7 @@ class Drafter(Protocol):
 
     def commit(self, slot: int, accepted: list[int], features: torch.Tensor | None) -> None:
         """accepted: draft tokens kept (root excluded); features [1 + len(accepted), K * hidden] of root + them."""
+
+    # Optional: `skip(slots, roots)`, for a step in which none of these requests verifies a draft; the engine then
+    # runs no proposal (commit follows as usual, with no accepted drafts). A drafter without it is asked to
+    # propose every step.

@@ -112,6 +112,10 @@ class DFlashDrafter:
     def commit(self, slot: int, accepted: list[int], features: torch.Tensor | None) -> None:
         self._extend(slot, features)
 
+    def skip(self, slots: list[int], roots: list[int]) -> None:
+        """A step that verifies no draft of these requests proposes nothing: the roots' features reach the context
+        through commit, as every committed token's do."""
+
     def _extend(self, slot: int, features: torch.Tensor) -> None:
         start = self.context_len[slot]
         self._pending.append((slot, start, features))

@@ -40,7 +40,12 @@ class DraftLMDrafter:
         self.seen[slot], self.pending[slot] = len(prompt_ids), []
 
     def commit(self, slot: int, accepted: list[int], features=None) -> None:
-        self.pending[slot] = list(accepted)
+        self.pending[slot] = self.pending[slot] + list(accepted)
+
+    def skip(self, slots: list[int], roots: list[int]) -> None:
+        """A step that verifies no draft of these requests: each root waits to be fed with the next step's block."""
+        for slot, root in zip(slots, roots):
+            self.pending[slot] = self.pending[slot] + [root]
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
