@@ -164,6 +164,9 @@ class EngineLoop:
             if out.new_token_ids:
                 if job.first_token is None:
                     job.first_token = now
+                else:
+                    self.metrics.emitted(now - job.last_token, len(out.new_token_ids))
+                job.last_token = now
                 job.tokens += len(out.new_token_ids)
                 self.metrics.generation_tokens.inc(len(out.new_token_ids))
                 job.stream.put(Tokens(out.new_token_ids))

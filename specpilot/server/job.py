@@ -17,6 +17,7 @@ class Job:
     stream: RequestStream
     arrival: float  # perf_counter seconds when the HTTP request came in
     first_token: float | None = None
+    last_token: float | None = None  # when the request's latest tokens came
     tokens: int = 0
     steps_seen: int = 0  # SpecStats.nodes / .accepted entries already counted in the metrics
     per_pos_seen: list[int] = field(default_factory=list)  # SpecStats.accepted_per_depth already counted

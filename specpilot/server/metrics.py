@@ -53,9 +53,12 @@ class ServerMetrics:
         self.preemptions = counter("num_preemptions", "Cumulative number of preemptions.").labels(model_name)
         self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
-        self.tpot = histogram("time_per_output_token_seconds",
-                              "Histogram of a request's mean time per output token after the first, in seconds.",
-                              TPOT_BUCKETS)
+        self.tpot = histogram("request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request: (last token - first token) / "
+                              "(tokens - 1).", TPOT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds: one observation per token after the "
+                             "first, the wait for its step shared by the tokens the step brought.", TPOT_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              LATENCY_BUCKETS)
 
@@ -72,6 +75,11 @@ class ServerMetrics:
             if n > seen:
                 self._per_pos.labels(self.model_name, str(pos)).inc(n - seen)
         return len(stats.nodes), per_pos
+
+    def emitted(self, gap: float, tokens: int) -> None:
+        """A step brought `tokens` tokens of a request `gap` seconds after its previous ones."""
+        for _ in range(tokens):
+            self.itl.observe(gap / tokens)
 
     def finished(self, reason: str, prompt_tokens: int, tokens: int, e2e: float, ttft: float | None,
                  decode_s: float | None, preempted: int) -> None:

@@ -145,7 +145,8 @@ def test_metrics_scrape_and_parse(served):
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "spec_decode_num_drafts",
                  "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
                  "spec_decode_num_accepted_tokens_per_pos", "time_to_first_token_seconds",
-                 "time_per_output_token_seconds", "e2e_request_latency_seconds", "request_success",
+                 "request_time_per_output_token_seconds", "inter_token_latency_seconds",
+                 "e2e_request_latency_seconds", "request_success",
                  "prompt_tokens", "generation_tokens"):
         assert f"specpilot:{name}" in families, name
     assert families["specpilot:e2e_request_latency_seconds"].type == "histogram"
@@ -155,6 +156,10 @@ def test_metrics_scrape_and_parse(served):
     e2e_count = next(s.value for s in families["specpilot:e2e_request_latency_seconds"].samples
                      if s.name.endswith("_count"))
     assert finished >= 1 and e2e_count == finished
+    generated = value("specpilot:generation_tokens")
+    itl_count = next(s.value for s in families["specpilot:inter_token_latency_seconds"].samples
+                     if s.name.endswith("_count"))
+    assert itl_count == generated - finished  # every token but each request's first (each emitted one here)
     drafts, draft_tokens = value("specpilot:spec_decode_num_drafts"), value("specpilot:spec_decode_num_draft_tokens")
     accepted = value("specpilot:spec_decode_num_accepted_tokens")
     assert drafts >= 1 and draft_tokens >= drafts and accepted <= draft_tokens

@@ -45,9 +45,19 @@ def test_finished_requests_fill_the_histograms_and_reasons():
     assert s[("specpilot:request_success_total", (("finished_reason", "abort"), ("model_name", "m")))] == 1
     assert s[("specpilot:e2e_request_latency_seconds_count", label)] == 2
     assert s[("specpilot:time_to_first_token_seconds_count", label)] == 1
-    assert s[("specpilot:time_per_output_token_seconds_sum", label)] == 0.1  # 1 s over the 10 tokens after the first
+    assert s[("specpilot:request_time_per_output_token_seconds_sum", label)] == 0.1  # 1 s over the 10 after the first
     assert s[("specpilot:prompt_tokens_total", label)] == 8 and s[("specpilot:num_preemptions_total", label)] == 1
     assert s[("specpilot:num_requests_running", label)] == 3 and s[("specpilot:kv_cache_usage_perc", label)] == 0.75
+
+
+def test_inter_token_latency_is_one_observation_per_token():
+    m = ServerMetrics("m")
+    m.emitted(0.3, 3)  # three tokens from one step 0.3 s after the previous ones
+    m.emitted(0.1, 1)
+    s = _samples(m)
+    label = (("model_name", "m"),)
+    assert s[("specpilot:inter_token_latency_seconds_count", label)] == 4
+    assert abs(s[("specpilot:inter_token_latency_seconds_sum", label)] - 0.4) < 1e-9
 
 
 def test_each_server_has_its_own_registry():
