@@ -211,6 +211,30 @@ def summarize(result: LoopResult) -> dict:
     return row
 
 
+def step_profile(records: list[dict]) -> dict:
+    """The engine's step log (SpecEngine.step_log) summarised per kind of step, decode (no prefill chunk) and mixed
+    (prefill chunks ride along): steps, steps with no draft node (plain), medians of the batch, the forward's tokens
+    and the draft nodes, the median ms per component (the steps measured so far) and the measured verify time over
+    the cost curve's prediction (median)."""
+    out = {}
+    kinds = (("decode", [r for r in records if r["batch"] and not r["prefill"]]),
+             ("mixed", [r for r in records if r["prefill"]]))
+    for kind, recs in kinds:
+        if not recs:
+            continue
+        timed = [r for r in recs if "seconds" in r]
+        comps = sorted({c for r in timed for c in r["seconds"]})
+        ratio = [r["seconds"]["verify"] / r["predicted"] for r in timed if r.get("predicted") and "verify" in r["seconds"]]
+        out[kind] = {"steps": len(recs), "plain_steps": sum(not any(r["nodes"]) for r in recs),
+                     "batch_p50": percentile([r["batch"] for r in recs], 50),
+                     "tokens_p50": percentile([r["batch"] + sum(r["nodes"]) + r["prefill"] for r in recs], 50),
+                     "nodes_p50": percentile([sum(r["nodes"]) for r in recs], 50),
+                     "ms_p50": {c: percentile([r["seconds"].get(c, 0.0) * 1e3 for r in timed], 50) for c in comps},
+                     "verify_ms_p90": percentile([r["seconds"].get("verify", 0.0) * 1e3 for r in timed], 90),
+                     "verify_over_predicted_p50": percentile(ratio, 50)}
+    return out
+
+
 def mismatches(result: LoopResult, truth: dict[tuple[int, ...], list[int]], prompts: list[list[int]]) -> int:
     """Requests whose tokens differ from the truth (AR's output) for their prompt."""
     return sum(r.tokens != truth.get(tuple(prompts[r.prompt])) for r in result.records)
@@ -378,13 +402,13 @@ def _measure(engines: Engines, kind: str, batch: int, prompts, run, truth=None,
     engine = engines.ar(batch) if kind == "ar" else engines.spec(batch, truth)
     warm = _warm(engines, engine, prompts, batch)
     seconds, probes = engines.oracle_mark()
+    logged = len(engine.step_log)
     result = run(engine, on_finish)
     row = summarize(result)
+    row["step_profile"] = step_profile(list(engine.step_log)[logged:])
     row["warmup_graphs"], row["warmup_graph_bytes"] = warm["graphs"], warm["bytes"]
-    if engines.oracle is not None and kind == "spec":
+    if engines.oracle is not None and kind == "spec":  # the engine's split leaves the oracle's work out itself
         after, probes_after = engines.oracle_mark()
-        if "draft" in row.get("seconds_split", {}):
-            row["seconds_split"]["draft"] -= after - seconds  # the oracle ran inside the engine's draft step
         count = probes_after - probes
         row["oracle"] = {"probes": count, "probes_per_step": count / max(row["steps"], 1),
                          "seconds_excluded": after - seconds}

@@ -60,6 +60,7 @@ class FakeEngine:
         self.steps = 0
         self.added_at_step: dict[str, int] = {}
         self.most_running = 0
+        self.step_log = []
 
     def warmup(self):
         return {"graphs": 0, "bytes": 0}
@@ -463,3 +464,23 @@ def test_serve_on_a_margin_target_under_synthetic_acceptance_is_exact(tmp_path, 
     assert spec["engine"] == "spec" and spec["exact"] is True and spec["tokens"] == 40 and spec["tau"] > 1
     assert spec["synthetic"].startswith("dflash2-gsm8k") and spec["oracle"]["probes"] > 0
     assert _png(out / "closed.png")
+    # the oracle's work is in no component: the split adds up to about the timed wall, not past it
+    split = spec["seconds_split"]
+    assert all(v >= 0 for v in split.values())
+    assert sum(v for k, v in split.items() if k != "start") <= 1.1 * spec["seconds"]
+    profile = spec["step_profile"]["decode"]
+    assert profile["steps"] > 0 and profile["batch_p50"] >= 1 and profile["ms_p50"]["verify"] > 0
+
+
+def test_step_profile_summarises_the_engine_step_log():
+    log = [{"batch": 0, "nodes": [], "prefill": 9, "predicted": 0.01, "seconds": {"verify": 0.02, "draft": 0.0}},
+           {"batch": 2, "nodes": [3, 1], "prefill": 0, "predicted": 0.01, "seconds": {"verify": 0.012, "draft": 0.002}},
+           {"batch": 2, "nodes": [0, 0], "prefill": 0, "predicted": 0.01, "seconds": {"verify": 0.010}},
+           {"batch": 2, "nodes": [5, 5], "prefill": 0}]  # the last step: not measured yet
+    p = serving.step_profile(log)
+    d, m = p["decode"], p["mixed"]
+    assert d["steps"] == 3 and d["plain_steps"] == 1 and d["batch_p50"] == 2 and d["nodes_p50"] == 4
+    assert d["tokens_p50"] == 6 and d["ms_p50"]["verify"] == pytest.approx(11.0)
+    assert d["ms_p50"]["draft"] == pytest.approx(1.0)  # a component a step did not run counts 0
+    assert d["verify_over_predicted_p50"] == pytest.approx(1.1)
+    assert m["steps"] == 1 and m["tokens_p50"] == 9 and m["ms_p50"]["verify"] == pytest.approx(20.0)
