@@ -65,7 +65,7 @@ class Request:
         params.seed (or a random seed): what it draws does not depend on the batch it shares."""
         if self.noise is None:
             self.noise = NoiseStream(self.params, vocab, device)
-        return self.noise.take(len(self.result.token_ids), n)
+        return self.noise.take(len(self.result.token_ids), n, vocab)
 
 
 @dataclass(slots=True)

@@ -74,6 +74,12 @@ def race(probs: torch.Tensor, generator: torch.Generator | None, noise: torch.Te
     return (probs / noise).argmax(dim=-1)
 
 
+def race_scores(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor) -> torch.Tensor:
+    """logits [..., vocab], noise [..., vocab] -> log(filtered_probs) - log(noise) in fp32: the race's draw is their
+    argmax, and their top-k are k draws without replacement (-inf where filtered_probs is 0)."""
+    return filtered_probs(logits, params).log() - noise.log()
+
+
 def exponential_noise(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     """Exp(1) draws of `shape` in fp32 from `generator` (the race's noise)."""
     return torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=generator)
@@ -102,11 +108,13 @@ class NoiseStream:
         self.start = 0  # output position of rows[0]
         self.rows: list[torch.Tensor] = []
 
-    def take(self, position: int, n: int) -> torch.Tensor:
-        """[n, vocab]: the rows of output positions position .. position + n - 1. Rows before `position` are
-        dropped (those tokens are emitted): positions only move forward."""
+    def take(self, position: int, n: int, vocab: int | None = None) -> torch.Tensor:
+        """[n, vocab]: the rows of output positions position .. position + n - 1 (vocab, when given, must be the
+        stream's). Rows before `position` are dropped (those tokens are emitted): positions only move forward."""
         if position < self.start:
             raise ValueError(f"noise row {position} was already used (the stream is at row {self.start})")
+        if vocab is not None and vocab != self.vocab:
+            raise ValueError(f"noise rows of {vocab} tokens asked from a stream of {self.vocab}")
         while self.start + len(self.rows) < position + n:
             self.rows.append(exponential_noise((self.vocab,), self.generator, self.device))
         del self.rows[:position - self.start]

@@ -42,3 +42,7 @@ class Drafter(Protocol):
     # Optional: `skip(slots, roots)`, for a step in which none of these requests verifies a draft; the engine then
     # runs no proposal (commit follows as usual, with no accepted drafts). A drafter without it is asked to
     # propose every step.
+    # Optional: `coupled = True`, when propose takes `noise=` (a list per slot: None for a greedy request, else
+    # (SamplingParams, race noise rows [depth, vocab])) and then proposes the tokens its own filtered distribution
+    # draws with that noise (spec_decode/coupling.py). Any proposal is exact under the raced rule; coupled ones are
+    # accepted more often at temperature > 0. A drafter without it proposes as at temperature 0.

@@ -40,6 +40,7 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.dflash import DFlashModel, default_target_layers, read_config
 from specpilot.models.loader import load_weights, resolve_dtype
+from specpilot.spec_decode.coupling import Noise, coupled_scores
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 class ProposalGraph:
@@ -71,6 +72,7 @@ def pack_rows(buffer: torch.Tensor, new: list[torch.Tensor]) -> None:
 class DFlashDrafter:
     name = "dflash"
     sequential = False  # one proposal costs the same at every depth (the engine then asks for its full tree)
+    coupled = True  # propose takes the sampling requests' race noise
 
     def __init__(self, model: DFlashModel, target: CausalLM, target_layers: tuple[int, ...], block_size: int,
                  mask_token_id: int, use_graphs: bool | None = None, runtime: Runtime | None = None):
@@ -151,27 +153,31 @@ class DFlashDrafter:
         self._pending.clear()
 
     @torch.inference_mode()
-    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec,
+                noise: list[Noise] | None = None) -> list[DraftTree]:
+        """noise (sampling requests): per slot None or its race noise (spec_decode/coupling.py); then the block's
+        tokens are the draft distribution's draws with that noise, computed eagerly."""
         capped = spec.capped(self.max_depth)
         depth = capped.depth
         if spec.kind == "chain":
-            return [DraftTree.chain([root] + row) for root, row in zip(roots, self._draft(slots, roots, depth, 0))]
+            rows = self._draft(slots, roots, depth, 0, noise)
+            return [DraftTree.chain([root] + row) for root, row in zip(roots, rows)]
         # no wider than the vocabulary: a node has at most that many distinct children
         width = min(max(max(spec.branching, default=1), spec.top_k), self.target.config.vocab_size)
-        packed = self._draft(slots, roots, depth, width)  # [2, n, depth, width] int32: ids, log-prob bits
+        packed = self._draft(slots, roots, depth, width, noise)  # [2, n, depth, width] int32: ids, score bits
         ids, logps = packed[0].tolist(), packed[1].view(torch.float32).tolist()
         # positions in a block are predicted independently: a node's children are its depth's top tokens
         return [grow(capped, root, lambda tree, frontier, t=t, lp=lp: [(t[tree.depths[f]], lp[tree.depths[f]])
                                                                         for f in frontier])
                 for root, t, lp in zip(roots, ids, logps)]
 
-    def _draft(self, slots: list[int], roots: list[int], depth: int, width: int):
+    def _draft(self, slots: list[int], roots: list[int], depth: int, width: int, noise: list[Noise] | None = None):
         """The batch's proposal on the host, from one forward and one device-to-host copy: width 0 (chain)
         argmax rows [n][depth]; else top-k ids and log-prob bits as an int32 host tensor [2, n, depth, width]."""
         pending = self._take_pending(slots)
         host = self._inputs(slots, roots, pending)
         new = [f for _, _, f in sorted(pending, key=lambda p: p[0])]  # batch-row order, as the forward gathers
-        if self.use_graphs:
+        if self.use_graphs and noise is None:
             key = (len(slots), depth, width)
             graph = self.graphs.get(key)
             if graph is None:
@@ -187,7 +193,7 @@ class DFlashDrafter:
             features = self._features(len(slots))
             self._pack(features, new)
             out = self._run(host.to(self.device, non_blocking=True), features, depth, width,
-                            int((host[2] + host[3]).max()))
+                            int((host[2] + host[3]).max()), noise)
         return out.tolist() if width == 0 else out.cpu()
 
     def _pack(self, buffer: torch.Tensor, new: list[torch.Tensor]) -> None:
@@ -207,7 +213,7 @@ class DFlashDrafter:
         return torch.zeros(n * self.block_size, fc.shape[1], dtype=fc.dtype, device=self.device)
 
     def _run(self, inputs: torch.Tensor, features: torch.Tensor, depth: int, width: int,
-             max_prefix_len: int) -> torch.Tensor:
+             max_prefix_len: int, noise: list[Noise] | None = None) -> torch.Tensor:
         """Device only (capturable): inputs [4, n] and the packed new context features [n * B, F] -> chain
         argmax [n, depth] int64, or (width > 0) the top-k ids and log-prob bits [2, n, depth, width] int32, so
         one copy brings back both."""
@@ -219,15 +225,18 @@ class DFlashDrafter:
         rows = (first[:, None] + self._offsets).clamp_(max=features.shape[0] - 1).view(-1)
         self.model.add_context(features[rows], (old[:, None] + self._offsets).view(-1),
                                slots[:, None].expand(n, B).reshape(-1), self.cache, self.paths)
-        return self._pick(self._logits(torch.stack((roots, slots, old + new)), depth, max_prefix_len), width)
+        return self._pick(self._logits(torch.stack((roots, slots, old + new)), depth, max_prefix_len), width, noise)
 
-    def _pick(self, logits: torch.Tensor, width: int) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, width: int, noise: list[Noise] | None = None) -> torch.Tensor:
         """logits [n, depth, vocab] in the LM head's dtype -> chain argmax [n, depth] int64 (widening to fp32 is
         exact and keeps the order and the first of equal maxima, so the argmax needs no fp32 copy), or the top
-        `width` ids and log-prob bits [2, n, depth, width] int32 of the fp32 log-softmax."""
+        `width` ids and log-prob bits [2, n, depth, width] int32 of the fp32 log-softmax; with noise, of the coupled
+        scores instead (spec_decode/coupling.py)."""
+        if noise is not None:
+            logits = coupled_scores(logits, noise)
         if width == 0:
             return logits.argmax(-1)
-        top = torch.log_softmax(logits.float(), dim=-1).topk(width, dim=-1)
+        top = (logits if noise is not None else torch.log_softmax(logits.float(), dim=-1)).topk(width, dim=-1)
         return torch.stack((top.indices.to(torch.int32), top.values.view(torch.int32)))
 
     def _logits(self, inputs: torch.Tensor, depth: int, max_prefix_len: int) -> torch.Tensor:

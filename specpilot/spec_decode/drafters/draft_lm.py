@@ -16,6 +16,8 @@ from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.settings import Runtime
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
+from specpilot.runtime.sampling import race_scores
+from specpilot.spec_decode.coupling import Noise
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 
@@ -23,6 +25,7 @@ class DraftLMDrafter:
     name = "draft-lm"
     target_layers: tuple[int, ...] = ()
     max_depth = None
+    coupled = True  # propose takes the sampling requests' race noise
 
     def __init__(self, model: CausalLM, runtime: Runtime | None = None):
         """runtime: the target runner's, so that its weight format and CUDA graph settings hold for the draft
@@ -48,10 +51,14 @@ class DraftLMDrafter:
             self.pending[slot] = self.pending[slot] + [root]
 
     @torch.inference_mode()
-    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
-        return [self._propose_one(slot, root, spec) for slot, root in zip(slots, roots)]
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec,
+                noise: list[Noise] | None = None) -> list[DraftTree]:
+        """noise (sampling requests): per slot None or its race noise; then each level's tokens are the draft
+        distribution's draws with that noise (spec_decode/coupling.py)."""
+        noise = noise or [None] * len(slots)
+        return [self._propose_one(slot, root, spec, e) for slot, root, e in zip(slots, roots, noise)]
 
-    def _propose_one(self, slot: int, root: int, spec: TreeSpec) -> DraftTree:
+    def _propose_one(self, slot: int, root: int, spec: TreeSpec, noise: Noise = None) -> DraftTree:
         feed = self.pending[slot] + [root]
         logits = self._block(slot, feed, self.seen[slot])[-1]
         self.seen[slot] += len(feed)
@@ -59,9 +66,9 @@ class DraftLMDrafter:
         cache = self.runner.cache
         snap = cache.snapshot(torch.tensor([slot], device=self.runner.device)) if self.model.config.is_hybrid else None
         if spec.kind == "chain":
-            tree = DraftTree.chain([root] + self._greedy_chain(slot, logits, spec.depth))
+            tree = DraftTree.chain([root] + self._greedy_chain(slot, logits, spec.depth, noise))
         else:
-            tree = grow(spec, root, lambda t, frontier: self._score(slot, t, frontier, logits, spec))
+            tree = grow(spec, root, lambda t, frontier: self._score(slot, t, frontier, logits, spec, noise))
         if snap is not None:
             cache.restore(snap)
         return tree
@@ -72,21 +79,26 @@ class DraftLMDrafter:
         meta = BatchMetadata.contiguous(ids, torch.tensor([start], device=dev), torch.tensor([slot], device=dev), start)
         return self.model.logits(self.model(meta, self.runner.cache))[0].float()
 
-    def _greedy_chain(self, slot: int, logits: torch.Tensor, depth: int) -> list[int]:
+    def _greedy_chain(self, slot: int, logits: torch.Tensor, depth: int, noise: Noise = None) -> list[int]:
         out, pos = [], self.seen[slot]
         for i in range(depth):
-            out.append(int(logits.argmax()))
+            out.append(int((logits if noise is None else race_scores(logits, noise[0], noise[1][i])).argmax()))
             if i + 1 < depth:
                 logits = self._block(slot, out[-1:], pos + i)[-1]
         return out
 
-    def _score(self, slot: int, tree: DraftTree, frontier: list[int], root_logits: torch.Tensor, spec: TreeSpec):
-        """Top candidates (tokens, log-probs) after each frontier node of the partial tree."""
+    def _score(self, slot: int, tree: DraftTree, frontier: list[int], root_logits: torch.Tensor, spec: TreeSpec,
+               noise: Noise = None):
+        """Top candidates (tokens, log-probs, or with noise the coupled scores) after each frontier node of the
+        partial tree."""
         if frontier == [0]:
             rows = root_logits[None]
         else:
             rows = self._tree_logits(slot, tree)[[i - 1 for i in frontier]]
-        logp = torch.log_softmax(rows, dim=-1)
+        if noise is None:
+            logp = torch.log_softmax(rows, dim=-1)
+        else:  # a child at depth d takes noise row d - 1: its parent's depth
+            logp = race_scores(rows, noise[0], noise[1][[tree.depths[f] for f in frontier]])
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         return [(t.tolist(), v.tolist()) for t, v in zip(top.indices, top.values)]
 

@@ -1,0 +1,63 @@
+"""Coupled drafting (spec_decode/coupling.py): given a sampling request's race noise, a drafter proposes the tokens
+its own filtered distribution draws with that noise; a greedy request's proposals do not change."""
+
+import torch
+
+from specpilot.engine.generator import Generator
+from specpilot.models.loader import load_model
+from specpilot.runtime.runner import ModelRunner
+from specpilot.runtime.sampling import NoiseStream, SamplingParams, filtered_probs
+from specpilot.spec_decode.coupling import coupled_scores
+from specpilot.spec_decode.drafters.dflash import DFlashDrafter
+from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec_decode.tree import TreeSpec
+
+PARAMS = SamplingParams(max_new_tokens=6, temperature=0.6, top_k=40, seed=9, ignore_eos=True)
+
+
+def test_draft_lm_drafting_for_itself_proposes_what_plain_sampling_draws(checkpoint_factory):
+    """The target as its own draft model, coupled: the chain (and a tree's first-child path) is the continuation
+    plain sampling draws with the same seed."""
+    path, _ = checkpoint_factory("qwen3")
+    target = load_model(str(path), "cpu", "float32")
+    prompt = [5, 9, 14, 3, 5, 9]
+    plain = Generator(ModelRunner(target)).generate([prompt], PARAMS)[0].token_ids
+    vocab = target.config.vocab_size
+    for spec in (TreeSpec.parse("chain:4"), TreeSpec.parse("static:2,2,1,1")):
+        drafter = DraftLMDrafter(target)
+        drafter.allocate(1, 64)
+        drafter.start(0, prompt)
+        rows = NoiseStream(PARAMS, vocab, "cpu").take(1, spec.depth)  # the root is output 0; drafts fill 1..depth
+        (tree,) = drafter.propose([0], [plain[0]], spec, noise=[(PARAMS, rows)])
+        first_path, node = [], 0
+        while tree.children(node):
+            node = tree.children(node)[0]
+            first_path.append(tree.tokens[node])
+        assert first_path == plain[1:1 + spec.depth]
+        greedy = DraftLMDrafter(target)
+        greedy.allocate(1, 64)
+        greedy.start(0, prompt)
+        assert greedy.propose([0], [plain[0]], spec, noise=[None]) == DraftLMDrafter.propose(
+            _started(target, prompt), [0], [plain[0]], spec)
+
+
+def _started(target, prompt):
+    d = DraftLMDrafter(target)
+    d.allocate(1, 64)
+    d.start(0, prompt)
+    return d
+
+
+def test_dflash_picks_race_draws_per_position():
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 3, 11, generator=gen) * 2  # [requests, depth, vocab]
+    rows = torch.empty(3, 11).exponential_(generator=gen)
+    noise = [(PARAMS, rows), None]
+    chain = DFlashDrafter._pick(None, logits, 0, noise)
+    assert chain[0].tolist() == [int((filtered_probs(logits[0, d], PARAMS) / rows[d]).argmax()) for d in range(3)]
+    assert chain[1].tolist() == logits[1].argmax(-1).tolist()
+    top = DFlashDrafter._pick(None, logits, 3, noise)
+    scores = coupled_scores(logits, noise)
+    assert top[0].tolist() == scores.topk(3, dim=-1).indices.tolist()
+    assert top[0][:, :, 0].tolist() == chain.tolist()  # each position's best race score is its chain draw
+    assert (DFlashDrafter._pick(None, logits, 3, [None, None]) == DFlashDrafter._pick(None, logits, 3)).all()
