@@ -101,6 +101,8 @@ class EngineLoop:
                 stop = self._drain_inbox() or stop
                 if self._jobs:
                     self._dispatch(self.engine.step())
+                    if self._jobs and not self.engine.has_unfinished():
+                        raise RuntimeError(f"the engine holds none of the {len(self._jobs)} requests it was given")
                 elif stop:
                     return
                 else:
@@ -140,7 +142,7 @@ class EngineLoop:
 
     def _add(self, job: Job) -> None:
         try:
-            self.engine.add_request(job.prompt_ids, job.params, job.request_id)
+            self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id)
         except (ValueError, NotImplementedError) as e:
             self._release(job, Failed(400, str(e)), added=False)
             return

@@ -29,7 +29,7 @@ class _GenerationRequest(BaseModel):
     top_k: int | None = None  # vLLM's extension
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: int | None = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
@@ -48,7 +48,7 @@ class _GenerationRequest(BaseModel):
 
     def check_supported(self) -> None:
         """400 for a parameter this server cannot honour (rather than silently ignoring it)."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             raise bad_request(f"n={self.n}: this server returns one choice per request; send n=1 (or leave it out) "
                               "and send several requests instead", "n")
         if self.best_of not in (None, 1):

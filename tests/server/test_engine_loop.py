@@ -98,3 +98,15 @@ def test_over_http_refusals_and_failures_answer_in_the_error_json(zoo_tokenizer)
         assert health.status_code == 503 and "a kernel failed" in health.json()["reason"]
         response = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4})
         assert response.status_code == 503 and response.json()["error"]["code"] == "unavailable"
+
+
+def test_a_request_the_engine_drops_is_failed_not_waited_on():
+    class Dropping(FakeEngine):
+        def step(self):
+            self.requests.clear()
+            self._sync()
+            return []
+
+    _, events, loop = _run(Dropping(), jobs=2)
+    assert all(isinstance(ev[-1], Failed) and "holds none of the 2 requests" in ev[-1].message for ev in events)
+    assert loop.held == 0
