@@ -535,3 +535,100 @@ def _previous_position_pairs(inv_freq: torch.Tensor, context: int) -> tuple[int,
         if lead > best[1]:
             best = (pairs, lead)
     return best
+
+
+# ------------------------------------------------------------------------------ published drafter shapes
+# The drafters users bring for a Qwen3.5 / Qwen3.8-27B target, in their published shapes (random weights: timing
+# only). DFlash2: z-lab/Qwen3.8-27B-DFlash2 as described publicly (5 layers, 32 / 8 heads of 128, block 8, 2 taps,
+# groups of 16, selector rank 256, top 16; the MLP width is the target's, as z-lab's drafters take it). DSpark:
+# DeepSpec's Qwen3 recipe (5 layers, block 7, Markov rank 256, confidence head on [h ; W1 x]) at the DFlash2
+# drafter's widths: no 27B DSpark's config is public beyond a community checkpoint; its own embedding and LM head
+# (DeepSpec saves copies of the target's) are shared with the target here, which reads the same bytes. MTP: the
+# target's own layer (models/mtp.py), exact by construction. The tiny shapes are for CPU smoke runs.
+DRAFTER_SHAPES = {
+    "Qwen3.5-27B": {"layers": 5, "heads": 32, "kv_heads": 8, "head_dim": 128, "dflash2_block": 8, "dspark_block": 7,
+                    "taps": 2, "group": 16, "rank": 256, "top_k": 16, "markov_rank": 256},
+    "tiny-dense": {"layers": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "dflash2_block": 6, "dspark_block": 5,
+                   "taps": 2, "group": 16, "rank": 8, "top_k": 4, "markov_rank": 8},
+    "tiny-hybrid": {"layers": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "dflash2_block": 6, "dspark_block": 5,
+                    "taps": 2, "group": 16, "rank": 8, "top_k": 4, "markov_rank": 8},
+}
+
+
+def _drafter_shape(shape: str) -> dict:
+    if shape not in DRAFTER_SHAPES:
+        raise ValueError(f"no published drafter shapes for {shape!r}; use one of {', '.join(DRAFTER_SHAPES)}")
+    return DRAFTER_SHAPES[shape]
+
+
+def _block_config(target, shape: str):
+    """The DFlash-family backbone config of the shape: Qwen3 layers with the drafter's own head counts."""
+    from specpilot.train.dflash import draft_config
+
+    s = _drafter_shape(shape)
+    return dataclasses.replace(draft_config(target.config, s["layers"]), num_attention_heads=s["heads"],
+                               num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"])
+
+
+def _taps(target, count: int = 5) -> tuple[int, ...]:
+    """`count` target layers (the published drafters read 5): the reference spread, or on a target cut too shallow
+    for it, its layers in turn (the features' width, and so the drafter's shape, stays the published one)."""
+    from specpilot.models.dflash import default_target_layers
+
+    depth = target.config.num_hidden_layers
+    return default_target_layers(depth, count) if depth >= count + 3 else tuple(i % depth for i in range(count))
+
+
+def _randomize(model, target, seed: int, zero_centred: bool = False):
+    """On the target's device and dtype: N(0, 0.02) matrices, identity norms (1, or 0 for zero-centred ones)."""
+    param = next(target.parameters())
+    model = model.to(dtype=param.dtype).to_empty(device=param.device)
+    gen = torch.Generator(device=param.device).manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.0 if zero_centred else 1.0) if p.ndim == 1 else p.normal_(0, 0.02, generator=gen)
+    return model
+
+
+def random_dflash2(target, shape: str, seed: int = 2, runtime=None):
+    """A DFlash2 drafter in the shape's published layout with random weights (timing under synthetic acceptance)."""
+    from specpilot.models.dflash2 import DFlash2Model, DFlash2Options
+    from specpilot.spec_decode.drafters.dflash2 import DFlash2Drafter
+
+    s, taps = _drafter_shape(shape), _taps(target)
+    opts = DFlash2Options(s["dflash2_block"], 0, taps, s["taps"], s["group"], s["rank"], s["top_k"])
+    with torch.device("meta"):
+        model = DFlash2Model(_block_config(target, shape), len(taps), opts)
+    model = _randomize(model, target, seed)
+    model.reset_buffers()
+    with torch.no_grad():  # the base kernels pass the input through (tap 0 = 1), as a trained drafter's are near
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.base_kernel.zero_()[:, 0] = 1.0
+    return DFlash2Drafter(model.eval().requires_grad_(False), target, taps, runtime=runtime)
+
+
+def random_dspark(target, shape: str, seed: int = 3, runtime=None):
+    """A DSpark drafter (Markov and confidence heads, the target's embedding and LM head) with random weights."""
+    from specpilot.models.dspark import DSparkModel, DSparkOptions
+    from specpilot.spec_decode.drafters.dspark import DSparkDrafter
+
+    s, taps = _drafter_shape(shape), _taps(target)
+    opts = DSparkOptions(s["dspark_block"], 0, taps, s["markov_rank"], True, True, False, False)
+    with torch.device("meta"):
+        model = DSparkModel(_block_config(target, shape), opts)
+    model = _randomize(model, target, seed)
+    model.reset_buffers()
+    return DSparkDrafter(model.eval().requires_grad_(False), target, runtime=runtime)
+
+
+def random_mtp(target, seed: int = 4):
+    """The target's MTP layer (a Qwen3.5 target) with random weights."""
+    from specpilot.models.mtp import MTPModel, head_config
+    from specpilot.spec_decode.drafters.mtp import MTPDrafter
+
+    with torch.device("meta"):
+        model = MTPModel(head_config(target.config))
+    model = _randomize(model, target, seed, zero_centred=True)
+    model.rotary.reset_buffers()
+    return MTPDrafter(model.eval().requires_grad_(False), target)

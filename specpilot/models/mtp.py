@@ -102,6 +102,11 @@ def mtp_config(model_dir: Path, target: CausalLM) -> ModelConfig:
     if text.get("mtp_use_dedicated_embeddings"):
         raise ConfigError(f"{source}: mtp_use_dedicated_embeddings=true is not supported; --drafter mtp shares "
                           "the target's embedding")
+    return head_config(tcfg)
+
+
+def head_config(tcfg: ModelConfig) -> ModelConfig:
+    """A Qwen3.5 target's config as the MTP stack: one full-attention layer; every key but `mtp.*` ignored."""
     return dataclasses.replace(tcfg, num_hidden_layers=1, layer_types=("full_attention",),
                                ignored_key_prefixes=("model.", "lm_head."))
 
