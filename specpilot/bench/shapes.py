@@ -632,3 +632,13 @@ def random_mtp(target, seed: int = 4):
     model = _randomize(model, target, seed, zero_centred=True)
     model.rotary.reset_buffers()
     return MTPDrafter(model.eval().requires_grad_(False), target)
+
+
+# `--drafter` names of the random drafters above, for benchmarks on random:SHAPE targets: name -> (target, shape,
+# runtime) -> Drafter
+RANDOM_DRAFTERS = {
+    "random-dflash": lambda target, shape, runtime: random_dflash(target, shape, runtime=runtime),
+    "random-dflash2": lambda target, shape, runtime: random_dflash2(target, shape, runtime=runtime),
+    "random-dspark": lambda target, shape, runtime: random_dspark(target, shape, runtime=runtime),
+    "random-mtp": lambda target, shape, runtime: random_mtp(target),
+}

@@ -97,3 +97,22 @@ def test_commits_keep_the_cache_equal_to_feeding_the_sequence_at_once(target, tr
     stepped.commit(1, seq[11:13], feats[10:13])
     whole.start(0, seq[:13], feats[:13])
     assert stepped.propose([1], [seq[13]], spec) == whole.propose([0], [seq[13]], spec)
+
+
+def test_generate_with_drafter_mtp(target, checkpoint_factory, capsys):
+    import json
+
+    from specpilot.cli import main
+
+    args = ["generate", "--target", str(target.checkpoint_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
+            "8", "--json", "--ignore-eos"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(args + ["--drafter", "mtp", "--tree", "chain:3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafter"] == "mtp"
+    dense, _ = checkpoint_factory("qwen3")
+    capsys.readouterr()
+    assert main(["generate", "--target", str(dense), "--prompt", "x", "--drafter", "mtp"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Qwen3ForCausalLM has none" in err and err.count("\n") == 1
