@@ -19,7 +19,7 @@ from specpilot.engine.request import RequestOutput
 from specpilot.engine.stats import SpecStats
 from specpilot.server.job import Job
 from specpilot.server.metrics import ServerMetrics
-from specpilot.server.stream import Admitted, Failed, Finished, Tokens
+from specpilot.server.stream import Admitted, Failed, Finished, Tokens, deliver
 
 log = logging.getLogger("specpilot.server")
 
@@ -36,6 +36,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="specpilot-engine", daemon=True)
         self._ready = threading.Event()
+        self._out: list = []  # (stream, event) pairs of this iteration, delivered together
         self.error: str | None = None  # why the loop died, if it did
         self.stopping = False
         self._closed = False  # the thread has ended (or is ending): nothing more is accepted
@@ -99,10 +100,12 @@ class EngineLoop:
         try:
             while True:
                 stop = self._drain_inbox() or stop
+                self._flush()  # admissions and refusals now, not after the next step
                 if self._jobs:
                     self._dispatch(self.engine.step())
                     if self._jobs and not self.engine.has_unfinished():
                         raise RuntimeError(f"the engine holds none of the {len(self._jobs)} requests it was given")
+                    self._flush()
                 elif stop:
                     return
                 else:
@@ -123,6 +126,7 @@ class EngineLoop:
                     break
                 if isinstance(item, Job):
                     self._release(item, Failed(503, self.error or "the server is shutting down"), added=False)
+            self._flush()
             self._update_gauges()
 
     def _drain_inbox(self) -> bool:
@@ -147,7 +151,7 @@ class EngineLoop:
             self._release(job, Failed(400, str(e)), added=False)
             return
         self._jobs[job.request_id] = job
-        job.stream.put(Admitted())
+        self._out.append((job.stream, Admitted()))
         self._update_gauges()
 
     def _abort(self, request_id: str) -> None:
@@ -171,7 +175,7 @@ class EngineLoop:
                 job.last_token = now
                 job.tokens += len(out.new_token_ids)
                 self.metrics.generation_tokens.inc(len(out.new_token_ids))
-                job.stream.put(Tokens(out.new_token_ids))
+                self._out.append((job.stream, Tokens(out.new_token_ids)))
             job.steps_seen, job.per_pos_seen = self.metrics.step(self._stats(job), job.steps_seen, job.per_pos_seen)
             if out.finished:
                 self._finish(job, out.finish_reason, now)
@@ -197,7 +201,12 @@ class EngineLoop:
             self._jobs.pop(job.request_id, None)
         with self._lock:
             self._held -= 1
-        job.stream.put(event)
+        self._out.append((job.stream, event))
+
+    def _flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, []
+            deliver(out)
 
     def _stats(self, job: Job) -> SpecStats:
         try:
