@@ -53,10 +53,10 @@ def create_app(engine: SpecEngine, tokenizer, config: ServerConfig) -> FastAPI:
         log.info("engine ready: model %s, %d slots of %d tokens, up to %d more requests queued",
                  config.model_name, engine.scheduler.num_slots, length, config.max_waiting)
         yield
-        held = loop.held
+        held = loop.held  # uvicorn has let the responses in flight finish: normally none is left
         await asyncio.to_thread(loop.stop)
-        log.info("engine stopped after draining %d requests in flight; %d requests finished in all", held,
-                 loop.finished)
+        log.info("engine stopped (%d requests were still held at shutdown, now drained); %d requests finished "
+                 "since start", held, loop.finished)
 
     app = FastAPI(title="specpilot", lifespan=lifespan)
     app.state.engine_loop, app.state.metrics, app.state.config = loop, metrics, config
