@@ -17,7 +17,7 @@ from specpilot.runtime.settings import Runtime
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.runtime.sampling import race_scores
-from specpilot.spec_decode.coupling import Noise
+from specpilot.spec_decode.coupling import Noise, coupled_row_scores
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 
@@ -98,7 +98,7 @@ class DraftLMDrafter:
         if noise is None:
             logp = torch.log_softmax(rows, dim=-1)
         else:  # a child at depth d takes noise row d - 1: its parent's depth
-            logp = race_scores(rows, noise[0], noise[1][[tree.depths[f] for f in frontier]])
+            logp = coupled_row_scores(rows, noise[0], noise[1][[tree.depths[f] for f in frontier]])
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         return [(t.tolist(), v.tolist()) for t, v in zip(top.indices, top.values)]
 
