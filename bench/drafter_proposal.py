@@ -167,7 +167,8 @@ def run(args, report: Report) -> None:
     runtime = Runtime.build(EngineConfig(), device)
     bandwidth = copy_bandwidth(device)
     curve = VerifyCostCurve.load(args.verify_curve) if args.verify_curve else None
-    report["setup"] = {"target_built_s": round(time.perf_counter() - t0, 2), "copy_bandwidth_gbs": round(bandwidth / 1e9, 1),
+    report["setup"] = {"target_built_s": round(time.perf_counter() - t0, 2),
+                       "copy_bandwidth_gbs": round(bandwidth / 1e9, 1),
                        "verify_curve": str(args.verify_curve) if args.verify_curve else None}
     rows = report["rows"]
     for kind in args.drafters:
@@ -203,7 +204,8 @@ def _print(row: dict, elapsed: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m bench drafter_proposal", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="Qwen3.5-27B", help=f"shape: {', '.join(s for s in SHAPES if s in DRAFTER_SHAPES)}")
+    p.add_argument("--target", default="Qwen3.5-27B",
+                   help=f"shape: {', '.join(s for s in SHAPES if s in DRAFTER_SHAPES)}")
     p.add_argument("--target-layers", type=int, default=4, help="the random target's depth (its verify is not timed)")
     p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), help=f"of {', '.join(DRAFTERS)}")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])

@@ -121,6 +121,13 @@ class CandidateSelector(nn.Module):
         pred = self.predecessor_codebook[prev].float() * w[:, :, None]
         return unary[:, :, None, :] + torch.einsum("nspr,nscr->nspc", pred, self.successor_codebook[ids].float())
 
+    def given(self, ids: torch.Tensor, unary: torch.Tensor, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """The candidates' scores [n, S, K] fp32 given one predecessor token per slot, prev [n, S] (training: the
+        true previous tokens)."""
+        w = self.hidden_projection(hidden).float()
+        pred = self.predecessor_codebook[prev].float() * w
+        return unary + torch.einsum("nsr,nscr->nsc", pred, self.successor_codebook[ids].float())
+
 
 class DFlash2Model(DFlashModel):
     def __init__(self, cfg: ModelConfig, num_features: int, opts: DFlash2Options):

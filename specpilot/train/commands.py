@@ -23,10 +23,13 @@ def add_parsers(sub) -> None:
     _add_lm_flags(tg)
     tg.set_defaults(func=cmd_train_lm)
     td = tsub.add_parser("drafter", help="a drafter for a trained target")
-    td.add_argument("--kind", choices=["draft-lm", "dflash", "eagle3"], default="draft-lm")
+    td.add_argument("--kind", choices=["draft-lm", "dflash", "dflash2", "dspark", "eagle3", "mtp"], default="draft-lm",
+                    help="mtp: an MTP layer written into a copy of a Qwen3.5-style target (--target OUT --drafter mtp)")
     td.add_argument("--target", required=True, help="the target's directory (its tokenizer is reused)")
-    td.add_argument("--block-size", type=int, default=8, help="dflash: tokens per draft block (anchor included)")
-    td.add_argument("--draft-layers", type=int, default=2, help="dflash: decoder layers of the drafter")
+    td.add_argument("--block-size", type=int, default=8, 
+                    help="dflash, dflash2, dspark: tokens per draft block (anchor included)")
+    td.add_argument("--draft-layers", type=int, default=2, 
+                    help="dflash, dflash2, dspark: decoder layers of the drafter")
     td.add_argument("--draft-intermediate-size", type=int, default=None,
                     help="dflash: MLP width of the drafter's layers (default: the target's)")
     td.add_argument("--greedy-path-labels", action="store_true",
@@ -38,9 +41,13 @@ def add_parsers(sub) -> None:
     td.add_argument("--rollout-prompt-len", type=int, default=None,
                     help="dflash: corpus tokens before each rollout's continuation (default: seq_len / 4, at most 32); "
                          "anchors are drawn in the continuation")
-    td.add_argument("--anchors", type=int, default=16, help="dflash: draft blocks drawn per training sequence")
+    td.add_argument("--anchors", type=int, default=16, 
+                    help="dflash, dflash2, dspark: draft blocks drawn per training sequence")
     td.add_argument("--target-layers", default=None,
                     help="dflash: comma-separated target layers whose outputs feed the drafter (default: spread)")
+    td.add_argument("--selector-rank", type=int, default=32, help="dflash2: the candidate selector's rank")
+    td.add_argument("--selector-top-k", type=int, default=8, help="dflash2: candidates per slot")
+    td.add_argument("--markov-rank", type=int, default=32, help="dspark: the Markov head's rank (0: none)")
     td.add_argument("--draft-vocab-size", type=int, default=None,
                     help="eagle3: the head's vocabulary (the corpus's most frequent tokens); default: all")
     _add_lm_flags(td, tokenizer=False)
@@ -125,10 +132,31 @@ def cmd_train_drafter(args) -> int:
                               target_layers=_int_list(args.target_layers, "--target-layers"),
                               rollout_prompt_len=args.rollout_prompt_len,
                               intermediate_size=args.draft_intermediate_size)
+    elif args.kind in ("dflash2", "dspark"):
+        report = _train_block_drafter(args, corpus)
+    elif args.kind == "mtp":
+        from specpilot.train.mtp import train_mtp
+
+        report = train_mtp(corpus, args.target, args.out, _train_config(args), args.resume, console=err)
     else:
         report = train_lm(corpus, args.target, args.out, "draft", _train_config(args), args.resume, err)
     print(json.dumps(report))
     return 0
+
+
+def _train_block_drafter(args, corpus) -> dict:
+    """DFlash2 or DSpark with the DFlash flags (block size, layers, anchors, rollouts, target layers, MLP width)."""
+    kw = dict(block=args.block_size, num_layers=args.draft_layers, anchors=args.anchors, rollouts=args.rollouts,
+              resume=args.resume, console=err, target_layers=_int_list(args.target_layers, "--target-layers"),
+              rollout_prompt_len=args.rollout_prompt_len, intermediate_size=args.draft_intermediate_size)
+    if args.kind == "dflash2":
+        from specpilot.train.dflash2 import train_dflash2
+
+        return train_dflash2(corpus, args.target, args.out, _train_config(args), rank=args.selector_rank,
+                             top_k=args.selector_top_k, **kw)
+    from specpilot.train.dspark import train_dspark
+
+    return train_dspark(corpus, args.target, args.out, _train_config(args), markov_rank=args.markov_rank, **kw)
 
 
 def _int_list(text: str | None, flag: str) -> tuple[int, ...] | None:

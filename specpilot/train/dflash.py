@@ -57,6 +57,15 @@ def dflash_forward(model: DFlashModel, target, features, tokens, anchors, block:
     """features [B, L, K*H] (no grad), tokens [B, L], anchors [B, n] -> draft logits [B*n, block-1, vocab].
     context_window: a block sees only the last that many context positions (a training-time probe of attention
     dilution; inference reads the whole context)."""
+    hidden = block_hidden(model, target, features, tokens, anchors, block, mask_id, context_window)
+    return F.linear(hidden[:, 1:], target.lm_head.weight)
+
+
+def block_hidden(model: DFlashModel, target, features, tokens, anchors, block: int, mask_id: int,
+                 context_window: int | None = None, embed=None, embed_scale: float = 1.0):
+    """The final-normed hidden states [B*n, block, H] of every block [token_a, MASK x (block-1)] (anchor slot
+    included) over the context before its anchor, as dflash_forward describes; embed: the block's embedding (default
+    the target's), times embed_scale. DFlash-family drafters (DFlash2, DSpark) train on it too."""
     B, L = tokens.shape
     n = anchors.shape[1]
     dev = tokens.device
@@ -86,9 +95,8 @@ def dflash_forward(model: DFlashModel, target, features, tokens, anchors, block:
     meta = BatchMetadata(ids, pos, loc, torch.arange(B * n, device=dev), prefix, context_window or L,
                          torch.ones(B * n, block, block, dtype=torch.bool, device=dev))
     with torch.no_grad():
-        embeds = target.model.embed_tokens(ids)
-    hidden = model(embeds, meta, _ContextKV(kvs))
-    return F.linear(hidden[:, 1:], target.lm_head.weight)
+        embeds = (embed or target.model.embed_tokens)(ids) * embed_scale
+    return model(embeds, meta, _ContextKV(kvs))
 
 
 def position_weights(block: int, gamma: float, device) -> torch.Tensor:

@@ -22,8 +22,8 @@ def test_cpu_smoke_run_writes_every_drafter(tmp_path, capsys):
     assert "propose_ms" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags,match", [(["--drafters", "eagle9"], "--drafters"), (["--target", "Qwen3-8B"], "--target"),
-                                         (["--batches", "0"], "--batches")])
+@pytest.mark.parametrize("flags,match", [(["--drafters", "eagle9"], "--drafters"),
+                                         (["--target", "Qwen3-8B"], "--target"), (["--batches", "0"], "--batches")])
 def test_bad_flags(flags, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         drafter_proposal.main(["--device", "cpu", "--out", str(tmp_path / "p.json"), *flags])

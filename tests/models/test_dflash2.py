@@ -42,7 +42,8 @@ def dflash2_tensors(seed: int = 3, dtype=torch.bfloat16) -> dict:
               p + "self_attn.v_proj.weight": w(NKV * HD, H), p + "self_attn.o_proj.weight": w(H, NH * HD),
               p + "self_attn.q_norm.weight": w(HD, scale=0.2, centre=1),
               p + "self_attn.k_norm.weight": w(HD, scale=0.2, centre=1),
-              p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H), p + "mlp.down_proj.weight": w(H, I)}
+              p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H),
+              p + "mlp.down_proj.weight": w(H, I)}
         for conv in ("attention_conv", "mlp_conv"):
             t |= {f"{p}{conv}.base_kernel": w(2, TAPS, H, scale=0.3, centre=0.5),
                   f"{p}{conv}.kernel_projection.weight": w(2 * TAPS * G, H, scale=0.1)}
@@ -55,7 +56,8 @@ def dflash2_config(**overrides) -> dict:
            "vocab_size": VOCAB, "hidden_size": H, "intermediate_size": I, "num_hidden_layers": LAYERS,
            "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "rms_norm_eps": 1e-6,
            "max_position_embeddings": 512, "num_target_layers": 3, "sliding_window": 2048,
-           "layer_types": ["sliding_attention"] * LAYERS, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+           "layer_types": ["sliding_attention"] * LAYERS,
+           "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
            "torch_dtype": "bfloat16", "tie_word_embeddings": False,
            "dflash_config": {"block_size": BLOCK, "conv_group_size": GROUP, "conv_kernel_size": TAPS,
                              "final_logit_softcapping": 20.0, "mask_token_id": MASK, "output_multiplier": 0.7,

@@ -45,7 +45,8 @@ def dspark_tensors(seed: int = 3, dtype=torch.bfloat16, markov: bool = True, con
               p + "self_attn.v_proj.weight": w(NKV * HD, H), p + "self_attn.o_proj.weight": w(H, NH * HD),
               p + "self_attn.q_norm.weight": w(HD, scale=0.2, centre=1),
               p + "self_attn.k_norm.weight": w(HD, scale=0.2, centre=1),
-              p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H), p + "mlp.down_proj.weight": w(H, I)}
+              p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H),
+              p + "mlp.down_proj.weight": w(H, I)}
     return t
 
 

@@ -45,7 +45,8 @@ class DFlash2Drafter(DFlashDrafter):
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         capped = spec.capped(self.max_depth)
         if spec.kind == "chain":
-            return [DraftTree.chain([root] + row) for root, row in zip(roots, self._draft(slots, roots, capped.depth, 0))]
+            rows = self._draft(slots, roots, capped.depth, 0)
+            return [DraftTree.chain([root] + row) for root, row in zip(roots, rows)]
         width = min(max(max(spec.branching, default=1), spec.top_k), self.top_k)
         packed = self._draft(slots, roots, capped.depth, width)  # [3, n, depth, K, width]: ids, log-prob bits, index
         ids, logps, index = packed[0].tolist(), packed[1].view(torch.float32).tolist(), packed[2].tolist()

@@ -104,8 +104,8 @@ class DSparkDrafter(DFlashDrafter):
             def score(tree: DraftTree, frontier: list[int], i=i, conf=conf):
                 d = tree.depths[frontier[0]]  # a level's frontier shares one depth
                 prev = torch.tensor([tree.tokens[f] for f in frontier], device=self.device)
-                logits, c = self.model.step(base[i, d].expand(len(frontier), -1), hidden[i, d].expand(len(frontier), -1),
-                                            prev)
+                k = len(frontier)
+                logits, c = self.model.step(base[i, d].expand(k, -1), hidden[i, d].expand(k, -1), prev)
                 top = torch.log_softmax(logits, dim=-1).topk(width, dim=-1)
                 for f, cf in zip(frontier, c.tolist()):
                     conf[f] = cf  # the confidence of f's children (one value per parent: the slot's prediction)
