@@ -108,8 +108,14 @@ class Completions:
         fmt = fmt_cls(rid, int(time.time()), self.config.model_name, body.return_token_ids)
         text = _Text(self.tokenizer, params.stop)
         if body.stream:
-            return _EventStream(self._events(stream, fmt, text, len(ids), body.include_usage, rid, arrival),
-                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            answered = []  # holds True once the stream sent its terminal event
+
+            def close() -> None:
+                if not answered:
+                    self.loop.abort(rid)
+
+            events = self._events(stream, fmt, text, len(ids), body.include_usage, arrival, answered)
+            return _EventStream(events, close, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await self._collect(stream, fmt, text, len(ids), rid, request, arrival)
 
     async def _collect(self, stream: RequestStream, fmt, text: "_Text", prompt_len: int, rid: str,
@@ -145,37 +151,31 @@ class Completions:
                 return ids, event
 
     async def _events(self, stream: RequestStream, fmt, text: "_Text", prompt_len: int, include_usage: bool,
-                      rid: str, arrival: float) -> AsyncIterator[str]:
+                      arrival: float, answered: list) -> AsyncIterator[str]:
         """Server-sent events: a chunk per engine step that adds text, the last with the finish reason and
-        spec_stats, the usage chunk if asked, then [DONE]. Closed early (the client went away), the request is
-        aborted."""
-        done, ids = False, []
-        try:
-            opening = fmt.opening()
-            if opening is not None:
-                yield _sse(opening)
-            while True:
-                event = await stream.get()
-                if isinstance(event, Tokens):
-                    ids += event.ids
-                    delta = text.push(event.ids)
-                    if delta or fmt.token_ids:
-                        yield _sse(fmt.chunk(delta, event.ids))
-                    continue
-                done = True
-                if isinstance(event, Failed):
-                    yield _sse(error_body(event.message, "server_error"))
-                else:
-                    self._note_latency(arrival)
-                    last = fmt.chunk(text.rest(ids), [], FINISH[event.reason]) | {"spec_stats": event.spec}
-                    yield _sse(last)
-                    if include_usage:
-                        yield _sse(fmt.usage_chunk(usage(prompt_len, len(ids))))
-                yield "data: [DONE]\n\n"
-                return
-        finally:
-            if not done:
-                self.loop.abort(rid)
+        spec_stats, the usage chunk if asked, then [DONE] (and `answered` gets True)."""
+        ids = []
+        opening = fmt.opening()
+        if opening is not None:
+            yield _sse(opening)
+        while True:
+            event = await stream.get()
+            if isinstance(event, Tokens):
+                ids += event.ids
+                delta = text.push(event.ids)
+                if delta or fmt.token_ids:
+                    yield _sse(fmt.chunk(delta, event.ids))
+                continue
+            answered.append(True)
+            if isinstance(event, Failed):
+                yield _sse(error_body(event.message, "server_error"))
+            else:
+                self._note_latency(arrival)
+                yield _sse(fmt.chunk(text.rest(ids), [], FINISH[event.reason]) | {"spec_stats": event.spec})
+                if include_usage:
+                    yield _sse(fmt.usage_chunk(usage(prompt_len, len(ids))))
+            yield "data: [DONE]\n\n"
+            return
 
     def _note_latency(self, arrival: float) -> None:
         self._latency += 0.1 * (time.perf_counter() - arrival - self._latency)
@@ -205,14 +205,19 @@ class _Text:
 
 
 class _EventStream(StreamingResponse):
-    """A StreamingResponse that closes its event generator whichever way the response ends (the client gone
-    included), so that the generator's cleanup (the abort) runs now rather than when it is garbage collected."""
+    """A StreamingResponse that, whichever way it ends (the client gone included, even before the first event),
+    closes its event generator and calls on_close: the request is aborted unless it was answered."""
+
+    def __init__(self, events: AsyncIterator[str], on_close, **kwargs):
+        super().__init__(events, **kwargs)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            self.on_close()
 
 
 async def _disconnected(request: Request) -> None:
