@@ -5,12 +5,14 @@ no room to generate) and 429 (the bounded queue full, with Retry-After) under a 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.server.app import max_model_len
 from tests.server.conftest import MODEL
 
@@ -89,13 +91,9 @@ def test_max_model_len_past_the_context_is_refused(served):
     engine = served.engine
     assert max_model_len(engine) == 256
     context = engine.runner.config.max_position_embeddings
-    config = engine.config
-    try:
-        engine.config = type(config)(max_num_seqs=config.max_num_seqs, max_model_len=context + 1)
-        with pytest.raises(ValueError, match=f"--max-model-len {context + 1}: must be in 2..{context}"):
-            max_model_len(engine)
-    finally:
-        engine.config = config
+    other = SimpleNamespace(runner=engine.runner, config=SchedulerConfig(max_model_len=context + 1))
+    with pytest.raises(ValueError, match=f"--max-model-len {context + 1}: must be in 2..{context}"):
+        max_model_len(other)
 
 
 def test_overload_burst_gets_well_formed_429s_and_loses_nothing(small):
