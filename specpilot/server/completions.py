@@ -36,9 +36,16 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
 class Completions:
     def __init__(self, loop: EngineLoop, encoder: PromptEncoder, config: ServerConfig, max_model_len: int):
         self.loop, self.encoder, self.config, self.max_model_len = loop, encoder, config, max_model_len
-        self.capacity = loop.engine.config.max_num_seqs + config.max_waiting
         self.tokenizer = encoder.tokenizer
         self._latency = 0.0  # recent requests' mean latency (EMA), for Retry-After
+
+    @property
+    def capacity(self) -> int:
+        """Requests held at most: the engine's slots (max_num_seqs, or fewer where the memory holds fewer) and
+        max_waiting more."""
+        sched = self.loop.engine.scheduler
+        slots = sched.num_slots if sched is not None else self.loop.engine.config.max_num_seqs
+        return slots + self.config.max_waiting
 
     async def completion(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
@@ -93,9 +100,10 @@ class Completions:
         params = self._sampling(body, self._max_tokens(len(ids), asked, default, fmt_cls.prompt_param))
         rid = f"{fmt_cls.prefix}-{uuid.uuid4().hex}"
         stream = RequestStream(asyncio.get_running_loop())
-        refused = self.loop.submit(Job(rid, ids, params, stream, arrival), self.capacity)
+        capacity = self.capacity
+        refused = self.loop.submit(Job(rid, ids, params, stream, arrival), capacity)
         if refused == "full":
-            raise APIError(429, f"the server holds {self.capacity} requests already (its queue is full); retry "
+            raise APIError(429, f"the server holds {capacity} requests already (its queue is full); retry "
                                 "after the Retry-After seconds", type="rate_limit_exceeded", code="queue_full",
                            headers={"Retry-After": str(self._retry_after())})
         if refused == "closed":
