@@ -45,7 +45,8 @@ from specpilot.spec_decode.verify import Acceptance, accept_greedy, host_tree_me
 DEFAULT_MODEL_LEN = 4096  # tokens per slot when SchedulerConfig.max_model_len is None (more if a request needs)
 FINISHED_KEPT = 4096
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-SKIPPED_DRAFT_DECAY = 0.9  # per step without a proposal (see _calibrate)
+DRAFT_SAMPLES = 9  # recent draft times per depth: their median ignores a one-off (a proposal graph captured)
+SKIPPED_DRAFT_DECAY = 0.8  # per step without a proposal (see _calibrate)
 
 
 class SpecEngine:
@@ -78,7 +79,8 @@ class SpecEngine:
         self._ids = count()
         self._timer = _Timer(runner.device)
         self._verify_scale = 1.0  # measured / predicted verify seconds (EMA)
-        self._draft_s: dict[int, float] = {}  # levels proposed -> measured draft seconds per step (EMA)
+        # levels proposed -> the last DRAFT_SAMPLES measured draft seconds of a step (the budget reads their median)
+        self._draft_s: dict[int, deque[float]] = {}
         self._snapshot, self._tree_commit, self._features, self._width = None, False, None, 1
 
     # ---- client API -------------------------------------------------------------------------------------------
@@ -362,10 +364,10 @@ class SpecEngine:
         if active:
             self.runner.cache.commit([r.slot for r in active], [r.committed for r in active],
                                      [acc.path for acc in accepted], fold=self._tree_commit)
-            for row, (r, acc) in enumerate(zip(active, accepted)):
-                feats = self._path_features(row, acc.path) if self._features is not None else None
-                if self.drafter is not None:
-                    self.drafter.commit(r.slot, list(acc.tokens[:-1]), feats)
+            if self.drafter is not None:
+                feats = self._paths_features(accepted)
+                for r, acc, f in zip(active, accepted, feats):
+                    self.drafter.commit(r.slot, list(acc.tokens[:-1]), f)
             if self._snapshot is not None:
                 self._replay_recurrent(active, trees, accepted, self._width)
             for r, acc in zip(active, accepted):
@@ -380,11 +382,17 @@ class SpecEngine:
                 self.drafter.start(r.slot, r.sequence, feats)
                 r.features.clear()
 
-    def _path_features(self, row: int, path: tuple[int, ...]) -> torch.Tensor:
-        # a copy either way: a verify graph's features are a static buffer that the next replay overwrites
-        if _in_place(path) == len(path):
-            return self._features[row, :len(path)].clone()
-        return self._features[row, torch.tensor(path, device=self._features.device)]
+    def _paths_features(self, accepted: list[Acceptance]) -> list[torch.Tensor | None]:
+        """Each row's features along its kept path, gathered for all rows in one op (a copy: a verify graph's
+        features are a static buffer that the next replay overwrites)."""
+        feats = self._features
+        if feats is None:
+            return [None] * len(accepted)
+        T = feats.shape[1]
+        index = [row * T + node for row, acc in enumerate(accepted) for node in acc.path]
+        host = torch.tensor(index, dtype=torch.long, pin_memory=feats.is_cuda)
+        kept = feats.flatten(0, 1).index_select(0, host.to(feats.device, non_blocking=True))
+        return list(kept.split([len(acc.path) for acc in accepted]))
 
     def _replay_recurrent(self, active, trees, accepted, width: int) -> None:
         """Chains only (trees fold, see commit): the recurrent layers absorbed the whole verify block, so where
@@ -522,11 +530,12 @@ class SpecEngine:
                 self._verify_scale = _follow(self._verify_scale, seconds["verify"] / predicted)
             depth = info.get("levels")
             if depth:
-                self._draft_s[depth] = _follow(self._draft_s.get(depth), seconds["draft"])
+                self._draft_s.setdefault(depth, deque(maxlen=DRAFT_SAMPLES)).append(seconds["draft"])
             elif self.skippable and info.get("batch"):
                 # a skipped proposal measures nothing: the estimate fades, so that a cost once overestimated (a
                 # compile, a capture, a slow moment) cannot keep speculation off for good
-                self._draft_s = {d: sec * SKIPPED_DRAFT_DECAY for d, sec in self._draft_s.items()}
+                for d, samples in self._draft_s.items():
+                    self._draft_s[d] = deque((x * SKIPPED_DRAFT_DECAY for x in samples), maxlen=DRAFT_SAMPLES)
 
     def _draft_seconds(self, depth: int) -> float:
         """The drafter's measured cost of a step proposing `depth` levels (the nearest depth measured); a block
@@ -536,7 +545,8 @@ class SpecEngine:
         if not self._draft_s:
             return 0.0
         depth = max(depth, 1) if self.sequential else self.tree.depth
-        return self._draft_s[min(self._draft_s, key=lambda d: (abs(d - depth), d))]
+        samples = sorted(self._draft_s[min(self._draft_s, key=lambda d: (abs(d - depth), d))])
+        return samples[len(samples) // 2]
 
 
 def _follow(estimate: float | None, sample: float) -> float:
@@ -590,14 +600,6 @@ def _static_parents(branching: tuple[int, ...]) -> tuple[int, ...]:
                 nxt.append(len(parents) - 1)
         frontier = nxt
     return tuple(parents)
-
-
-def _in_place(path: tuple[int, ...]) -> int:
-    """Length of the path's prefix 0, 1, 2, ...: nodes already stored where the committed sequence needs them."""
-    n = 0
-    while n < len(path) and path[n] == n:
-        n += 1
-    return n
 
 
 class _Timer:

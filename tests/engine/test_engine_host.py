@@ -9,7 +9,7 @@ import torch
 from specpilot.config import EngineConfig
 from tests.runtimes import cpu_runtime, set_runtime
 from specpilot.runtime import runner as runner_module
-from specpilot.engine.engine import SpecEngine, _in_place, _Timer
+from specpilot.engine.engine import SpecEngine, _Timer
 from specpilot.runtime.graphs import VerifyGraph
 from specpilot.runtime.runner import ModelRunner
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
@@ -131,8 +131,19 @@ def test_commit_moves_exactly_where_a_path_leaves_its_place(seed, monkeypatch):
         assert bool(kept) == want
 
 
-def test_in_place_prefix():
-    assert _in_place((0, 1, 2)) == 3 and _in_place((0, 2)) == 1 and _in_place((0, 1, 4, 7)) == 2
+def test_paths_features_gathers_each_rows_kept_path():
+    """The batched gather of every row's path features against indexing row by row; a copy, not a view."""
+    from specpilot.spec_decode.verify import Acceptance
+
+    engine = SpecEngine.__new__(SpecEngine)
+    engine._features = torch.randn(3, 5, 4)
+    paths = [(0, 1, 2), (0,), (0, 2, 4)]
+    accepted = [Acceptance(p, (0,) * len(p)) for p in paths]
+    got = engine._paths_features(accepted)
+    for row, (p, g) in enumerate(zip(paths, got)):
+        assert torch.equal(g, engine._features[row, list(p)])
+    engine._features.zero_()
+    assert got[0].abs().sum() > 0
 
 
 class ReplayedVerifyGraph(VerifyGraph):

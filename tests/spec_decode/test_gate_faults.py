@@ -6,7 +6,7 @@ committed tokens. Each fault is monkeypatched at the narrowest seam of the path 
   skip_kv_keep    a commit that skips the K/V compaction of the kept tree path (ModelCache.keep)
   fold_short      the recurrent state folded one node short of the kept path (the commit_paths ModelCache calls;
                   the conv windows stay right)
-  feature_row     the drafter gets the feature row of the node after the last kept one (SpecEngine._path_features)
+  feature_row     the drafter gets the feature row of the node after the last kept one (SpecEngine._paths_features)
 
 On the CPU the gate runs on the trained zoo in fp32, where both paths agree exactly; tests/gpu/test_gate_gpu.py runs
 the same faults on margin targets in bf16. Each test first checks that the run exercises the faulted path (a fault
@@ -83,12 +83,16 @@ def fold_short(monkeypatch) -> None:
 
 
 def feature_row(monkeypatch) -> None:
-    def faulty(self, row, path):
-        last = min(path[-1] + 1, self._features.shape[1] - 1)
-        idx = torch.tensor(list(path[:-1]) + [last], device=self._features.device)
-        return self._features[row, idx]
+    def faulty(self, accepted):
+        T = self._features.shape[1]
+        out = []
+        for row, acc in enumerate(accepted):
+            path = acc.path
+            last = min(path[-1] + 1, T - 1)
+            out.append(self._features[row, torch.tensor(list(path[:-1]) + [last], device=self._features.device)])
+        return out
 
-    monkeypatch.setattr(SpecEngine, "_path_features", faulty)
+    monkeypatch.setattr(SpecEngine, "_paths_features", faulty)
 
 
 FAULTS = {"second_choice": second_choice, "skip_kv_keep": skip_kv_keep, "fold_short": fold_short,
