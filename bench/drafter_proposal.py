@@ -7,7 +7,9 @@ the verify pass is not timed here). Per (drafter, batch): the requests start wit
 then every step commits --accepted random feature rows per request (an accepted path: the root and accepted - 1
 drafts) and proposes the drafter's chain (--depth, capped at its block). Correctness first: two drafters of the same
 weights, one stepped and one started on the whole committed context, propose the same tokens (the cache
-bookkeeping; token equality, not a tolerance: the same kernels). Then --warmup and --reps timed steps: propose_ms
+bookkeeping): the fraction of equal draft tokens is recorded (1.0 on the CPU in fp32; in bf16 on a GPU the stepped
+drafter's in-graph context extension and the whole one's eager pass take different kernels, and near-ties of random
+weights may flip). Then --warmup and --reps timed steps: propose_ms
 is the CUDA-event time of the whole propose() call (host preparation, the forward or its graph, the copy back: what
 an engine step pays), the median.
 
@@ -135,7 +137,8 @@ def check(kind: str, target, shape: str, runtime, n: int, work: Workload, spec: 
         ctx = torch.cat([work.context[slot]] + [work.rows[i % len(work.rows)] for i in (1, 2, 3)])
         whole.start(slot, ids, ctx)
     b = whole.propose(list(range(n)), work.tokens[3], spec)
-    return {"stepped_equals_whole": [t.tokens for t in a] == [t.tokens for t in b]}
+    same = [x == y for ta, tb in zip(a, b) for x, y in zip(ta.tokens[1:], tb.tokens[1:])]
+    return {"stepped_vs_whole_agreement": sum(same) / len(same)}
 
 
 def measure(kind: str, drafter, target, n: int, args, spec: TreeSpec, bandwidth: float, curve) -> dict:

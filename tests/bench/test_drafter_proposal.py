@@ -16,7 +16,7 @@ def test_cpu_smoke_run_writes_every_drafter(tmp_path, capsys):
     assert {"gpu", "commit", "command"} <= set(data)
     rows = {r["drafter"]: r for r in data["rows"]}
     assert set(rows) == set(drafter_proposal.DRAFTERS) and all("error" not in r for r in rows.values())
-    assert all(c == {"stepped_equals_whole": True} for c in data["checks"].values())
+    assert all(c == {"stepped_vs_whole_agreement": 1.0} for c in data["checks"].values())
     assert rows["dspark"]["depth"] == 5 and rows["dflash2"]["depth"] == 5 and rows["mtp"]["depth"] == 3
     assert rows["dspark"]["bytes"]["markov_w2"] > 0 and rows["mtp"]["bytes"]["lm_head"] > 0
     assert "propose_ms" in capsys.readouterr().out
