@@ -101,7 +101,7 @@ def test_overload_burst_gets_well_formed_429s_and_loses_nothing(small):
     with 429, Retry-After and the error JSON; none is lost or answered twice; the server is healthy after."""
 
     async def one(client: httpx.AsyncClient, i: int):
-        body = {"model": MODEL, "prompt": "def fibonacci(n):\n", "max_tokens": 8, "stream": True}
+        body = {"model": MODEL, "prompt": "def fibonacci(n):\n", "max_tokens": 24, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code == 429:
                 await response.aread()

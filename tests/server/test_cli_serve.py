@@ -55,18 +55,24 @@ def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory):
 
     def stream(i: int):
         chunks = []
-        for chunk in client.completions.create(model=MODEL, prompt=f"def f{i}(x):\n", max_tokens=64, stream=True,
+        try:
+            _stream(i, chunks)
+            results[i] = chunks
+        finally:
+            started[i].set()  # also when it failed: the test then fails at once, not after a timeout
+
+    def _stream(i: int, chunks: list):
+        for chunk in client.completions.create(model=MODEL, prompt=f"def f{i}(x):\n", max_tokens=200, stream=True,
                                                stream_options={"include_usage": True},
                                                extra_body={"ignore_eos": True}):
             chunks.append(chunk)
             started[i].set()
-        results[i] = chunks
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
     try:
         for t in threads:
             t.start()
-        assert all(e.wait(60) for e in started)
+        assert all(e.wait(60) for e in started) and all(t.is_alive() for t in threads)
         proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
         while True:  # new connections are refused once the shutdown began
@@ -86,10 +92,12 @@ def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory):
             proc.kill()
     for chunks in results:
         assert chunks is not None
-        assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 64
+        assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 200
     log = "".join(lines)
     assert rc == -signal.SIGTERM, log  # uvicorn re-raises the SIGTERM it shut down on, after the drain
     assert log.count("finished (length)") == 4 and "finished (abort)" not in log
+    # all four were still running when the shutdown began (each had 199 tokens to go at the signal)
+    assert log.index("Shutting down") < min(i for i in range(len(log)) if log.startswith("finished (length)", i))
     assert "engine stopped (0 requests were still held at shutdown, now drained); 4 requests finished" in log
 
 
