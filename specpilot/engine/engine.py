@@ -45,7 +45,7 @@ from specpilot.spec_decode.verify import Acceptance, accept_greedy, host_tree_me
 DEFAULT_MODEL_LEN = 4096  # tokens per slot when SchedulerConfig.max_model_len is None (more if a request needs)
 FINISHED_KEPT = 4096
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-DRAFT_SAMPLES = 9  # recent draft times per depth: their median ignores a one-off (a proposal graph captured)
+DRAFT_SAMPLES = 9  # recent draft times per depth: their lower median ignores a one-off (a proposal graph captured)
 SKIPPED_DRAFT_DECAY = 0.8  # per step without a proposal (see _calibrate)
 
 
@@ -530,7 +530,9 @@ class SpecEngine:
                 self._verify_scale = _follow(self._verify_scale, seconds["verify"] / predicted)
             depth = info.get("levels")
             if depth:
-                self._draft_s.setdefault(depth, deque(maxlen=DRAFT_SAMPLES)).append(seconds["draft"])
+                # seeded with a free proposal: while samples are few, the lower median is the cheaper one, so the
+                # first proposal (which may capture a graph) cannot switch speculation off alone
+                self._draft_s.setdefault(depth, deque([0.0], maxlen=DRAFT_SAMPLES)).append(seconds["draft"])
             elif self.skippable and info.get("batch"):
                 # a skipped proposal measures nothing: the estimate fades, so that a cost once overestimated (a
                 # compile, a capture, a slow moment) cannot keep speculation off for good
@@ -546,7 +548,7 @@ class SpecEngine:
             return 0.0
         depth = max(depth, 1) if self.sequential else self.tree.depth
         samples = sorted(self._draft_s[min(self._draft_s, key=lambda d: (abs(d - depth), d))])
-        return samples[len(samples) // 2]
+        return samples[(len(samples) - 1) // 2]
 
 
 def _follow(estimate: float | None, sample: float) -> float:

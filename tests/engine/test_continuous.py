@@ -243,17 +243,22 @@ def test_an_overestimated_draft_cost_fades_while_proposals_are_skipped(checkpoin
     skipped = ({"batch": 2, "nodes": [0, 0]}, {"draft": 0.0, "verify": 0.01})
     for drafter, kept in ((DraftLMDrafter(target), 0.8 ** 10), (NgramDrafter(), 1.0)):
         engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse("chain:4"))
-        engine._calibrate([({"batch": 2, "nodes": [4, 4], "levels": 4}, {"draft": 300.0, "verify": 0.01})])
+        engine._calibrate([({"batch": 2, "nodes": [4, 4], "levels": 4}, {"draft": 300.0, "verify": 0.01})] * 3)
         engine._calibrate([skipped] * 10)
         assert engine._draft_seconds(4) == pytest.approx(300.0 * kept)
         assert engine.skippable == (kept < 1)
 
 
 def test_one_slow_draft_does_not_move_the_draft_cost():
-    """The budget reads the median of the recent draft times: one proposal that captured a graph (a slow outlier)
-    does not switch speculation off."""
+    """The budget reads the lower median of the recent draft times (seeded with a free one): one proposal that
+    captured a graph (a slow outlier), even the first, does not switch speculation off."""
     engine = SpecEngine.__new__(SpecEngine)
     engine._draft_s, engine.sequential, engine.skippable = {}, True, True
+    engine._calibrate([({"batch": 4, "levels": 3}, {"draft": 5.0})])  # the first proposal captured its graph
+    assert engine._draft_seconds(3) == 0.0
     for sec in (0.002, 0.002, 5.0, 0.002):
         engine._calibrate([({"batch": 4, "levels": 3}, {"draft": sec})])
     assert engine._draft_seconds(3) == pytest.approx(0.002)
+    for _ in range(9):  # a lasting cost is read in full once it fills the window
+        engine._calibrate([({"batch": 4, "levels": 3}, {"draft": 0.01})])
+    assert engine._draft_seconds(3) == pytest.approx(0.01)
