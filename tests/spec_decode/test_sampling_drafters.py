@@ -61,3 +61,34 @@ def test_dflash_picks_race_draws_per_position():
     assert top[0].tolist() == scores.topk(3, dim=-1).indices.tolist()
     assert top[0][:, :, 0].tolist() == chain.tolist()  # each position's best race score is its chain draw
     assert (DFlashDrafter._pick(None, logits, 3, [None, None]) == DFlashDrafter._pick(None, logits, 3)).all()
+
+
+def test_eagle3_draws_over_its_draft_vocabulary_with_the_target_tokens_noise(checkpoint_factory, tmp_path):
+    """EAGLE-3's head drafts over a reduced vocabulary: its coupled draw races q with the noise of the target
+    tokens the draft tokens stand for, and a tree's first child is that draw."""
+    from tests.spec_decode.test_eagle3 import TARGET_LAYERS, write_eagle3
+    from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
+
+    path, _ = checkpoint_factory("llama", num_hidden_layers=TARGET_LAYERS)
+    target = load_model(str(path), "cpu", "float32")
+    head_dir = write_eagle3(tmp_path / "e3")
+    prompt, root = [7, 30, 2, 99, 41], 17
+    runner = ModelRunner(target)
+    runner.allocate(1, 32)
+
+    def started():
+        d = Eagle3Drafter.from_pretrained(head_dir, target)
+        d.allocate(1, 64)
+        with torch.inference_mode():
+            d.start(0, prompt, runner.prefill_features(0, prompt, d.target_layers)[1])
+        return d
+
+    rows = torch.empty(3, target.config.vocab_size).exponential_(generator=torch.Generator().manual_seed(4))
+    probe = started()
+    with torch.inference_mode():
+        q = filtered_probs(probe.draft_logits(probe.feed(0, root)[-1]), PARAMS)
+    want = int(probe.draft_to_target[(q / rows[0, probe.draft_to_target]).argmax()])
+    (chain,) = started().propose([0], [root], TreeSpec.parse("chain:3"), noise=[(PARAMS, rows)])
+    (tree,) = started().propose([0], [root], TreeSpec.parse("static:3,1"), noise=[(PARAMS, rows)])
+    assert chain.tokens[1] == want == tree.tokens[tree.children(0)[0]]
+    assert len(set(tree.tokens[c] for c in tree.children(0))) == 3

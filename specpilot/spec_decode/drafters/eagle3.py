@@ -23,11 +23,13 @@ from specpilot.runtime.cache import ModelCache
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.eagle3 import Eagle3Head, load_eagle3_head
+from specpilot.spec_decode.coupling import Noise, coupled_row_scores
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 class Eagle3Drafter:
     name = "eagle3"
     max_depth = None
+    coupled = True  # propose takes the sampling requests' race noise
 
     def __init__(self, head: Eagle3Head, target: CausalLM, target_layers: tuple[int, ...], chunk: int = 2048):
         self.head, self.target_layers, self.chunk = head, tuple(target_layers), chunk
@@ -70,15 +72,19 @@ class Eagle3Drafter:
             raise ValueError(f"EAGLE-3 needs target features [{n}, {width}] of layers {self.target_layers}, got {got}")
 
     @torch.inference_mode()
-    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
-        return [self._propose_one(slot, root, spec) for slot, root in zip(slots, roots)]
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec,
+                noise: list[Noise] | None = None) -> list[DraftTree]:
+        """noise (sampling requests): per slot None or its race noise; then each level's tokens are the head's
+        draws with that noise (spec_decode/coupling.py; the draft vocabulary reads the target tokens' noise)."""
+        noise = noise or [None] * len(slots)
+        return [self._propose_one(slot, root, spec, e) for slot, root, e in zip(slots, roots, noise)]
 
-    def _propose_one(self, slot: int, root: int, spec: TreeSpec) -> DraftTree:
+    def _propose_one(self, slot: int, root: int, spec: TreeSpec, noise: Noise = None) -> DraftTree:
         h_root = self.feed(slot, root)[-1]
         if spec.kind == "chain":
-            return DraftTree.chain([root] + self._greedy_chain(slot, h_root, spec.depth))
+            return DraftTree.chain([root] + self._greedy_chain(slot, h_root, spec.depth, noise))
         hidden = {0: h_root}  # node -> head output h (the feature its children pair with)
-        return grow(spec, root, lambda tree, frontier: self._score(slot, tree, frontier, hidden, spec))
+        return grow(spec, root, lambda tree, frontier: self._score(slot, tree, frontier, hidden, spec, noise))
 
     # --- head forward --------------------------------------------------------------------------------------
 
@@ -110,10 +116,13 @@ class Eagle3Drafter:
         """Logits over the DRAFT vocabulary (fp32); map indices with `draft_to_target`."""
         return self.head.lm_head(self.head.norm(h)).float()
 
-    def _greedy_chain(self, slot: int, h: torch.Tensor, depth: int) -> list[int]:
+    def _greedy_chain(self, slot: int, h: torch.Tensor, depth: int, noise: Noise = None) -> list[int]:
         out, pos, dev = [], self.seen[slot], self.device
         for i in range(depth):
-            out.append(int(self.draft_to_target[self.draft_logits(h).argmax()]))
+            logits = self.draft_logits(h)
+            if noise is not None:
+                logits = coupled_row_scores(logits, noise[0], noise[1][i, self.draft_to_target])
+            out.append(int(self.draft_to_target[logits.argmax()]))
             if i + 1 < depth:  # pair (h of the previous node, its drafted token) at scratch position pos + i
                 ids = torch.tensor([out[-1:]], device=dev)
                 meta = BatchMetadata.contiguous(ids, torch.tensor([pos + i], device=dev),
@@ -121,13 +130,20 @@ class Eagle3Drafter:
                 h = self.forward(meta, h[None, None])[0, -1]
         return out
 
-    def _score(self, slot: int, tree: DraftTree, frontier: list[int], hidden: dict, spec: TreeSpec):
-        """Top candidates (target ids, log-probs) after each frontier node of the partial tree."""
+    def _score(self, slot: int, tree: DraftTree, frontier: list[int], hidden: dict, spec: TreeSpec,
+               noise: Noise = None):
+        """Top candidates (target ids, log-probs, or with noise the coupled scores) after each frontier node of the
+        partial tree."""
         if frontier != [0]:
             hs = self._tree_hidden(slot, tree, hidden)
             for i in range(1, tree.num_nodes):
                 hidden[i] = hs[i - 1]
-        logp = torch.log_softmax(self.draft_logits(torch.stack([hidden[i] for i in frontier])), dim=-1)
+        logits = self.draft_logits(torch.stack([hidden[i] for i in frontier]))
+        if noise is None:
+            logp = torch.log_softmax(logits, dim=-1)
+        else:  # a child at depth d takes noise row d - 1: its parent's depth
+            rows = noise[1][[tree.depths[f] for f in frontier]][:, self.draft_to_target]
+            logp = coupled_row_scores(logits, noise[0], rows)
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         ids = self.draft_to_target[top.indices]
         return [(t.tolist(), v.tolist()) for t, v in zip(ids, top.values)]
