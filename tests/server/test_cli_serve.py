@@ -3,6 +3,7 @@ and the process exits; bad flags are one `error:` line with status 2, before any
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -18,9 +19,12 @@ from tests.server.conftest import MODEL
 
 
 def _start(target: str) -> tuple[subprocess.Popen, str, list[str]]:
-    proc = subprocess.Popen([sys.executable, "-m", "specpilot", "serve", "--target", target, "--drafter", "ngram",
+    proc = subprocess.Popen([sys.executable, "-m", "specpilot", "serve", "--target", target, "--drafter", "none",
                              "--port", "0", "--max-model-len", "256", "--served-model-name", MODEL],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            # one intra-op thread: the tiny model gains nothing from two, and on a shared CPU a
+                            # team of two waits at every op's barrier for its descheduled partner
+                            env=os.environ | {"OMP_NUM_THREADS": "1"})
     lines: list[str] = []
     found = threading.Event()
 
@@ -62,7 +66,7 @@ def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory):
             started[i].set()  # also when it failed: the test then fails at once, not after a timeout
 
     def _stream(i: int, chunks: list):
-        for chunk in client.completions.create(model=MODEL, prompt=f"def f{i}(x):\n", max_tokens=200, stream=True,
+        for chunk in client.completions.create(model=MODEL, prompt=f"def f{i}(x):\n", max_tokens=120, stream=True,
                                                stream_options={"include_usage": True},
                                                extra_body={"ignore_eos": True}):
             chunks.append(chunk)
@@ -92,11 +96,11 @@ def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory):
             proc.kill()
     for chunks in results:
         assert chunks is not None
-        assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 200
+        assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 120
     log = "".join(lines)
     assert rc == -signal.SIGTERM, log  # uvicorn re-raises the SIGTERM it shut down on, after the drain
     assert log.count("finished (length)") == 4 and "finished (abort)" not in log
-    # all four were still running when the shutdown began (each had 199 tokens to go at the signal)
+    # all four were still running when the shutdown began (each had 119 tokens to go at the signal)
     assert log.index("Shutting down") < min(i for i in range(len(log)) if log.startswith("finished (length)", i))
     assert "engine stopped (0 requests were still held at shutdown, now drained); 4 requests finished" in log
 
