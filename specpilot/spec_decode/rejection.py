@@ -13,13 +13,14 @@ top-k, top-p exactly as plain sampling applies them). Two rules:
   draws siblings without replacement records q with the earlier siblings' tokens removed and renormalised. A
   child with no q is a deterministic proposal (q a point mass at x: accept with probability p(x); the residual
   is p with x zeroed, renormalised).
-- accept_raced: deterministic proposals only (every drafter that proposes its top tokens, n-gram lookups). At
-  node n the token y_n = argmax(p_n / E_d) is drawn by an exponential race with the noise row E_d of its output
-  position, and the walk moves to the child carrying y_n. Per node this is the point-mass rule above in one draw
-  (it moves to child c with probability p_n(x_c), and on no match y_n is a draw from p_n with the children's
-  tokens removed); and since E_d belongs to the output position, not to the tree, the emitted tokens are the
-  tokens plain sampling draws with the same noise rows: the output does not depend on the tree, the drafter or
-  the batch, only on the seed.
+- accept_raced (the engine's): at node n the token y_n = argmax(p_n / E_d) is drawn by an exponential race with
+  the noise row E_d of its output position, and the walk moves to the child carrying y_n. For proposals drawn
+  independently of the noise (top tokens, n-gram lookups) this is, per node, the point-mass rule above in one
+  draw (it moves to child c with probability p_n(x_c); on no match y_n is a draw from p_n with the children's
+  tokens removed). And since E_d belongs to the output position, not to the tree, the emitted tokens are the
+  tokens plain sampling draws with the same noise rows, whatever was proposed (proposals that read the noise
+  too: spec_decode/coupling.py): the output does not depend on the tree, the drafter or the batch, only on the
+  seed.
 """
 
 from __future__ import annotations
