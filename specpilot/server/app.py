@@ -33,7 +33,8 @@ def max_model_len(engine: SpecEngine) -> int:
     """Prompt + completion tokens one request may take: the engine's max_model_len, else what it sizes a slot for
     by default. Longer than the model's context is refused."""
     context = engine.runner.config.max_position_embeddings
-    length = engine.config.max_model_len or min(context, DEFAULT_MODEL_LEN)
+    length = engine.config.max_model_len
+    length = min(context, DEFAULT_MODEL_LEN) if length is None else length
     if not 1 < length <= context:
         raise ValueError(f"--max-model-len {length}: must be in 2..{context} (the model's context)")
     return length

@@ -91,9 +91,10 @@ def test_max_model_len_past_the_context_is_refused(served):
     engine = served.engine
     assert max_model_len(engine) == 256
     context = engine.runner.config.max_position_embeddings
-    other = SimpleNamespace(runner=engine.runner, config=SchedulerConfig(max_model_len=context + 1))
-    with pytest.raises(ValueError, match=f"--max-model-len {context + 1}: must be in 2..{context}"):
-        max_model_len(other)
+    for bad in (context + 1, 0):
+        other = SimpleNamespace(runner=engine.runner, config=SchedulerConfig(max_model_len=bad))
+        with pytest.raises(ValueError, match=f"--max-model-len {bad}: must be in 2..{context}"):
+            max_model_len(other)
 
 
 def test_overload_burst_gets_well_formed_429s_and_loses_nothing(small):
