@@ -5,7 +5,7 @@ times, each a streamed /v1/completions of exactly max_tokens tokens, timed on th
 token; TPOT: (last token - first token) / (tokens - 1)) and summarized as `bench serve` summarizes its rows.
 
     python3 -m specpilot.server.load --url http://127.0.0.1:8000 --model NAME --tokenizer TARGET \\
-        --workloads humaneval,gsm8k --requests 200 --rate 4 --max-tokens 256 --out load.json
+        --workloads gsm8k --requests 200 --rate 4 --max-tokens 256 --out load.json
 
 A 429 is counted as refused, never retried.
 """
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--tokenizer", required=True, help="the target's directory or Hub id (prompts go as token ids)")
-    p.add_argument("--workloads", default="humaneval,gsm8k", help="comma-separated workloads, as bench serve takes")
+    p.add_argument("--workloads", default="gsm8k", help="comma-separated workloads (bench serve's names and default)")
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--rate", type=float, required=True, help="mean arrivals per second (Poisson)")
     p.add_argument("--max-tokens", type=int, default=256)
