@@ -1,8 +1,8 @@
 """RequestStream: how the engine thread hands one request's events to the asyncio task answering it.
 
 The engine thread hands a step's events to deliver() (thread-safe: they are queued on the requests' event loop);
-the request's task awaits get(). A request's events are Admitted or Failed first, then Tokens, then exactly one Finished (or a
-Failed if the engine stopped under it).
+the request's task awaits get(). A request's events are Admitted or Failed first, then Tokens, then exactly one
+Finished (or a Failed if the engine stopped under it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`specpilot serve` as a user runs it (a subprocess): SIGTERM drains the streams in flight (each answered in full, none aborted)
-and the process exits; bad flags are one `error:` line with status 2, before any weights load."""
+"""`specpilot serve` as a user runs it (a subprocess): SIGTERM drains the streams in flight (each answered in full,
+none aborted) and the process exits; bad flags are one `error:` line with status 2, before any weights load."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ import pytest
 from specpilot.runtime.sampling import SamplingParams
 from tests.server.conftest import CHAT_TEMPLATE, MODEL, build_engine
 
-PROMPTS = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(directory):\n", "class Stack:\n    def __init__(self):\n"]
+PROMPTS = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(directory):\n",
+           "class Stack:\n    def __init__(self):\n"]
 
 
 @pytest.fixture(scope="module")
