@@ -1,4 +1,4 @@
-"""SpecEngine: continuous batching with batch-aware greedy speculation. Requests join and leave every step.
+"""SpecEngine: continuous batching with batch-aware speculation. Requests join and leave every step.
 
 A client adds requests (add_request), runs steps (step) and reads each request's new tokens from the step's
 outputs; abort drops one at once. Offline `generate` is such a client. One step is a few named calls:
@@ -8,7 +8,9 @@ recent acceptance), propose (the drafter's trees, cut to those budgets), verify 
 tree and the prefill chunks riding along), accept (longest agreeing path + bonus token; the step's one host
 sync), commit (keep the accepted nodes' K/V and recurrent state, advance the drafter) and emit (append tokens,
 stop, free finished slots). Output equals greedy autoregressive output of the same runtime, token for token,
-whatever joins, leaves or is preempted around a request. With no drafter every request decodes one token per
+whatever joins, leaves or is preempted around a request; a sampling request's equals plain sampling with its seed
+(its own noise stream: the raced rule of spec_decode/rejection.py, and a coupled drafter drafts with the same
+noise). A step with a sampling request verifies eagerly and hands accept the logits. With no drafter every request decodes one token per
 step: autoregressive continuous batching on the same engine.
 
 With verify CUDA graphs a pure verify step (no prefill chunk) is padded to a bucket of batch size (rows on a
@@ -89,9 +91,6 @@ class SpecEngine:
                     priority: int = 0) -> str:
         if not prompt_ids:
             raise ValueError("every prompt needs at least one token")
-        if not params.greedy:
-            raise ValueError("the engine decodes greedily for now: use temperature 0 (speculative sampling is not "
-                             "built yet)")
         need = len(prompt_ids) + params.max_new_tokens
         limit = self.runner.config.max_position_embeddings
         if need > limit:
@@ -175,7 +174,7 @@ class SpecEngine:
         self._note_prediction(active, nodes, plan.chunks)
         trees = self._timer.run("draft", self.propose, active, nodes)
         tokens = self._timer.run("verify", self.verify, active, trees, plan.chunks)
-        accepted, firsts = self._timer.run("accept", self.accept, trees, tokens, plan.chunks)
+        accepted, firsts = self._timer.run("accept", self.accept, trees, tokens, plan.chunks, active)
         self._calibrate(self._timer.charge(keep_last=True))
         self._timer.run("commit", self.commit, active, trees, accepted, plan.chunks)
         return self._timer.run("other", self.emit, plan, trees, accepted, firsts)
@@ -215,7 +214,14 @@ class SpecEngine:
             self.drafter.skip([r.slot for r in active], roots)
             return [DraftTree((root,), (-1,)) for root in roots]
         spec = self.tree.capped(max(1, self._depth_for(max(nodes)))) if self.sequential else self.tree
-        trees = self.drafter.propose([r.slot for r in active], roots, spec)
+        if getattr(self.drafter, "coupled", False) and _sampling(active):
+            # a sampling request's drafts are its own draft distribution's draws with the noise the target's draws
+            # at the same positions use (spec_decode/coupling.py)
+            vocab, dev = self.runner.config.vocab_size, self.runner.device
+            noise = [None if r.params.greedy else (r.params, r.noise_rows(spec.depth, vocab, dev)) for r in active]
+            trees = self.drafter.propose([r.slot for r in active], roots, spec, noise=noise)
+        else:
+            trees = self.drafter.propose([r.slot for r in active], roots, spec)
         room = self.runner.cache.max_seq_len
         out = []
         for r, t, n in zip(active, trees, nodes):
@@ -228,23 +234,25 @@ class SpecEngine:
     @inference
     def verify(self, active: list[Request], trees: list[DraftTree], chunks: list[Chunk] = ()) -> torch.Tensor:
         """One target forward over all trees and prefill chunks -> greedy tokens on device: [rows, T] for a pure
-        verify step, else flat (runner.mixed); keeps the drafter's features."""
+        verify step, else flat (runner.mixed); its logits instead (eagerly) when a request of the step samples
+        (accept races them); keeps the drafter's features."""
         runner, layers = self.runner, tuple(self.drafter.target_layers) if self.drafter is not None else ()
         hybrid = runner.config.is_hybrid
+        logits = _sampling(active) or _sampling([c.request for c in chunks if c.last])
         host, self._snapshot, self._tree_commit = None, None, False
         if trees:
             host = self._host_block(trees, [r.slot for r in active], [r.committed for r in active],
-                                    runner.runtime.verify_graphs and not chunks)
+                                    runner.runtime.verify_graphs and not chunks and not logits)
         if host is not None and not chunks:
-            meta = runner.verify_inputs(host, layers)
+            meta = host.to(runner.device, runner.runtime.verify) if logits else runner.verify_inputs(host, layers)
             self._before_verify(meta, hybrid)
-            greedy, self._features = runner.verify(meta, layers)
-            return greedy
+            out, self._features = runner.verify(meta, layers, logits)
+            return out
         meta = host.to(runner.device, runner.runtime.verify) if host is not None else None
         if meta is not None:
             self._before_verify(meta, hybrid)
         parts = [self._chunk_meta(c) for c in chunks]
-        tokens, features = runner.mixed(meta, parts, layers)
+        tokens, features = runner.mixed(meta, parts, layers, logits)
         self._features = features[0] if features is not None and meta is not None else None
         self._chunk_features = features[-len(chunks):] if features is not None else [None] * len(chunks)
         return tokens
@@ -549,6 +557,10 @@ class SpecEngine:
         depth = max(depth, 1) if self.sequential else self.tree.depth
         samples = sorted(self._draft_s[min(self._draft_s, key=lambda d: (abs(d - depth), d))])
         return samples[(len(samples) - 1) // 2]
+
+
+def _sampling(requests) -> bool:
+    return any(not r.params.greedy for r in requests)
 
 
 def _follow(estimate: float | None, sample: float) -> float:

@@ -141,14 +141,15 @@ class ModelRunner:
         return self.model(meta, self.cache, layers)
 
     @inference
-    def verify(self, meta: BatchMetadata, layers: tuple[int, ...] = ()):
+    def verify(self, meta: BatchMetadata, layers: tuple[int, ...] = (), logits: bool = False):
         """One verify block, under runtime.verify's paths whatever meta carries -> (greedy tokens [B, T] on device,
         captured features [B, T, F] or None); replayed from a CUDA graph per (batch, width, chain) when
-        runtime.verify_graphs is on."""
+        runtime.verify_graphs is on. logits: the logits [B, T, vocab] instead of the greedy tokens, eagerly (what a
+        sampling request's acceptance reads)."""
         if meta.paths is not self.runtime.verify:
             meta = dataclasses.replace(meta, paths=self.runtime.verify)
-        if not self.runtime.verify_graphs:
-            return self._verify_eager(meta, layers)
+        if logits or not self.runtime.verify_graphs:
+            return self._verify_eager(meta, layers, logits)
         B, T = meta.input_ids.shape
         key = (B, T, meta.block_mask is not None, layers)
         graph = self.verify_graphs.get(key)
@@ -173,12 +174,14 @@ class ModelRunner:
         return graph.load(host) if graph is not None else host.to(self.device, self.runtime.verify)
 
     @inference
-    def mixed(self, verify: BatchMetadata | None, chunks: list[BatchMetadata], layers: tuple[int, ...] = ()):
+    def mixed(self, verify: BatchMetadata | None, chunks: list[BatchMetadata], layers: tuple[int, ...] = (),
+              logits: bool = False):
         """One eager forward over a verify block (under runtime.verify's paths) and prefill chunks (runtime.prefill's;
         each a causal block of one request): the token-wise layers read their weights once for all of them.
         Returns (tokens, features): tokens [B * T + len(chunks)] on device, the verify block's greedy tokens
         row-major then each chunk's greedy token after its last position; features (layers given) per block,
-        [B, T, F] for the verify block (when there is one) then [1, T_i, F] per chunk, else None."""
+        [B, T, F] for the verify block (when there is one) then [1, T_i, F] per chunk, else None. logits: the
+        logits [B * T + len(chunks), vocab] at those positions instead of the greedy tokens."""
         # eager pointwise helpers: a mixed step's token count changes every step, and each new shape would
         # recompile the compiled ones
         verify_paths = dataclasses.replace(self.runtime.verify, compiled=False)
@@ -195,15 +198,16 @@ class ModelRunner:
         rows = [b[:, -1] for b in blocks[len(parts) - len(chunks):]]
         if verify is not None:
             rows.insert(0, blocks[0].flatten(0, 1))
-        tokens = self.model.logits(torch.cat(rows), verify_paths).argmax(-1)
-        return tokens, features
+        out = self.model.logits(torch.cat(rows), verify_paths)
+        return (out if logits else out.argmax(-1)), features
 
-    def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...]):
+    def _verify_eager(self, meta: BatchMetadata, layers: tuple[int, ...], logits: bool = False):
         hidden, features = self.model(meta, self.cache, layers), None
         if layers:
             hidden, captured = hidden
             features = torch.cat(captured, dim=-1)
-        return self.model.logits(hidden, meta.paths).argmax(-1), features
+        out = self.model.logits(hidden, meta.paths)
+        return (out if logits else out.argmax(-1)), features
 
     @inference
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

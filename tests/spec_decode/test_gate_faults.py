@@ -46,7 +46,7 @@ TEXTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n",
 def second_choice(monkeypatch) -> None:
     real = ModelRunner._verify_eager
 
-    def faulty(self, meta, layers):
+    def faulty(self, meta, layers, as_logits=False):
         model, plain = self.model, self.model.logits
 
         def logits(hidden, paths):  # the argmax knocked out at positions 0 mod 5: the second choice wins there
@@ -57,7 +57,7 @@ def second_choice(monkeypatch) -> None:
 
         model.logits = logits  # an instance attribute for this call only (a captured graph keeps what it traced)
         try:
-            return real(self, meta, layers)
+            return real(self, meta, layers, as_logits)
         finally:
             del model.logits
 
