@@ -25,10 +25,10 @@ def offline(zoo):
     engine = build_engine(zoo, ["--drafter", str(zoo_dir() / "hybrid-dflash"), "--tree", "chain:7"], 8)
     cache = {}
 
-    def run(ids: list[int], max_tokens: int, stop: tuple[str, ...] = ()):
-        key = (tuple(ids), max_tokens, stop)
+    def run(ids: list[int], max_tokens: int, stop: tuple[str, ...] = (), **sampling):
+        key = (tuple(ids), max_tokens, stop, tuple(sorted(sampling.items())))
         if key not in cache:
-            result, _ = engine.generate([ids], SamplingParams(max_new_tokens=max_tokens, stop=stop))[0]
+            result, _ = engine.generate([ids], SamplingParams(max_new_tokens=max_tokens, stop=stop, **sampling))[0]
             cache[key] = (result.token_ids, result.text, result.finish_reason)
         return cache[key]
 
@@ -53,6 +53,17 @@ def test_streamed_completion_equals_offline_generate(served, zoo, offline):
                                                                  for c in chunks[:-1])
         spec = last.model_extra["spec_stats"]
         assert spec["steps"] >= 1 and spec["tau"] >= 1 and spec["accepted_tokens"] <= spec["draft_tokens"]
+
+
+def test_sampled_completion_is_offline_sampling_with_the_same_seed(served, zoo, offline):
+    """temperature > 0 with the drafter: the served tokens are what offline generate samples with the same seed."""
+    prompt = PROMPTS[2]
+    ids, text, _ = offline(_encode(zoo, prompt), 24, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)
+    greedy, _, _ = offline(_encode(zoo, prompt), 24, ignore_eos=True)
+    out = served.client().completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0.8, top_p=0.95,
+                                             seed=11, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert out.choices[0].model_extra["token_ids"] == ids and out.choices[0].text == text
+    assert ids != greedy  # it sampled
 
 
 def test_whole_completion_has_usage_and_spec_stats(served, zoo, offline):
