@@ -135,7 +135,7 @@ def cmd_generate(args) -> int:
 
     device = pick_device(args.device)
     _check_generation_flags(args, device)
-    _check_spec_flags(args.tree, args.drafter, args.temperature)
+    _check_spec_flags(args.tree)
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
@@ -158,14 +158,11 @@ def _check_generation_flags(args, device: str) -> None:
                          f"{device} is {str(dtype).removeprefix('torch.')})")
 
 
-def _check_spec_flags(tree: str, drafter: str, temperature: float = 0.0) -> None:
-    """The tree spec, and greedy decoding under a drafter, checked before any weights load."""
+def _check_spec_flags(tree: str) -> None:
+    """The tree spec, checked before any weights load."""
     from specpilot.spec_decode.tree import TreeSpec
 
     TreeSpec.parse(tree)
-    if drafter != "none" and temperature != 0:
-        raise ValueError(f"--temperature {temperature:g} with --drafter {drafter}: speculative decoding is greedy "
-                         "only; use --temperature 0, or --drafter none to sample")
 
 
 def cmd_demo(args) -> int:
@@ -177,7 +174,7 @@ def cmd_demo(args) -> int:
 
     device = pick_device(args.device)
     _check_generation_flags(args, device)
-    _check_spec_flags(args.tree, "none")  # the speculative run is greedy whatever --temperature streams with
+    _check_spec_flags(args.tree)  # the speculative run is greedy whatever --temperature streams with
     if zoo_dir() is not None:
         path, drafter = zoo_pair(args.model, args.demo_drafter)
         note = (f"specpilot demo: the zoo's trained {args.model} target ({path}), greedy code completion; then the "
@@ -359,7 +356,7 @@ def serve_app(args):
     from specpilot.server.app import create_app
     from specpilot.server.config import ServerConfig
 
-    _check_spec_flags(args.tree, args.drafter)
+    _check_spec_flags(args.tree)
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     template = None
     if args.chat_template:
@@ -384,7 +381,7 @@ def cmd_verify(args) -> int:
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: must be >= 1")
-    _check_spec_flags(args.tree, args.drafter)
+    _check_spec_flags(args.tree)
     prompts = load_prompts(resolve_prompt_set(args.prompts), limit=args.limit)
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.target, args.cache_dir)

@@ -174,9 +174,6 @@ def test_bad_flags_fail_before_any_weights_load(tmp_path, monkeypatch, capsys):
         (generate + ["--drafter", "ngram", "--tree", "dynamic:16,16,4"],
          "--tree 'dynamic:16,16,4': the tree grows to 257 nodes per step (root included); at most 256: use a "
          "smaller tree"),
-        (generate + ["--drafter", "ngram", "--temperature", "0.8"],
-         "--temperature 0.8 with --drafter ngram: speculative decoding is greedy only; use --temperature 0, or "
-         "--drafter none to sample"),
         (generate + ["--top-p", "0"], "top_p=0.0: must be in (0, 1]"),
         (generate + ["--weight-format", "w12n", "--device", "cpu"],
          "--weight-format w12n needs --dtype bfloat16 (--dtype auto on cpu is float32)"),

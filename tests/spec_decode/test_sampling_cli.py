@@ -25,3 +25,21 @@ def test_bench_refuses_bad_sampling_flags(flags, line, tmp_path, capsys):
     captured = capsys.readouterr()
     assert (rc, captured.out, captured.err) == (2, "", f"error: {line}\n")
     assert not out.exists()
+
+
+def test_generate_samples_with_a_drafter_as_without(checkpoint_factory, capsys):
+    """specpilot generate at temperature > 0 with a drafter emits what plain sampling with the same seed emits."""
+    import json
+
+    path, _ = checkpoint_factory("qwen3")
+    out = {}
+    for drafter in ("none", "ngram"):
+        capsys.readouterr()
+        rc = main(["generate", "--target", str(path), "--prompt", "def add(a, b): return a + b\ndef add(a, b):",
+                   "--drafter", drafter, "--tree", "static:2,1,1", "--temperature", "0.5", "--top-p", "0.9",
+                   "--seed", "3", "--max-new-tokens", "16", "--ignore-eos", "--device", "cpu", "--dtype", "float32",
+                   "--json"])
+        assert rc == 0
+        out[drafter] = json.loads(capsys.readouterr().out)
+    assert out["ngram"]["token_ids"] == out["none"]["token_ids"]
+    assert out["ngram"]["stats"]["tau"] >= 1
