@@ -116,6 +116,7 @@ class SpecEngine:
             if req.request_id == request_id:
                 self._pending.remove(req)
                 req.status, req.result.finish_reason = Status.FINISHED, "abort"
+                self._keep_finished(req)
                 return
         req = self.scheduler.by_id.get(request_id) if self.scheduler is not None else None
         if req is None:
@@ -452,6 +453,9 @@ class SpecEngine:
 
     def _finish(self, req: Request) -> None:
         self.scheduler.finish(req)
+        self._keep_finished(req)
+
+    def _keep_finished(self, req: Request) -> None:
         self._finished[req.request_id] = req
         while len(self._finished) > FINISHED_KEPT:
             self._finished.popitem(last=False)

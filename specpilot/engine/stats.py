@@ -39,7 +39,8 @@ class SpecStats:
             _bump(self.accepted_per_depth, d, 1)
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "tau": round(self.tau, 4), "drafted_per_depth": self.drafted_per_depth,
+        return {"steps": self.steps, "emitted": self.emitted, "tau": round(self.tau, 4),
+                "drafted_per_depth": self.drafted_per_depth,
                 "accepted_per_depth": self.accepted_per_depth, "preempted": self.preempted,
                 "mean_nodes": round(sum(self.nodes) / len(self.nodes), 3) if self.nodes else 0.0,
                 "seconds": {k: round(v, 6) for k, v in self.seconds.items()}}

@@ -127,6 +127,14 @@ def test_abort_frees_the_slot_for_a_waiting_request(checkpoint_factory):
     assert got[c] == ref[2]
     with pytest.raises(KeyError):
         engine.abort(a)
+    assert engine.stats(a).steps > 0  # an aborted request keeps its stats
+
+
+def test_a_request_aborted_before_the_first_step_keeps_its_stats(checkpoint_factory):
+    engine = SpecEngine(ModelRunner(_target(checkpoint_factory, "qwen3")), NgramDrafter(), TreeSpec.parse("chain:3"))
+    rid = engine.add_request(_prompts(1)[0], PARAMS)
+    engine.abort(rid)
+    assert engine.stats(rid).steps == 0 and not engine.has_unfinished()
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
