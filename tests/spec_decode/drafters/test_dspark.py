@@ -6,7 +6,7 @@ import pytest
 
 from specpilot.models.loader import load_model
 from specpilot.spec_decode.drafters.registry import build_drafter
-from tests.spec_decode.drafters.test_mtp import check_greedy
+from tests.spec_decode.drafters.test_mtp import check_greedy, check_sampled
 from specpilot.spec_decode.drafters import dflash
 from tests.cuda_graph_fakes import fake_cuda_graphs
 from tests.spec_decode.test_dflash_batched import ReplayedProposalGraph
@@ -45,3 +45,9 @@ def test_replayed_proposal_graphs_keep_output_exact(checkpoint_factory, tmp_path
     drafter.use_graphs = True
     check_greedy(target, drafter, "chain:5")
     assert drafter.graphs and all(isinstance(g, ReplayedProposalGraph) for g in drafter.graphs.values())
+
+
+def test_sampled_output_is_plain_sampling(checkpoint_factory, tmp_path):
+    path, _ = checkpoint_factory("qwen3")
+    target = load_model(str(path), "cpu", "float32")
+    check_sampled(target, build_drafter(str(write_dspark(tmp_path / "d")), target), "static:2,1")

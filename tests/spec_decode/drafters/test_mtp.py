@@ -37,6 +37,21 @@ def _prompts():
 _AR: dict[str, list[list[int]]] = {}  # a target checkpoint's plain greedy output of _prompts(), computed once
 
 
+def check_sampled(target, drafter, tree: str) -> None:
+    """At temperature > 0 the engine's raced rule keeps any proposal exact: the output is what plain sampling draws
+    with the same seeds (the drafter proposes its greedy walk, not coupled to the requests' noise)."""
+    params = [SamplingParams(max_new_tokens=12, temperature=0.6, seed=s, ignore_eos=True) for s in (3, 4)]
+    prompts = _prompts()[:2]
+    plain = [Generator(ModelRunner(target)).generate([p], q)[0].token_ids for p, q in zip(prompts, params)]
+    engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree), scheduler=SMALL)
+    ids = [engine.add_request(p, q) for p, q in zip(prompts, params)]
+    got = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id].extend(out.new_token_ids)
+    assert [got[i] for i in ids] == plain
+
+
 def check_greedy(target, drafter, tree: str) -> None:
     """The engine's speculative greedy output with `drafter` and `tree` equals the target's plain greedy output."""
     params = SamplingParams(max_new_tokens=16)
@@ -52,6 +67,10 @@ def test_speculative_equals_autoregressive(tree, target):
     drafter = build_drafter("mtp", target)
     assert drafter.name == "mtp" and drafter.target_layers == (3,)
     check_greedy(target, drafter, tree)
+
+
+def test_sampled_output_is_plain_sampling(target):
+    check_sampled(target, build_drafter("mtp", target), "static:2,1")
 
 
 def test_batched_chain_equals_one_request_at_a_time(target):
