@@ -32,9 +32,10 @@ def add_parsers(sub) -> None:
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each workload (N >= 1)")
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     b.add_argument("--max-new-tokens", type=int, default=2048)
-    b.add_argument("--temperature", type=float, default=0.0,
-                   help="0 = greedy (default); above 0 every row samples (speculative sampling) and is checked "
-                        "against AR sampling with the same seed, token for token (needs --batch-sizes 1)")
+    b.add_argument("--temperature", type=float, nargs="+", default=[0.0],
+                   help="one or more (rows per temperature, e.g. 0 0.7 1): 0 = greedy (default); above 0 the rows "
+                        "sample (speculative sampling) and are checked against AR sampling with the same seed, token "
+                        "for token (needs --batch-sizes 1)")
     b.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0: off)")
     b.add_argument("--top-p", type=float, default=1.0, help="sampling's top-p (1: off)")
     b.add_argument("--seed", type=int, default=0, help="every request's sampling seed")
@@ -95,15 +96,17 @@ def cmd_bench(args) -> int:
              "engine": dict(base.engine),
              "profile": profile.__dict__ if profile else None}
     done = []
-    per_group = 2 + len(configs)  # AR, stock and each configuration per workload x batch size
+    per_group = 2 + len(configs)  # AR, stock and each configuration per workload x batch size x temperature
     bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"), TimeElapsedColumn(),
                    TextColumn("{task.description}"), console=err)
-    task = bar.add_task("", total=len(workloads) * len(args.batch_sizes) * per_group)
+    task = bar.add_task("", total=len(workloads) * len(args.batch_sizes) * len(args.temperature) * per_group)
 
     def progress(r):
         # the report is rewritten after every row: a run cut short (timeout, crash) keeps what it measured
         done.append(r)
         label = f"{r['workload']} b{r['batch']} {r['config']}"
+        if r.get("temperature"):
+            label += f" T{r['temperature']:g}"
         if "error" in r:
             err.print(f"[red]{label}: FAILED {r['error'][:500]}[/]")
         else:
@@ -114,13 +117,14 @@ def cmd_bench(args) -> int:
 
     half = next(model.parameters()).dtype != torch.float32  # two correct half-precision kernels round apart
     kind = _target_kind(args)
+    rows = []
     with bar:
-        rows = bench(model, tokenizer, make_drafter, workloads,
-                     args.batch_sizes, configs, args.stock_tree, args.max_new_tokens,
-                     profile, chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress,
-                     base_engine=base.engine, target_kind=kind,
-                     calibrate_tolerance=kind == "flat" or (kind == "checkpoint" and half),
-                     sampling=_sampling(args))
+        for sampling in _sampling(args):
+            rows += bench(model, tokenizer, make_drafter, workloads,
+                          args.batch_sizes, configs, args.stock_tree, args.max_new_tokens,
+                          profile, chat=not args.no_chat, tie_tolerance=args.tie_tolerance, progress=progress,
+                          base_engine=base.engine, target_kind=kind,
+                          calibrate_tolerance=kind == "flat" or (kind == "checkpoint" and half), sampling=sampling)
     write_json(rows, args.out, extra)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     try:
@@ -133,24 +137,26 @@ def cmd_bench(args) -> int:
     return 0 if ok else 1
 
 
-def _sampling(args):
-    """The run's sampling settings (--temperature, --top-k, --top-p, --seed); a bad value is a ValueError."""
+def _sampling(args) -> list:
+    """The run's sampling settings, one per --temperature (with --top-k, --top-p, --seed); a bad value is a
+    ValueError."""
     from specpilot.runtime.sampling import SamplingParams
 
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return [SamplingParams(temperature=t, top_k=args.top_k, top_p=args.top_p, seed=args.seed) for t in args.temperature]
 
 
 def _check_flags(args) -> None:
     """The flags that need no file read: a bad one fails here, before any model loads or row is measured."""
     from specpilot.spec_decode.tree import TreeSpec
 
-    if not _sampling(args).greedy:
+    sampled = [s.temperature for s in _sampling(args) if not s.greedy]
+    if sampled:
         if args.batch_sizes != [1]:
             sizes = " ".join(map(str, args.batch_sizes))
-            raise ValueError(f"--temperature {args.temperature:g} with --batch-sizes {sizes}: sampled rows are checked "
+            raise ValueError(f"--temperature {sampled[0]:g} with --batch-sizes {sizes}: sampled rows are checked "
                              "against AR sampling with the same seed one request at a time; use --batch-sizes 1")
         if args.acceptance != "real":
-            raise ValueError(f"--temperature {args.temperature:g} with --acceptance {args.acceptance}: synthetic "
+            raise ValueError(f"--temperature {sampled[0]:g} with --acceptance {args.acceptance}: synthetic "
                              "acceptance follows greedy continuations; use --acceptance real")
 
     counts = [("--max-new-tokens", args.max_new_tokens)] + [("--batch-sizes", b) for b in args.batch_sizes]

@@ -40,15 +40,17 @@ def table(rows: list[dict]) -> Table:
     t = Table(title="specpilot bench" + (" (SYNTHETIC acceptance)" if synthetic else ""))
     for col in ("workload", "batch", "config", "tok/s", "vs AR", "vs stock", "tau", "forcing"):
         t.add_column(col, justify="left" if col in ("workload", "config") else "right")
+    several = len({r.get("temperature", 0.0) for r in rows}) > 1  # then each config names its temperature
     for r in rows:
+        config = f"{r['config']} T{r.get('temperature', 0.0):g}" if several else r["config"]
         if "error" in r:
-            t.add_row(r["workload"], str(r["batch"]), r["config"], "-", "-", "-", "-", f"ERROR: {r['error'][:60]}")
+            t.add_row(r["workload"], str(r["batch"]), config, "-", "-", "-", "-", f"ERROR: {r['error'][:60]}")
             continue
         f = r.get("forcing")
         verdict = "-" if f is None else ("pass" if f["passed"] else f"FAIL ({f['failures']})")
         tau = f"{r['tau']:.2f}" if "tau" in r else "-"
         vs_stock = f"{r['speedup_vs_stock']:.2f}x" if "speedup_vs_stock" in r else "-"
-        t.add_row(r["workload"], str(r["batch"]), r["config"], f"{r['tok_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}x",
+        t.add_row(r["workload"], str(r["batch"]), config, f"{r['tok_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}x",
                   vs_stock, tau, verdict)
     return t
 
