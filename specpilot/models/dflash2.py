@@ -26,6 +26,7 @@ when `layer_types` says sliding_attention), `sliding_window`. The drafter is spe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,7 @@ def read_config(model_dir: Path) -> tuple[ModelConfig, DFlash2Options, dict]:
         if get(key) is None:
             raise ConfigError(f"{source}: a DFlash2 config needs dflash_config.{key}")
     cfg = ModelConfig.from_dict({**raw, "architectures": ["Qwen3ForCausalLM"]}, source=str(source))
+    cfg = dataclasses.replace(cfg, architecture=ARCHITECTURES[0])  # named in the loader's messages
     types = raw.get("layer_types") or []
     causal = raw.get("is_causal", extra.get("causal"))
     causal = bool(causal) if causal is not None else "sliding_attention" in types

@@ -22,6 +22,7 @@ confidence_head_with_markov, num_target_layers. The drafter is spec_decode/draft
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,7 @@ def read_config(model_dir: Path, keys: set[str]) -> tuple[ModelConfig, DSparkOpt
         raise ConfigError(f"{source}: block_size must be >= 1, got {raw['block_size']}")
     cfg = ModelConfig.from_dict({**raw, "architectures": ["Qwen3ForCausalLM"], "tie_word_embeddings": False},
                                 source=str(source))
+    cfg = dataclasses.replace(cfg, architecture=ARCHITECTURES[0])  # named in the loader's messages
     opts = DSparkOptions(int(raw["block_size"]), int(raw["mask_token_id"]), layers, rank, confidence,
                          with_markov, "embed_tokens.weight" in keys, "lm_head.weight" in keys)
     return cfg, opts, raw

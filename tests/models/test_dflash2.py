@@ -205,7 +205,9 @@ def test_causal_layers_mask_the_block(target, tmp_path):
 
 @pytest.mark.parametrize("case,match", [
     ("missing", r"missing tensors \['candidate_selector.successor_codebook'\]"),
-    ("suffixed", "unexpected tensor 'candidate_selector.predecessor_codebook.weight'"),
+    ("suffixed", "candidate_selector.predecessor_codebook.weight: the public layout stores the selector's codebooks "
+                 "as bare tensors"),
+    ("unknown", "unexpected tensor 'layers.0.attention_conv.bias' for DFlash2DraftModel"),
     ("conv_shape", r"'layers.1.mlp_conv.kernel_projection.weight' has shape \(8, 64\), expected \(16, 64\)"),
     ("no_top_k", "a DFlash2 config needs dflash_config.selector_top_k"),
     ("group", "conv_group_size=24 does not divide hidden_size=64"),
@@ -218,6 +220,8 @@ def test_bad_checkpoints_are_named(case, match, target, tmp_path):
         t.pop("candidate_selector.successor_codebook")
     elif case == "suffixed":
         t["candidate_selector.predecessor_codebook.weight"] = t.pop("candidate_selector.predecessor_codebook")
+    elif case == "unknown":
+        t["layers.0.attention_conv.bias"] = torch.zeros(H, dtype=torch.bfloat16)
     elif case == "conv_shape":
         t["layers.1.mlp_conv.kernel_projection.weight"] = torch.zeros(8, H, dtype=torch.bfloat16)
     elif case == "no_top_k":

@@ -184,7 +184,7 @@ def test_without_heads_and_with_the_targets_embedding(target, tmp_path):
 
 
 @pytest.mark.parametrize("case,match", [
-    ("missing", r"missing tensors \['markov_head.markov_w2.weight'\]"),
+    ("missing", r"missing tensors \['markov_head.markov_w2.weight'\] for Qwen3DSparkModel"),
     ("conf_shape", r"'confidence_head.proj.weight' has shape \(1, 64\), expected \(1, 72\)"),
     ("no_rank", "a DSpark config needs markov_rank"),
     ("gated", "markov_head_type='gated'"),

@@ -19,6 +19,7 @@ import torch
 
 from specpilot.checkpoint.directory import safetensors_files
 from specpilot.checkpoint.errors import CheckpointError
+from specpilot.checkpoint.file import CheckpointFile
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.dflash import default_target_layers
@@ -125,6 +126,12 @@ def load_dflash2(model_dir: Path, target: CausalLM, dtype="auto", runtime: Runti
     if any(not 0 <= i < tcfg.num_hidden_layers for i in layers):
         raise CheckpointError(f"{model_dir}: target_layer_ids {list(layers)} out of range for a "
                               f"{tcfg.num_hidden_layers}-layer target")
+    files = safetensors_files(model_dir)
+    suffixed = sorted(n for f in files for n in _names(f) if n.endswith("_codebook.weight"))
+    if suffixed:
+        raise CheckpointError(f"{model_dir}: {suffixed[0]}: the public layout stores the selector's codebooks as bare "
+                              "tensors (candidate_selector.predecessor_codebook / successor_codebook, no .weight); "
+                              "rename the keys")
     param = next(target.parameters())
     dtype = param.dtype if dtype == "auto" else resolve_dtype(dtype, param.device)
     with torch.device("meta"):
@@ -132,7 +139,12 @@ def load_dflash2(model_dir: Path, target: CausalLM, dtype="auto", runtime: Runti
     model = model.to(dtype=dtype).to_empty(device=param.device)
     model.reset_buffers()
     try:
-        load_weights(model, safetensors_files(model_dir), progress=False)
+        load_weights(model, files, progress=False)
     except CheckpointError as e:
         raise CheckpointError(f"{model_dir}: {e}") from None
     return DFlash2Drafter(model.eval().requires_grad_(False), target, tuple(layers), runtime=runtime)
+
+
+def _names(path: Path) -> list[str]:
+    with CheckpointFile(path) as f:
+        return list(f.names)
