@@ -15,7 +15,6 @@ from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
 from specpilot.spec_decode.tree import TreeSpec
 from tests.engine.test_continuous import _drafter, _prompts, _target
-from tests.spec_decode.test_eagle3 import TARGET_LAYERS as EAGLE_TARGET_LAYERS
 
 pytestmark = pytest.mark.skipif("logits" not in inspect.signature(ModelRunner.verify).parameters,
                                 reason="the verify pass hands accept no logits yet (engine plumbing of issue 32)")
@@ -45,11 +44,12 @@ def _self_drafter(kind, target, checkpoint_factory, tmp_path):
     return _drafter(kind, target, checkpoint_factory, tmp_path)
 
 
+# EAGLE-3 (an 8-layer target, slow on the CPU) is left to the drafter-level coupling test: DFlash covers a
+# feature drafter here
 @pytest.mark.parametrize("name,kind", [("qwen3", "ngram"), ("qwen3", "draft-lm"), ("qwen3_5", "draft-lm"),
-                                       ("qwen3_5", "dflash"), ("llama", "eagle3")])
+                                       ("qwen3_5", "dflash")])
 def test_sampled_output_is_plain_sampling_with_the_same_seed(name, kind, checkpoint_factory, tmp_path):
-    overrides = {"num_hidden_layers": EAGLE_TARGET_LAYERS} if kind == "eagle3" else {}
-    target = _target(checkpoint_factory, name, **overrides)
+    target = _target(checkpoint_factory, name)
     drafter, tree = _self_drafter(kind, target, checkpoint_factory, tmp_path)
     prompts = _prompts(4)
     engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree),
