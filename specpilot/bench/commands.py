@@ -212,16 +212,17 @@ def _bench_models(args, device: str, profile):
     if target is not None:
         import torch
 
-        from specpilot.bench.shapes import ByteTokenizer, random_dflash
+        from specpilot.bench.shapes import RANDOM_DRAFTERS, ByteTokenizer
 
         if profile is None:
             raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
         model = target.build(device, torch.bfloat16 if device == "cuda" else torch.float32)
-        if args.drafter == "random-dflash":
-            return model, ByteTokenizer(), lambda runtime: random_dflash(model, target.shape, runtime=runtime)
+        if args.drafter in RANDOM_DRAFTERS:
+            make = RANDOM_DRAFTERS[args.drafter]
+            return model, ByteTokenizer(), lambda runtime: make(model, target.shape, runtime)
         return model, ByteTokenizer(), lambda runtime: build_drafter(args.drafter, model, runtime=runtime)
-    if args.drafter == "random-dflash":
-        raise ValueError("--drafter random-dflash goes with a random:SHAPE target")
+    if args.drafter.startswith("random-"):
+        raise ValueError(f"--drafter {args.drafter} goes with a random:SHAPE target")
     tokenizer = load_tokenizer(args.target)
     model = load_model(args.target, device, args.dtype)
     return model, tokenizer, lambda runtime: build_drafter(args.drafter, model, tokenizer, runtime=runtime)
@@ -236,8 +237,8 @@ def _add_serve_parser(bsub) -> None:
     s.add_argument("--target-kind", choices=["margin", "flat"], default="margin",
                    help="random:SHAPE weights: margin (speculative output must equal AR's) or flat")
     s.add_argument("--drafter", default="random-dflash",
-                   help="random-dflash (random targets), a draft model / DFlash / EAGLE-3 checkpoint, or ngram (default: "
-                        "random-dflash)")
+                   help="random-dflash, random-dflash2, random-dspark or random-mtp (random targets: the published "
+                        "drafter shapes), a draft model / DFlash / EAGLE-3 checkpoint, or ngram (default: random-dflash)")
     s.add_argument("--profile", default=None,
                    help="synthetic acceptance profile (shipped name, e.g. dflash2-gsm8k, or JSON path); omitted: "
                         "the drafter's real acceptance")

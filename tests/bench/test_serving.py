@@ -484,3 +484,20 @@ def test_step_profile_summarises_the_engine_step_log():
     assert d["ms_p50"]["draft"] == pytest.approx(1.0)  # a component a step did not run counts 0
     assert d["verify_over_predicted_p50"] == pytest.approx(1.1)
     assert m["steps"] == 1 and m["tokens_p50"] == 9 and m["ms_p50"]["verify"] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("drafter", ["random-dflash2", "random-mtp"])
+def test_serve_takes_the_published_random_drafters(drafter, tmp_path, capsys):
+    out = tmp_path / "serve"
+    rc = main(["bench", "serve", "--target", "random:tiny-hybrid", "--drafter", drafter, "--profile", "dflash2-gsm8k",
+               "--batch", "2", "--max-new-tokens", "8", "--requests-per-client", "1", "--device", "cpu",
+               "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    spec = json.loads((out / "closed.json").read_text())["results"][1]
+    assert spec["engine"] == "spec" and spec["exact"] is True and spec["tau"] > 1
+    assert json.loads((out / "closed.json").read_text())["drafter"] == drafter
+
+
+def test_a_random_drafter_needs_a_random_target(tmp_path, capsys):
+    rc = main(["bench", "serve", "--target", str(tmp_path), "--drafter", "random-dspark", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--drafter random-dspark goes with a random:SHAPE target" in capsys.readouterr().err
