@@ -244,8 +244,8 @@ def test_fixed_width_verify_blocks_keep_output_exact(name, tree, checkpoint_fact
     runner = ModelRunner(target)
     set_runtime(runner, verify_graphs=True)
     shapes = []
-    runner.verify = lambda meta, layers=(): shapes.append(tuple(meta.input_ids.shape)) or runner._verify_eager(
-        meta, layers)
+    runner.verify = lambda meta, layers=(), logits=False: shapes.append(tuple(meta.input_ids.shape)) or \
+        runner._verify_eager(meta, layers, logits)
     engine = SpecEngine(runner, NgramDrafter(), TreeSpec.parse(tree), scheduler=FIXED)
     out = engine.generate(prompts, PARAMS)
     full = TreeSpec.parse(tree).max_tree_nodes
