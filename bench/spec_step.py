@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--commit", default=None)
     args = p.parse_args(argv)
+    if min(args.batch, args.steps, args.prompt) < 1 or args.warmup < 0:
+        p.error("--batch, --steps and --prompt take numbers >= 1, --warmup a number >= 0")
     torch.manual_seed(0)
     report = Report(args.out, {**run_record(args.device, args.commit), "synthetic": True})
     r = profile_steps(args)

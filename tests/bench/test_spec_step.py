@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.spec_step import attribute
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,3 +42,13 @@ def test_cpu_dry_run(tmp_path):
     r = json.loads(out.read_text())
     assert r["synthetic"] and r["steps"] == 2 and r["tokens_per_step"] >= 1
     assert r["phases"]["verify"]["host_ms"] > 0
+
+
+@pytest.mark.parametrize("flag", [["--batch", "0"], ["--steps", "0"], ["--warmup", "-1"]])
+def test_bad_flags_are_refused_before_any_model_is_built(flag, tmp_path, capsys):
+    from bench.spec_step import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--target", "tiny-hybrid", "--device", "cpu", "--out", str(tmp_path / "s.json"), *flag])
+    assert e.value.code == 2 and "take numbers >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "s.json").exists()
