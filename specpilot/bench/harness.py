@@ -331,7 +331,8 @@ def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, bat
     base = {"workload": workload, "batch": batch, "prompts": len(conversations), "turns": len(prompts),
             "target_kind": policy.target_kind, "synthetic": profile is not None,
             "acceptance": f"synthetic:{profile.name}" if profile else "real",
-            "acceptance_label": profile.label if profile else "real", "temperature": params.temperature}
+            "acceptance_label": profile.label_at(params.temperature) if profile else "real",
+            "temperature": params.temperature}
     rows = [{**base, "config": "ar", **summarize(ar_out, ar_stats, ar_s), "speedup_vs_ar": 1.0}]
     if progress is not None:
         progress(rows[0])

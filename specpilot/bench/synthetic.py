@@ -28,6 +28,14 @@ whose greedy token leads by many logits, the verify answers what AR decode did a
 confirms the guess.
 Without a probe (CPU runs in fp32, where the two paths agree) the stock continuation is the truth.
 
+At temperature > 0 the truth is AR's sampled output with the request's seed: the engine's raced rule emits, for
+any proposal, the tokens plain sampling draws with that seed (spec_decode/rejection.py). The probe answers the
+target's raced token at every node (the noise row of its output position) where it answers the argmax when
+greedy, and the oracle works as above. The rates are still the profile's, which are greedy acceptance rates: a
+sampled row measures what sampled speculation costs (the eager verify with logits, the race, the coupled draft)
+at an assumed acceptance, not the acceptance a drafter reaches at that temperature, and its label says so
+(AcceptanceProfile.label_at).
+
 The oracle cannot reveal a verify or commit bug: it follows whatever the verify answers, and the accepted
 tokens are then what a faulty verify emitted. Exact forcing on margin targets is the check that can fail.
 
@@ -74,6 +82,15 @@ class AcceptanceProfile:
         """What a benchmark row says about its acceptance."""
         how = (self.variation_source or "2-state Markov variation") if self.variation_params else "i.i.d. per step"
         return f"{self.name} (synthetic, {how})"
+
+    def label_at(self, temperature: float) -> str:
+        """A row's label at this temperature: `label`, and at temperature > 0 what the row's acceptance is."""
+        if temperature == 0:
+            return self.label
+        return (f"{self.label}; sampled at T={temperature:g}: the oracle proposes AR's sampled output (same seed) at "
+                f"the profile's greedy per-depth rates, so the row measures the cost of sampled speculation (eager "
+                f"verify with logits, the race, the coupled draft) at an assumed acceptance, not a drafter's "
+                f"acceptance at this temperature")
 
     def to_dict(self) -> dict:
         raw = {"name": self.name, "per_depth": list(self.per_depth), "sibling_decay": self.sibling_decay,
@@ -140,6 +157,9 @@ class SyntheticDrafter:
         self.name = f"synthetic({getattr(inner, 'name', 'drafter')})"
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
         self.sequential = getattr(inner, "sequential", True)
+        # coupled as the drafter it wraps is: a sampled step then pays for the coupled draft (its noise rows, the
+        # eager proposal) as a real step does
+        self.coupled = getattr(inner, "coupled", False)
         if hasattr(inner, "skip"):  # skippable as the drafter it wraps is
             self.skip = self._skip
         block = getattr(inner, "block_size", None)  # a DFlash block of B drafts B - 1 tokens deep
@@ -200,11 +220,16 @@ class SyntheticDrafter:
             self.out.setdefault(s, []).append(root)  # the root is the last emitted token
         self.inner.skip(slots, roots)
 
-    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec, noise=None) -> list[DraftTree]:
+        """noise: the sampling requests' race noise, handed on to a coupled inner drafter (its cost is the step's);
+        the oracle's trees do not read it (the probe answers with the target's raced tokens)."""
         spec = self._capped(spec)
         # the oracle first: the drafter's work then queues after the oracle's last sync, as in a real step
         trees = self.untimed(self._oracle, slots, roots, spec)
-        self.inner.propose(slots, roots, spec)
+        if noise is None:
+            self.inner.propose(slots, roots, spec)
+        else:
+            self.inner.propose(slots, roots, spec, noise=noise)
         return trees
 
     def _oracle(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:

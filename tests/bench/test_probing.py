@@ -54,6 +54,59 @@ def test_probe_commits_nothing(name, commit, tree, checkpoint_factory):
     assert drafter.probes > 0 and any(s.tau > 2 for _, s in out)
 
 
+@pytest.mark.parametrize("name,tree", [("qwen3_5", "chain:4"), ("qwen3", "static:2,2")])
+def test_sampled_probe_answers_the_race(name, tree, checkpoint_factory):
+    """At temperature > 0 the probe answers the target's raced token at every node (its position's noise row), so
+    the oracle follows AR's sampled output with the same seed: the output equals it (not the greedy output) and the
+    profile's right drafts are accepted (tau well above 1). A probe that answered the argmax would have the oracle
+    propose the greedy continuation, which the race rejects."""
+    from specpilot.bench.probing import ProbingEngine
+    from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
+
+    path, _ = checkpoint_factory(name)
+    target, prompts = load_model(str(path), "cpu", "float32"), _prompts()
+    sampled = SamplingParams(max_new_tokens=24, temperature=0.7, seed=11)
+    truth = [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts[:1], sampled)]
+    greedy = [r.token_ids for r in Generator(ModelRunner(target)).generate(prompts[:1], PARAMS)]
+    assert truth != greedy
+    drafter = SyntheticDrafter(NgramDrafter(), {}, AcceptanceProfile("mostly", (0.9,) * 7), target.config.vocab_size)
+    engine = ProbingEngine(ModelRunner(target), drafter, TreeSpec.parse(tree), scheduler=SchedulerConfig(adaptive=False))
+    (result, stats), = engine.generate(prompts[:1], sampled)
+    assert result.token_ids == truth[0]
+    assert drafter.probes > 0 and stats.tau > 2
+
+
+def test_synthetic_drafter_is_coupled_as_its_inner_drafter():
+    """A coupled inner drafter gets the step's noise through the wrapper (a sampled step pays its coupled draft);
+    an uncoupled one is called as before."""
+    from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
+
+    calls = []
+
+    class Inner:
+        target_layers = ()
+
+        def __init__(self, coupled):
+            self.coupled = coupled
+
+        def start(self, slot, prompt_ids, features=None):
+            pass
+
+        def propose(self, slots, roots, spec, **kw):
+            calls.append(kw)
+            return []
+
+    profile = AcceptanceProfile("p", (0.5,) * 3)
+    for coupled in (True, False):
+        drafter = SyntheticDrafter(Inner(coupled), {0: [1, 2, 3]}, profile, 16)
+        assert drafter.coupled is coupled
+        drafter.start(0, [5])
+        noise = [(SamplingParams(temperature=1.0), torch.ones(3, 16))] if coupled else None
+        trees = drafter.propose([0], [5], TreeSpec.parse("chain:3"), **({"noise": noise} if coupled else {}))
+        assert trees[0].num_nodes == 4
+    assert [list(c) for c in calls] == [["noise"], []]
+
+
 def _names(path: Path) -> set[str]:
     """Every identifier a module defines or uses: functions, attributes, variables, arguments."""
     names = set()
