@@ -1,19 +1,47 @@
-"""Qwen3.5 Gated DeltaNet core: gating, the chunked prefill form (torch, or one Triton kernel on CUDA when asked),
-and the fused recurrent decode op (Triton on CUDA, torch reference elsewhere)."""
+"""Qwen3.5 Gated DeltaNet core: gating, the chunked prefill form (torch; on CUDA, when asked, fla-core's kernel or
+our one-launch Triton kernel, chosen by prefill_kernel), and the fused recurrent decode op (Triton on CUDA, torch
+reference elsewhere)."""
 
 import torch
 
 from ..dispatch import takes, use_triton
 from . import chunk as _chunk
+from . import fla as _fla
 from .reference import fused_recurrent_gated_delta_rule_ref, gdn_gating, recurrent_gated_delta_rule
 
 __all__ = [
+    "PREFILL_KERNELS",
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_ref",
     "gdn_gating",
+    "prefill_kernel",
     "recurrent_gated_delta_rule",
 ]
+
+# what `kernel` may name: the torch chunk form, our Triton kernel (triton.py), fla-core's kernel (fla.py); True asks
+# for the fastest one that runs here (fla, else ours), False for the torch form
+PREFILL_KERNELS = ("torch", "triton", "fla")
+
+
+def prefill_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = 64,
+                   kernel: bool | str = False) -> str:
+    """Which form chunk_gated_delta_rule runs for these inputs: "fla", "triton" or "torch".
+
+    kernel: False or "torch": the torch form. "triton": our kernel on CUDA. "fla": fla-core's on CUDA where it is
+    installed and takes the shapes (fla.supports), else ours. True: fla where it can, else ours. Off CUDA (or under
+    autograd, or SPECPILOT_FORCE_REFERENCE_OPS=1) always the torch form; a shape our kernel cannot take falls back
+    to it too (counted in dispatch.fallbacks()).
+    """
+    if kernel not in (True, False) and kernel not in PREFILL_KERNELS:
+        raise ValueError(f"prefill kernel {kernel!r}: use one of {', '.join(PREFILL_KERNELS)}, True or False")
+    if kernel in (False, "torch") or not use_triton(v):
+        return "torch"
+    if kernel in (True, "fla") and _fla.supports(q, k, v, chunk_size) and _fla.available():
+        return "fla"
+    from . import triton  # only here: CPU-only installs have no triton and never take this branch
+
+    return "triton" if takes("chunk_gated_delta_rule", triton.supports(q)) else "torch"
 
 
 def chunk_gated_delta_rule(
@@ -26,18 +54,21 @@ def chunk_gated_delta_rule(
     scale: float | None = None,
     chunk_size: int = 64,
     *,
-    kernel: bool = False,
+    kernel: bool | str = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule -> (o [B,T,HV,V] in v.dtype, final state [B,HV,K,V] fp32); see chunk.py for shapes.
 
-    kernel: on CUDA, one Triton launch over all chunks (triton.py; EngineConfig.ablations.triton_gdn_prefill) instead
-    of the torch form's dozens of small ops per chunk.
+    kernel: which form runs on CUDA (prefill_kernel; KernelPaths.gdn_prefill_kernel, from
+    EngineConfig.ablations.triton_gdn_prefill): fla-core's parallel chunked kernel or our one-launch Triton kernel
+    instead of the torch form's dozens of small ops per chunk.
     """
-    if kernel and use_triton(v):
-        from . import triton  # only here: CPU-only installs have no triton and never take this branch
+    form = prefill_kernel(q, k, v, chunk_size, kernel)
+    if form == "fla":
+        return _fla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
+    if form == "triton":
+        from . import triton
 
-        if takes("chunk_gated_delta_rule", triton.supports(q)):
-            return triton.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
+        return triton.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
     return _chunk.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
 
 
