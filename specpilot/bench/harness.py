@@ -407,8 +407,8 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
 
 def same_as_ar(outputs, truth) -> dict:
     """The check of a sampled row: speculative sampling emits the tokens plain sampling draws with the same seed
-    (the raced rule, spec_decode/rejection.py), so every output equals AR's, token for token (one request per
-    group: AR's generator then draws as a lone request's stream does)."""
+    (the raced rule, spec_decode/rejection.py), so every output equals AR's, token for token (AR's generator and
+    the engine both give each request its own stream, at any batch size)."""
     differ = sum(o != t for o, t in zip(outputs, truth))
     return {"check": "equal to AR sampling with the same seed", "tokens": sum(map(len, outputs)),
             "failures": differ, "passed": differ == 0}

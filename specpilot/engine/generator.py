@@ -1,4 +1,5 @@
-"""Generator: the autoregressive loop over a batch of prompts (prefill, decode, sample, stop checks).
+"""Generator: the autoregressive loop over a batch of prompts (prefill, decode, sample, stop checks). Each request
+samples from its own noise stream (seeded by SamplingParams.seed), so its output is the same in any batch.
 
 The host reads each step's tokens one step late: step n+1 is already queued on the GPU when the host copies
 and checks the tokens of step n, so the device never waits for Python. Stops: EOS, max_new_tokens, and stop
@@ -15,7 +16,7 @@ import torch
 
 from specpilot.engine.detokenizer import Detokenizer, decode_text
 from specpilot.runtime.runner import ModelRunner
-from specpilot.runtime.sampling import SamplingParams, make_generator, sample
+from specpilot.runtime.sampling import NoiseStream, SamplingParams, sample
 
 
 @dataclass(slots=True)
@@ -46,12 +47,14 @@ class Generator:
         start = time.perf_counter()
         B = len(prompts)
         runner.allocate(B, max(map(len, prompts)) + params.max_new_tokens + 1)
-        gen = make_generator(params, dev)
         if self._together(prompts):
             logits = runner.prefill_many(prompts)
         else:
             logits = torch.stack([runner.prefill(i, p) for i, p in enumerate(prompts)])
-        tokens = sample(logits, params, gen)
+        # one noise stream per request, as the speculative engine keeps (Request.noise): a request's draws do not
+        # depend on the batch it shares
+        streams = None if params.greedy else [NoiseStream(params, logits.shape[-1], dev) for _ in prompts]
+        tokens = sample(logits, params, streams, 0)
         positions = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         results = [GenerationResult(prompt_len=len(p)) for p in prompts]
         finished = [False] * B
@@ -59,7 +62,7 @@ class Generator:
         for step in range(params.max_new_tokens):
             more = step + 1 < params.max_new_tokens
             if more:  # queue the next step before reading this one's tokens
-                next_tokens = sample(runner.decode(tokens, positions), params, gen)
+                next_tokens = sample(runner.decode(tokens, positions), params, streams, step + 1)
             host = reader.read()
             now = time.perf_counter()
             for i, tok in enumerate(host):

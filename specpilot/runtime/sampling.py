@@ -1,4 +1,4 @@
-"""SamplingParams and the sampler: greedy, or temperature / top-k / top-p with a seeded device generator.
+"""SamplingParams and the sampler: greedy, or temperature / top-k / top-p with each request's own seeded noise stream.
 
 filtered_probs is the one function that turns logits into the distribution a token is drawn from; plain
 sampling (sample) and speculative sampling (spec_decode/rejection.py) both read it, so the two draw from the
@@ -58,11 +58,15 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return probs
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """logits [B, vocab] -> token ids [B] int64, on the logits' device, without a host sync."""
+def sample(logits: torch.Tensor, params: SamplingParams, streams: list[NoiseStream] | None,
+           position: int) -> torch.Tensor:
+    """logits [B, vocab] -> token ids [B] int64, on the logits' device, without a host sync: the argmax when greedy,
+    else row b raced with the noise row of output `position` of request b's own stream (streams[b]), so a request
+    draws the same tokens in any batch."""
     if params.greedy:
         return logits.argmax(dim=-1)
-    return race(filtered_probs(logits, params), generator)
+    noise = torch.cat([s.take(position, 1, logits.shape[-1]) for s in streams])
+    return race(filtered_probs(logits, params), None, noise)
 
 
 def race(probs: torch.Tensor, generator: torch.Generator | None, noise: torch.Tensor | None = None) -> torch.Tensor:

@@ -34,6 +34,20 @@ def test_ragged_batch_equals_single_runs(name, prefill_together, checkpoint_fact
     assert batched == singles
 
 
+@pytest.mark.parametrize("prefill_together", [False, True])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_sampled_batch_equals_each_prompt_sampled_alone(name, prefill_together, checkpoint_factory):
+    """Each request samples from its own stream: a sampled batch gives each prompt the tokens it draws alone with
+    its seed (what the speculative engine emits for it in any batch), whatever shares its steps."""
+    gen, _ = _gen(checkpoint_factory, name, prefill_together)
+    prompts = [torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (3, 29, 11)]
+    params = SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.95, seed=6, ignore_eos=True)
+    batched = [r.token_ids for r in gen.generate(prompts, params)]
+    singles = [gen.generate([p], params)[0].token_ids for p in prompts]
+    assert batched == singles
+    assert batched != [r.token_ids for r in gen.generate(prompts, SamplingParams(max_new_tokens=16))]  # it sampled
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_chunked_prefill_equals_one_shot(name, checkpoint_factory):
     """Prefill in chunks of 7 tokens (prefix attention + carried recurrent state) == one pass."""
@@ -50,7 +64,9 @@ def test_sampling_is_seeded_and_greedy_ignores_seed(checkpoint_factory):
     s1 = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=7)
     a, b = gen.generate(p, s1), gen.generate(p, s1)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
-    assert a[0].token_ids != a[1].token_ids  # rows draw independently
+    assert a[0].token_ids == a[1].token_ids  # each request's stream is its seed's
+    unseeded = gen.generate(p, SamplingParams(max_new_tokens=20, temperature=1.0))
+    assert unseeded[0].token_ids != unseeded[1].token_ids  # without a seed each request draws its own
     c = gen.generate(p, SamplingParams(max_new_tokens=20, temperature=1.0, seed=8))
     assert c[0].token_ids != a[0].token_ids
     g1 = gen.generate(p, SamplingParams(max_new_tokens=20, seed=1))
@@ -70,11 +86,11 @@ def test_top_k_top_p_filtering():
 
 
 def test_sampling_distribution_matches_softmax():
-    from specpilot.runtime.sampling import sample
+    from specpilot.runtime.sampling import race
 
     logits = torch.tensor([[1.0, 0.0, -0.5, 2.0]]).expand(20000, 4)
     gen = torch.Generator().manual_seed(0)
-    draws = sample(logits, SamplingParams(temperature=1.0), gen)
+    draws = race(filtered_probs(logits, SamplingParams(temperature=1.0)), gen)
     freq = torch.bincount(draws, minlength=4).float() / draws.numel()
     assert (freq - torch.softmax(logits[0], -1)).abs().max() < 0.015
 

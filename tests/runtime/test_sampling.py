@@ -21,7 +21,10 @@ def test_filtered_probs_on_a_tree_of_rows_equals_each_row():
 def test_noise_rows_are_plain_samplings_draws_by_position():
     logits = torch.randn(4, 17, generator=torch.Generator().manual_seed(1))
     gen = make_generator(PARAMS, torch.device("cpu"))
-    plain = [int(sample(logits[i:i + 1], PARAMS, gen)) for i in range(4)]  # a lone request, step by step
+    # a lone request, step by step: one Exp(1) row per output position from the generator its seed makes
+    plain = [int(race(filtered_probs(logits[i], PARAMS), gen)) for i in range(4)]
+    assert [int(sample(logits[i:i + 1], PARAMS, [lone], i)) for lone in [NoiseStream(PARAMS, 17, "cpu")]
+            for i in range(4)] == plain
     stream = NoiseStream(PARAMS, 17, "cpu")
     first = stream.take(0, 3)  # a step that looks 3 positions ahead, then emits 1
     later = stream.take(1, 3)  # the next step starts at position 1: rows 1 and 2 again, then row 3

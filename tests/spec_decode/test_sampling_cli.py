@@ -1,14 +1,13 @@
 """specpilot bench's sampling flags: bad values and combinations are one line and status 2, before any model
 loads or file is written."""
 
+import itertools
+
 import pytest
 
 from specpilot.cli import main
 
 CASES = [
-    (["--temperature", "0.7", "--batch-sizes", "1", "4"],
-     "--temperature 0.7 with --batch-sizes 1 4: sampled rows are checked against AR sampling with the same seed one "
-     "request at a time; use --batch-sizes 1"),
     (["--temperature", "-0.5"], "temperature=-0.5: must be >= 0"),
     (["--temperature", "0.7", "--top-p", "0"], "top_p=0.0: must be in (0, 1]"),
     (["--temperature", "0.7", "--top-k", "-2"], "top_k=-2: must be >= 0"),
@@ -69,26 +68,28 @@ def test_bench_rows_per_temperature_beside_greedy(checkpoint_factory, tmp_path, 
 
 
 def test_bench_synthetic_rows_at_temperature(tmp_path, capsys):
-    """specpilot bench on a random target under synthetic acceptance at 0 and 0.7: the sampled rows equal AR sampling
-    with the same seed, their oracle follows AR's sampled output (tau as the profile gives it), and the JSON and the
-    printed table say what such a row's acceptance is."""
+    """specpilot bench on a random target under synthetic acceptance at 0 and 0.7, batch 1 and 2: the sampled rows
+    equal AR sampling with the same seed, their oracle follows AR's sampled output (tau as the profile gives it), and
+    the JSON and the printed table say what such a row's acceptance is."""
     import json
 
     data = tmp_path / "data" / "eagle"
     data.mkdir(parents=True)
-    (data / "gsm8k_question.jsonl").write_text(json.dumps({"question_id": 0, "category": "math",
-                                                           "turns": ["Tom has 3 apples and buys 4 more."]}))
+    turns = ["Tom has 3 apples and buys 4 more.", "A train leaves at 9 and arrives at 11."]
+    (data / "gsm8k_question.jsonl").write_text("\n".join(
+        json.dumps({"question_id": i, "category": "math", "turns": [t]}) for i, t in enumerate(turns)))
     out = tmp_path / "bench.json"
     rc = main(["bench", "--target", "random:tiny-dense", "--drafter", "random-dflash", "--acceptance",
                "synthetic:dflash2-gsm8k", "--workloads", "gsm8k", "--data-dir", str(tmp_path / "data"),
                "--max-new-tokens", "16", "--temperature", "0", "0.7", "--seed", "3", "--device", "cpu",
-               "--configs", "tree=tree:static:3,2,1", "--out", str(out)])
+               "--batch-sizes", "1", "2", "--configs", "tree=tree:static:3,2,1", "--out", str(out)])
     assert rc == 0
-    rows = {(r["temperature"], r["config"]): r for r in json.loads(out.read_text())["results"]}
-    for config in ("stock", "tree"):
-        row = rows[0.7, config]
+    rows = {(r["temperature"], r["batch"], r["config"]): r for r in json.loads(out.read_text())["results"]}
+    for batch, config in itertools.product((1, 2), ("stock", "tree")):
+        row = rows[0.7, batch, config]
         assert row["forcing"]["check"] == "equal to AR sampling with the same seed" and row["forcing"]["passed"]
         assert row["tau"] > 1.5 and row["synthetic"]
-        assert "sampled at T=0.7" in row["acceptance_label"] and "sampled" not in rows[0.0, config]["acceptance_label"]
+        assert "sampled at T=0.7" in row["acceptance_label"]
+        assert "sampled" not in rows[0.0, batch, config]["acceptance_label"]
     captured = capsys.readouterr()
     assert "T > 0 rows: dflash2-gsm8k" in captured.out
