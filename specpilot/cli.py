@@ -21,6 +21,7 @@ from specpilot.bench import commands as bench_commands
 from specpilot.checkpoint.errors import CheckpointError
 from specpilot.cli_util import err, pick_device
 from specpilot.config import Ablations, ConfigError, EngineConfig
+from specpilot.pilot import commands as pilot_commands
 from specpilot.train import commands as train_commands
 from specpilot.weights import commands as weights_commands
 
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     weights_commands.add_parsers(sub)
     bench_commands.add_parsers(sub)
     train_commands.add_parsers(sub)
+    pilot_commands.add_parsers(sub)
     d = sub.add_parser("demo", help="code completion on the bundled trained zoo (CPU), plain and speculative")
     _add_generation_flags(d, max_new_tokens=96)
     d.add_argument("--prompt", default=DEMO_PROMPT,

@@ -93,7 +93,8 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("lower", "upper"), [("layers", "models"), ("runtime", "spec_decode"),
                                               ("spec_decode", "engine"), ("checkpoint", "weights"),
-                                              ("checkpoint", "models"), ("weights", "models")])
+                                              ("checkpoint", "models"), ("weights", "models"),
+                                              ("bench", "pilot"), ("pilot", "cli")])
 def test_the_layering_the_issue_asks_for(lower, upper):
     levels = doc_layers()
     assert levels[lower] < levels[upper]

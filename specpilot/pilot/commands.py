@@ -1,0 +1,165 @@
+"""`specpilot profile`: its flags and its command (the CLI entry of profile.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from specpilot.cli_util import err, pick_device
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("profile", help="a short workload's step components ranked by distance from their ceilings "
+                                       "(cost model), and the predicted effect of each known change")
+    p.add_argument("--target", required=True,
+                   help="model directory or Hub repo id, or random:SHAPE[:layers=N] (random weights in a real shape; "
+                        "needs --acceptance synthetic:PROFILE, the default there)")
+    p.add_argument("--target-kind", choices=["margin", "flat"], default="margin", help="random:SHAPE weights")
+    p.add_argument("--drafter", default=None,
+                   help="drafter directory or Hub id, ngram, or random-dflash / random-dflash2 / random-dspark / "
+                        "random-mtp on random targets (default: random-dflash there, else ngram)")
+    p.add_argument("--tree", default="chain:7", help="chain:D | static:C1,C2,... | dynamic:TOPK,DEPTH,NODES")
+    p.add_argument("--batch", type=int, default=1, help="requests decoding together")
+    p.add_argument("--steps", type=int, default=32, help="timed steps")
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps first (graph captures)")
+    p.add_argument("--workload", default="gsm8k", help="prompt set the requests take their prompts from")
+    p.add_argument("--acceptance", default=None,
+                   help="real, or synthetic:PROFILE (default: synthetic:dflash2-gsm8k on random targets, else real)")
+    p.add_argument("--adaptive", action="store_true", help="the engine's node budget (default: every request its "
+                                                           "full tree)")
+    p.add_argument("--weight-format", choices=["bf16", "w12n", "w12n_only"], default="bf16")
+    p.add_argument("--recalibrate", action="store_true", help="measure the calibration again even if cached")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
+    p.add_argument("--out", default="profile.json", help="JSON report path")
+    p.add_argument("--plot", default=None, help="PNG plot path (default: next to the JSON)")
+    p.set_defaults(func=cmd_profile)
+
+
+def check_flags(args):
+    """The flags that need no file read; returns (random target or None, acceptance profile or None, drafter
+    name)."""
+    from specpilot.bench.shapes import RandomTarget
+    from specpilot.bench.synthetic import AcceptanceProfile
+    from specpilot.spec_decode.tree import TreeSpec
+
+    for flag, value, least in (("--batch", args.batch, 1), ("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            raise ValueError(f"{flag} {value}: must be >= {least}")
+    TreeSpec.parse(args.tree, "--tree")
+    target = RandomTarget.parse(args.target, args.target_kind)
+    acceptance = args.acceptance or ("synthetic:dflash2-gsm8k" if target is not None else "real")
+    kind, _, name = acceptance.partition(":")
+    if kind not in ("real", "synthetic") or (kind == "synthetic" and not name):
+        raise ValueError(f"--acceptance {acceptance!r}: use real or synthetic:PROFILE")
+    if target is not None and kind == "real":
+        raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
+    drafter = args.drafter or ("random-dflash" if target is not None else "ngram")
+    if drafter.startswith("random-") and target is None:
+        raise ValueError(f"--drafter {drafter} goes with a random:SHAPE target")
+    if drafter == "none":
+        raise ValueError("--drafter none: profile measures a speculative step; name a drafter (e.g. ngram)")
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path:
+            p = Path(path).expanduser()
+            if p.is_dir():
+                raise ValueError(f"{flag} {path}: is a directory; give a file path in it")
+            folder = next(f for f in (p.parent, *p.parent.parents) if f.exists())
+            if not folder.is_dir():
+                raise ValueError(f"{flag} {path}: {folder} is not a directory")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise ValueError(f"{flag} {path}: cannot write in {folder} (permission denied)")
+    return target, (AcceptanceProfile.load(name) if kind == "synthetic" else None), drafter
+
+
+def cmd_profile(args) -> int:
+    import torch
+    from rich.console import Console
+
+    from specpilot.bench.harness import OracleClock, load_workloads
+    from specpilot.bench.report import environment
+    from specpilot.config import EngineConfig
+    from specpilot.pilot import calibration
+    from specpilot.pilot.cost_model import AcceptanceStats, DrafterShape, ModelShape
+    from specpilot.pilot.profile import analyse, plot, tables
+    from specpilot.pilot.workload import build_engine, run_steps, truth_for
+    from specpilot.runtime.runner import ModelRunner
+    from specpilot.runtime.settings import Runtime
+    from specpilot.spec_decode.tree import TreeSpec
+
+    target, profile, drafter_name = check_flags(args)
+    prompts_text = load_workloads([args.workload])[args.workload]
+    device = pick_device(args.device)
+    model, tokenizer, make_drafter = _models(args, target, drafter_name, device)
+    runtime = Runtime.build(EngineConfig(weight_format=args.weight_format), torch.device(device))
+    runner = ModelRunner(model, runtime)
+    drafter = make_drafter(runtime)
+    if drafter is None:
+        raise ValueError(f"--drafter {drafter_name}: profile measures a speculative step; name a drafter")
+    spec = TreeSpec.parse(args.tree)
+    depth = getattr(drafter, "max_depth", None)
+    spec = spec.capped(depth) if depth else spec
+    plan = calibration.CalibrationPlan(batches=(args.batch,)) if device == "cuda" else replace(
+        calibration.CalibrationPlan.tiny(), batches=(args.batch,))
+    cal = calibration.cached(runner, drafter, plan, refresh=args.recalibrate, log=lambda m: err.print(f"[dim]{m}[/]"))
+    prompts = [tokenizer.encode(p.text) for p in prompts_text]
+    prompts = [prompts[i % len(prompts)] for i in range(args.batch)]
+    tokens = (args.warmup + args.steps + 4) * (spec.depth + 1) + 8
+    clock = OracleClock(torch.device(device)) if profile is not None else None
+    truth = truth_for(model, runner, prompts, tokens) if profile is not None else None
+    engine = build_engine(runner, drafter, str(spec), args.batch, max(map(len, prompts)) + tokens + 1, profile,
+                          truth, clock, adaptive=args.adaptive)
+    err.print(f"[dim]profile: {args.steps} timed steps at batch {args.batch}, {spec}[/]")
+    run = run_steps(engine, prompts, args.warmup, args.steps, tokens, clock)
+    shape = ModelShape.from_model(model)
+    cost = cal.cost_model(shape, DrafterShape.from_drafter(drafter, shape, spec.depth))
+    children = spec.branching if spec.kind == "static" else None
+    acceptance = AcceptanceStats.from_counts(run.drafted, run.accepted, run.steps * run.batch,
+                                             profile.sibling_decay if profile else 0.5,
+                                             profile.variation if profile else None, children)
+    result = analyse(run, cost, str(spec), spec.max_tree_nodes, args.weight_format, runtime.verify_graphs,
+                     acceptance, depth)
+    synthetic = profile.label if profile is not None else None
+    doc = {**environment(), "target": args.target, "drafter": drafter_name, "batch": args.batch,
+           "acceptance": synthetic or "real", "adaptive": args.adaptive,
+           "calibration": {"gpu": cal.gpu, "fingerprint": cal.fingerprint, "seconds": cal.seconds,
+                           "path": str(calibration.cache_path(cal.gpu, cal.fingerprint))},
+           **result.to_dict()}
+    out = Path(args.out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.replace(out)
+    plot_path = Path(args.plot).expanduser() if args.plot else out.with_suffix(".png")
+    try:
+        plot(result, plot_path, synthetic)
+    except Exception as e:  # noqa: BLE001 - the JSON is the result; the plot is a view of it
+        err.print(f"[yellow]plot failed: {type(e).__name__}: {e}[/]")
+    console = Console(highlight=False)
+    for t in tables(result, synthetic):
+        console.print(t)
+    err.print(f"wrote {out} and {plot_path}")
+    return 0
+
+
+def _models(args, target, drafter_name: str, device: str):
+    """(target, tokenizer, drafter factory(runtime)): a random-weight model in a real shape, or a checkpoint."""
+    import torch
+
+    from specpilot.spec_decode.drafters.registry import build_drafter
+
+    if target is not None:
+        from specpilot.bench.shapes import RANDOM_DRAFTERS, ByteTokenizer
+
+        model = target.build(device, torch.bfloat16 if device == "cuda" else torch.float32)
+        if drafter_name in RANDOM_DRAFTERS:
+            make = RANDOM_DRAFTERS[drafter_name]
+            return model, ByteTokenizer(), lambda runtime: make(model, target.shape, runtime)
+        return model, ByteTokenizer(), lambda runtime: build_drafter(drafter_name, model, runtime=runtime)
+    from specpilot.models.loader import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(args.target)
+    model = load_model(args.target, device, args.dtype)
+    return model, tokenizer, lambda runtime: build_drafter(drafter_name, model, tokenizer, runtime=runtime)
