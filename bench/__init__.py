@@ -14,6 +14,7 @@ Benchmarks:
     margin_check     margin targets against flat ones: top-2 logit gap vs bf16 path noise, and AR decode speed
     odd_shapes       odd shapes the loader accepts run on the GPU and give transformers' greedy output
     path_noise       how far AR decode and a teacher-forced block over the same tokens drift apart
+    prefill          GDN prefill (torch, ours, fla-core) and decode kernels; whole-model prefill TFLOP/s; per chunk; TTFT
     sass_count       offline SASS instruction counts of the GEMV kernels' main loops (sm_90, no GPU needed)
     spec_step        where a speculative step's time goes, per phase and per kernel (synthetic acceptance)
     verify_cost      t(N)/t(1) of verifying N tree tokens in one forward, and a step's host overhead
