@@ -135,18 +135,23 @@ def fla_status(device: str) -> dict:
     return out
 
 
+def ours_run_here(device: str) -> bool:
+    """Our Triton kernels: on CUDA, or interpreted on the CPU when the process started with TRITON_INTERPRET=1."""
+    return device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def prefill_forms(device: str, fla_ok: bool) -> dict:
     """The GDN prefill forms that run here: name -> fn(q, k, v, g, beta, s0) or a skip reason."""
     from specpilot.ops.gated_delta_rule import chunk
     from specpilot.ops.gated_delta_rule import fla as fla_form
 
     forms = {"torch": chunk.chunk_gated_delta_rule}
-    if device == "cuda":
+    if ours_run_here(device):
         from specpilot.ops.gated_delta_rule import triton as ours
 
         forms["triton"] = ours.chunk_gated_delta_rule
     else:
-        forms["triton"] = "skipped: Triton kernels time only on CUDA"
+        forms["triton"] = "skipped: Triton kernels run only on CUDA (or on the CPU under TRITON_INTERPRET=1)"
     forms["fla"] = fla_form.chunk_gated_delta_rule if fla_ok else "skipped: fla-core not available"
     return forms
 
@@ -217,7 +222,7 @@ def gdn_decode(plan: Plan, fla_ok: bool) -> list[dict]:
         ref_pool = pool.clone()
         o_ref = fused_recurrent_gated_delta_rule_ref(*args, ref_pool, idx)
         fns = {}
-        if plan.device == "cuda":
+        if ours_run_here(plan.device):
             from specpilot.ops.gated_delta_rule import triton as ours
 
             fns["ours"] = lambda p: ours.fused_recurrent_gated_delta_rule(*args, p, idx)
@@ -234,7 +239,7 @@ def gdn_decode(plan: Plan, fla_ok: bool) -> list[dict]:
             row[name] = attempt(f"decode {name} B={B}", _time_decode, fn, pool, o_ref, ref_pool, plan.device,
                                 name != "fla_kernel")
         if not fns:
-            row["skipped"] = "the decode kernels time only on CUDA"
+            row["skipped"] = "the decode kernels run only on CUDA (or on the CPU under TRITON_INTERPRET=1)"
         for name in ("fla_pool", "fla_kernel"):
             if "us" in row.get("ours", {}) and "us" in row.get(name, {}):
                 row[f"{name}_speedup_vs_ours"] = row["ours"]["us"] / row[name]["us"]
@@ -249,14 +254,16 @@ def _time_decode(fn, pool, o_ref, ref_pool, device, pooled: bool) -> dict:
     out = {"o_vs_ref": rel_err(o.float(), o_ref.float())}
     if pooled:
         out["pool_vs_ref"] = rel_err(work, ref_pool)
-    try:  # fla's Python wrapper under capture: eager timing if it cannot be captured
-        out["us"] = graph_ms(lambda i: fn(work)) * 1e3
-        out["timing"] = "cuda graph"
-    except Exception as e:  # noqa: BLE001
-        out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
-        torch.cuda.synchronize()
-        out["us"] = median(time_ms(lambda: fn(work), device, 50, warmup=5)) * 1e3
-        out["timing"] = "eager (CUDA events)"
+    if device == "cuda":
+        try:  # fla's Python wrapper under capture: eager timing if it cannot be captured
+            out["us"] = graph_ms(lambda i: fn(work)) * 1e3
+            out["timing"] = "cuda graph"
+            return out
+        except Exception as e:  # noqa: BLE001
+            out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+            sync(device)
+    out["us"] = median(time_ms(lambda: fn(work), device, 50 if device == "cuda" else 3, warmup=2)) * 1e3
+    out["timing"] = "eager (CUDA events)" if device == "cuda" else "eager (wall clock)"
     return out
 
 
@@ -366,7 +373,7 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
                         dtype=q.dtype)
         out["gdn_prefill_form"] = prefill_kernel(q, q, v, 64, runner.runtime.prefill.gdn_prefill_kernel)
     timer = ChunkTimer(runner)
-    if cfg.num_linear_layers and plan.device == "cuda":  # first: it decides the layer's GDN path
+    if cfg.num_linear_layers:  # first: it decides the layer's GDN path
         out["gdn_form_ab"] = attempt(f"{name} GDN forms", gdn_form_ab, runner, timer, cfg, plan.ab_tokens, clock,
                                      deadline_s)
     rate, rate_tokens = 0.25 * peak, 0  # FLOP/s for the budget: the largest run's so far (a guess before one)
