@@ -6,6 +6,8 @@
 #     SUITE_ONLY="verify_cost hybrid_tree" bash bench/gpu_suite.sh OUTDIR COMMIT                    # caps 350 s
 #     SUITE_ONLY="ar_decode" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # cap 300 s
 #     SUITE_ONLY="bench_27b_long" bash bench/gpu_suite.sh OUTDIR COMMIT      # opt-in, cap 480 s: issue 7's row
+#     SUITE_ONLY="fla_tests prefill" bash bench/gpu_suite.sh OUTDIR COMMIT   # opt-in, caps 150 + 420 s: issue 30
+#         (needs fla-core: python3 -m pip install --no-index --no-deps .whl/*.whl; docs/prefill.md)
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
 #
 # (measured 2026-11-30, fifth and sixth sessions: the kernel checks 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
@@ -196,6 +198,17 @@ if [[ " ${SUITE_ONLY:-} " == *" bench_27b_long "* ]]; then
         --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${LONG_SIZE[@]}" \
         --stock-tree chain:7 "${BASE_ENGINE[@]}" --configs "${C27[@]}" --out "$OUT/bench_27b_long_h200.json" \
         --plot /tmp/bench_27b_long_h200.png "${DEV[@]}"
+fi
+
+# issue 30, opt-in (SUITE_ONLY must name them): fla-core's GDN kernels against our references, then the prefill
+# benchmark (GDN layer forms, whole-model prefill TFLOP/s, per-chunk times, fresh-process TTFT)
+if [[ " ${SUITE_ONLY:-} " == *" fla_tests "* ]]; then
+    step fla_tests 150 env TRITON_INTERPRET=0 python3 -m pytest -m gpu tests/gpu/test_fla_gpu.py -q -p no:cacheprovider \
+        --junitxml="$OUT/fla_tests_h200.xml"
+fi
+if [[ " ${SUITE_ONLY:-} " == *" prefill "* ]]; then
+    PF=(--budget-s 400); [ "$DRY" = 1 ] && PF=(--smoke)
+    step prefill 420 python3 -m bench prefill --out "$OUT/prefill_h200.json" --commit "$COMMIT" "${PF[@]}"
 fi
 
 # the skinny GEMV at 16, 24 and 32 rows on the 27B projections (tree verify blocks above 16 nodes)
