@@ -56,6 +56,18 @@ class ProfileResult:
                  "attributed_ms": measured * parts[k].seconds / total * 1e3 if total > 0 else 0.0,
                  "bytes": parts[k].bytes, "flops": parts[k].flops} for k in VERIFY_PARTS]
 
+    def prefill(self) -> dict | None:
+        """The start's mixed steps (prefill chunks, with any decoding rows riding along): median chunk tokens and
+        forward ms against the ceiling of a chunk that size."""
+        recs = self.run.prefill
+        if not recs:
+            return None
+        tokens = statistics.median(r["prefill"] for r in recs)
+        measured = statistics.median(r["seconds"].get("verify", 0.0) for r in recs)
+        ceiling = self.model.prefill_part(int(tokens), tokens / 2).seconds
+        return {"steps": len(recs), "tokens_p50": tokens, "measured_ms": measured * 1e3, "ceiling_ms": ceiling * 1e3,
+                "over_ceiling": measured / ceiling if ceiling > 0 else None}
+
     def configuration(self, tree: str | None = None, weight_format: str | None = None) -> Configuration:
         return Configuration(self.run.batch, tree or self.tree, self.run.context, self.acceptance,
                              weight_format or self.weight_format)
@@ -88,7 +100,7 @@ class ProfileResult:
                                "sibling_decay": self.acceptance.sibling_decay,
                                "variation": self.acceptance.variation.to_dict() if self.acceptance.variation else None},
                 "ceilings": self.model.ceilings.to_dict(), "components": self.components(),
-                "verify_parts": self.verify_parts(), "predicted": now.to_dict(),
+                "verify_parts": self.verify_parts(), "prefill": self.prefill(), "predicted": now.to_dict(),
                 "predicted_over_measured": now.tok_s / self.run.tok_s if self.run.tok_s else None,
                 "changes": self.changes()}
 
@@ -116,10 +128,15 @@ def tables(result: ProfileResult, synthetic: str | None) -> list[Table]:
             for p in result.verify_parts():
                 t.add_row(f"  {p['part']}", f"({p['attributed_ms']:.3f})", f"{p['ceiling_ms']:.3f}", "", "",
                           style="dim")
+    pre = result.prefill()
+    if pre is not None:
+        ratio = f"{pre['over_ceiling']:.2f}" if pre["over_ceiling"] else "-"
+        t.add_row(f"prefill ({pre['tokens_p50']:.0f}-token chunk)", f"{pre['measured_ms']:.3f}",
+                  f"{pre['ceiling_ms']:.3f}", f"{pre['measured_ms'] - pre['ceiling_ms']:.3f}", ratio, style="italic")
     now = result.model.predict(result.configuration())
     t.caption = (f"measured {run.tok_s:.1f} tok/s, {run.step_s * 1e3:.2f} ms/step, {run.tau:.2f} tokens/request/step;"
                  f" model {now.tok_s:.1f} tok/s, {now.step_seconds * 1e3:.2f} ms/step. (x): verify attributed by "
-                 f"ceiling, not measured")
+                 f"ceiling, not measured; prefill: per chunk, not per step")
     c = Table(title="what the cost model predicts for each known change")
     for col in ("change", "tok/s", "vs now", "tokens/step"):
         c.add_column(col, justify="left" if col == "change" else "right")

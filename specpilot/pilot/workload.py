@@ -42,6 +42,7 @@ class StepRun:
     drafted: list[int] = field(default_factory=list)  # per depth, over the timed steps and every request
     accepted: list[int] = field(default_factory=list)
     taus: list[float] = field(default_factory=list)  # per request: tokens per step over the timed steps
+    prefill: list[dict] = field(default_factory=list)  # the start's step-log records that carried prefill chunks
 
     @property
     def tok_s(self) -> float:
@@ -117,6 +118,7 @@ def run_steps(engine: SpecEngine, prompts: list[list[int]], warmup: int, steps: 
     the last timed step's component times are read), then aborts the requests."""
     device = engine.runner.device
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    started = len(engine.step_log)
     reqs = start(engine, prompts, params)
     for _ in range(warmup):
         engine.step()
@@ -141,9 +143,11 @@ def run_steps(engine: SpecEngine, prompts: list[list[int]], warmup: int, steps: 
     drafted = _diff([r.stats.drafted_per_depth for r in reqs], drafted0)
     accepted = _diff([r.stats.accepted_per_depth for r in reqs], accepted0)
     engine.step()  # the timed steps' last component times are read at the next step
-    records = list(engine.step_log)[logged:logged + steps]
+    log = list(engine.step_log)
+    records = log[logged:logged + steps]
+    prefill = [r for r in log[started:logged] if r["prefill"] and "seconds" in r]
     run = StepRun(len(reqs), steps, wall, sum(emitted), (sum(ctx0) + sum(ctx1)) / (2 * len(reqs)), records,
-                  drafted, accepted, [e / max(n, 1) for e, n in zip(emitted, stepped)])
+                  drafted, accepted, [e / max(n, 1) for e, n in zip(emitted, stepped)], prefill)
     for r in reqs:
         if r.status is not Status.FINISHED:
             engine.abort(r.request_id)

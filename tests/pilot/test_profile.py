@@ -33,6 +33,7 @@ def test_profile_ranks_components_and_predicts_changes(tmp_path, prompts, monkey
     assert changes["none (this run)"]["vs_now"] == 1.0 and "tree chain:7" in changes
     assert changes["verify at its ceiling"]["vs_now"] >= 1.0
     assert doc["measured"]["steps"] == 3 and doc["measured"]["tok_s"] > 0 and doc["predicted"]["tok_s"] > 0
+    assert doc["prefill"]["steps"] >= 1 and doc["prefill"]["tokens_p50"] > 0 and doc["prefill"]["ceiling_ms"] > 0
     assert doc["acceptance"]["per_depth"] and "SYNTHETIC" in capsys.readouterr().out
     # the calibration was cached: a second run reads it
     assert main(argv) == 0
