@@ -378,7 +378,6 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
                                      deadline_s)
     rate, rate_tokens = 0.25 * peak, 0  # FLOP/s for the budget: the largest run's so far (a guess before one)
     warmed: set[tuple[int, int]] = set()  # (batch, chunk tokens) compiled
-    longest = max(t for t in plan.tokens if t < cfg.max_position_embeddings)
     for batch in plan.batches:
         for T in plan.tokens:
             row = {"batch": batch, "tokens": T}
@@ -386,21 +385,21 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
             flops = prefill_flops(model, cfg, batch, T)
             row["flops"] = flops
             reps = 3 if batch * T <= 16384 else 1
-            need = cache_bytes(cfg, batch, longest + 1) + activation_bytes(cfg, batch * min(T, args.prefill_chunk))
-            est = flops["total"] / rate * (reps + 1)
+            est = 1.1 * flops["total"] / rate * reps  # 10% for the warm-up of a new chunk size
+            need, free = _memory(runner, cfg, batch, T, args.prefill_chunk)
             if T >= cfg.max_position_embeddings:
                 row["skipped"] = f"{T} tokens >= max_position_embeddings {cfg.max_position_embeddings}"
-            elif plan.device == "cuda" and need > 0.92 * torch.cuda.mem_get_info()[0] + _cache_held(runner):
+            elif need > 0.92 * free:
                 row["skipped"] = (f"does not fit: about {need / 2**30:.1f} GiB of cache and activations, "
-                                  f"{torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB free")
+                                  f"{free / 2**30:.1f} GiB free")
             elif clock.elapsed() + est > deadline_s:
                 row["skipped"] = (f"time budget: about {est:.0f} s at the measured rate, "
                                   f"{deadline_s - clock.elapsed():.0f} s left for this shape")
             if "skipped" in row:
                 print(f"{name} B={batch} T={T}: skipped ({row['skipped']})", flush=True)
                 continue
-            row.update(attempt(f"{name} B={batch} T={T}", _time_prefill, runner, timer, cfg, batch, T, longest, reps,
-                               warmed, plan.device))
+            row.update(attempt(f"{name} B={batch} T={T}", _time_prefill, runner, timer, cfg, batch, T, reps, warmed,
+                               plan.device))
             if "s_median" in row:
                 row["tflops"] = flops["total"] / row["s_median"] / 1e12
                 row["fraction_of_peak"] = row["tflops"] * 1e12 / peak
@@ -419,16 +418,21 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
     return out
 
 
-def _cache_held(runner: ModelRunner) -> int:
-    """Bytes the runner's current cache holds (freed when allocate grows it)."""
+def _memory(runner: ModelRunner, cfg: ModelConfig, batch: int, T: int, chunk: int) -> tuple[int, float]:
+    """(bytes a prefill of batch x T needs beyond what is allocated, bytes it may use): a new cache if the current
+    one is too small (allocate then frees the old one), plus one chunk's activations. Unbounded on the CPU."""
+    if runner.device.type != "cuda":
+        return 0, float("inf")
     c = runner.cache
-    if c is None:
-        return 0
-    return sum(t.numel() * t.element_size() for t in vars(c).values() if isinstance(t, torch.Tensor))
+    grows = c is None or c.num_slots < batch or c.max_seq_len < T + 1
+    held = 0 if c is None else sum(t.numel() * t.element_size() for t in vars(c).values()
+                                   if isinstance(t, torch.Tensor))
+    need = (cache_bytes(cfg, batch, T + 1) if grows else 0) + activation_bytes(cfg, batch * min(T, chunk))
+    return need, torch.cuda.mem_get_info()[0] + (held if grows else 0)
 
 
-def _time_prefill(runner, timer, cfg, batch, T, longest, reps, warmed: set, device) -> dict:
-    runner.allocate(batch, longest + 1)
+def _time_prefill(runner, timer, cfg, batch, T, reps, warmed: set, device) -> dict:
+    runner.allocate(batch, T + 1)
     gen = torch.Generator().manual_seed(T)
     prompts = torch.randint(0, cfg.vocab_size, (batch, T), generator=gen).tolist()
     # a prompt of one chunk of each size this run has that no run had yet: every kernel compiled before the timing
