@@ -109,7 +109,7 @@ def run_shape(shape: str, args, report: Report, plan: calibration.CalibrationPla
     model = RandomTarget(shape, "margin").build(device, dtype)
     report["shapes"][shape] = {"build_s": time.perf_counter() - t0, "calibrations": {}}
     report.save()
-    rows = rows_for(shape, args.smoke)
+    rows = [r for r in rows_for(shape, args.smoke) if r.weight_format in args.formats]
     costs = {}
     for fmt in dict.fromkeys(r.weight_format for r in rows):
         if fmt != "bf16" and dtype != torch.bfloat16:
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", default="dflash2-gsm8k", help="synthetic acceptance profile")
     p.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 512; smoke 16)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per row (default 4; smoke 1)")
+    p.add_argument("--formats", nargs="+", default=["bf16", "w12n"], choices=["bf16", "w12n"],
+                   help="weight formats whose rows run (W12N rows encode the 8B planes first: about a minute)")
     p.add_argument("--reuse-calibration", action="store_true", help="take a cached calibration if there is one")
     p.add_argument("--smoke", action="store_true", help="CPU dry run on the tiny shapes")
     p.add_argument("--device", default=None, help="default: cuda (smoke: cpu)")

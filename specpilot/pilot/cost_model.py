@@ -20,7 +20,8 @@ device's Ceilings, ceilings.py; "roofline" = max(bytes / bandwidth, FLOPs / peak
 
 Prediction at a step: each component's ceiling there times its efficiency (measured / ceiling) at the calibration's
 points, interpolated in batch size (Calibration, calibration.py); verify from the calibration's measured verify curve
-(engine/cost_curve.py), carried to another weight format by the ratio of the two formats' ceilings; other and
+(engine/cost_curve.py), carried to another weight format by the ratio of the two formats' ceilings, times the
+engine's verify over the curve's at the points (interpolated in batch size); other and
 host_gap as measured seconds interpolated in batch size. Without calibration points each component is predicted at
 its ceiling. Tok/s = B * E[tokens per request per step] / predicted step seconds; E from per-depth acceptance with
 sibling decay, and under a two-state variation (bench/variation.py) the mixture of the easy and hard states' tables
@@ -316,11 +317,18 @@ class CostModel:
         return out
 
     def _verify_seconds(self, step: Step, ceiling: float) -> float:
-        if self.verify_curve is not None:
-            at = replace(step, weight_format=self.curve_format)
-            measured = float(self.verify_curve.seconds(at.tokens, at.bucket, at.context))
-            return measured * ceiling / self.parts(at)["verify"].seconds
-        return ceiling * self._efficiency("verify", step.batch)
+        if self.verify_curve is None:
+            return ceiling * self._efficiency("verify", step.batch)
+        # the engine's verify over the curve's (its host-side preparation, the feature outputs) at the points
+        pts = [(m.step.batch, m.get("verify") / self._from_curve(m.step, self.parts(m.step)["verify"].seconds))
+               for m in self.points if m.get("verify")]
+        return self._from_curve(step, ceiling) * (_interp(pts, step.batch) if pts else 1.0)
+
+    def _from_curve(self, step: Step, ceiling: float) -> float:
+        """The measured curve at the step, carried to its weight format by the ratio of the two formats' ceilings."""
+        at = replace(step, weight_format=self.curve_format)
+        measured = float(self.verify_curve.seconds(at.tokens, at.bucket, at.context))
+        return measured * ceiling / self.parts(at)["verify"].seconds
 
     def efficiency(self, component: str, batch: int) -> float:
         """Measured over ceiling for the component at this batch size (interpolated; 1 without points)."""

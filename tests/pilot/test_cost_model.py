@@ -178,3 +178,14 @@ def test_bad_inputs():
         AcceptanceStats((1.5,))
     with pytest.raises(ValueError, match="bandwidth"):
         Ceilings(0.0, 1.0, 1.0, 1.0, 1.0)
+
+
+def test_the_engines_verify_over_the_curve_at_the_points_scales_the_curve():
+    shape = ModelShape.from_model(random_model(hf_config("tiny-dense"), "cpu", torch.float32))
+    curve = VerifyCostCurve((1, 4), (0,), ((1, 8), (4, 32)), (((1e-3, 2e-3),), ((2e-3, 4e-3),)))
+    pts = (Measured(Step(1, 8, 0), (("verify", 2.2e-3),)), Measured(Step(4, 8, 0), (("verify", 4.0e-3),)))
+    cost = CostModel(shape, ROOF, None, pts, curve, "bf16")
+    assert cost.component_seconds(Step(1, 8, 0))["verify"] == pytest.approx(2.2e-3)
+    assert cost.component_seconds(Step(1, 1, 0))["verify"] == pytest.approx(1.1e-3)  # the same 1.1 at batch 1
+    assert cost.component_seconds(Step(2, 8, 0))["verify"] == pytest.approx(
+        float(curve.seconds(16, 2, 0)) * (1.1 + (1.0 - 1.1) / 3))
