@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specpilot.config import ModelConfig
 from specpilot.layers import pointwise as pw
@@ -25,6 +26,9 @@ from specpilot.ops.decode_attention import decode_attention
 from specpilot.ops.qk_norm_rope_store import qk_norm_rope_store
 from specpilot.ops.store_kv import store_kv
 from specpilot.ops.tree_attention import tree_attention
+
+
+SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
 class Attention(nn.Module):
@@ -122,5 +126,7 @@ def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Ten
     # grouped-query attention without repeating K/V: the G query heads of a KV head become G*T query rows
     qg = q.reshape(B, T, KVH, G, D).permute(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
     mask = mask[:, None, None].expand(B, 1, G, T, P + T).reshape(B, 1, G * T, P + T)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
+    # cuDNN's SDPA builds an execution plan per new shape (about 80 ms on the H200), and P grows every step
+    with sdpa_kernel(SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return out.view(B, KVH, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H, D)
