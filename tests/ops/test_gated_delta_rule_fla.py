@@ -146,3 +146,21 @@ def test_fla_kernels_under_the_triton_interpreter():
     pytest.importorskip("fla.ops.gated_delta_rule", reason="fla-core is not installed (the optional extra `fla`)")
     pytest.skip("fla-core 0.6.0's chunk kernels do not run under TRITON_INTERPRET=1 (chunk_delta_h.py calls .to() on "
                 "a Python loop index, and its autotuner asks for a GPU driver): tests/gpu/test_fla_gpu.py checks them")
+
+
+def test_cpu_prefill_never_imports_fla(tmp_path):
+    """A CPU run (CI's, without triton) must not import fla, even where it is installed: an `fla` package that
+    fails on import sits first on the path while a CPU prefill asks for the fastest kernel."""
+    import subprocess
+
+    (tmp_path / "fla").mkdir()
+    (tmp_path / "fla" / "__init__.py").write_text("raise RuntimeError('fla was imported')\n")
+    code = ("import sys, torch\n"
+            "import specpilot.ops.gated_delta_rule as op\n"
+            "q = k = torch.randn(1, 20, 1, 16).bfloat16(); v = torch.randn(1, 20, 2, 16).bfloat16()\n"
+            "g = -torch.rand(1, 20, 2); beta = torch.rand(1, 20, 2)\n"
+            "op.chunk_gated_delta_rule(q, k, v, g, beta, kernel=True)\n"
+            "assert 'fla' not in sys.modules\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
