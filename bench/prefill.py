@@ -618,12 +618,14 @@ def print_table(r: dict) -> None:
     print(f"\n{r['gpu']}  commit {r['commit']}  fla {r['fla'].get('version', r['fla'].get('reason'))}  "
           f"bf16 matmul peak {_f(peak.get('tflops'), '.0f')} TFLOP/s  elapsed {_f(r.get('elapsed_s'), '.0f')} s")
     print(f"\n(a) GDN layer prefill {r['plan']['gdn']}: ms (max |o - torch form|)")
-    print(f"{'tokens':>7} {'torch':>9} {'ours':>9} {'fla':>9} {'fla/ours':>8} {'|do| ours':>10} {'|do| fla':>9}")
+    print(f"{'tokens':>7} {'torch':>9} {'ours':>9} {'fla':>9} {'ours/fla':>8} {'|do| ours':>10} {'|do| fla':>9} "
+          f"{'fla 1st call s':>14}")
     for row in r.get("gdn_prefill", []) if isinstance(r.get("gdn_prefill"), list) else []:
         t, o, fl = (row.get(n, {}) for n in ("torch", "triton", "fla"))
         print(f"{row['tokens']:>7} {_f(t.get('ms_median'), '9.2f')} {_f(o.get('ms_median'), '9.2f')} "
-              f"{_f(fl.get('ms_median'), '9.2f')} {_f(row.get('fla_speedup_vs_triton'), '7.2f')}x "
-              f"{_f(o.get('max_abs_diff_o'), '10.1e')} {_f(fl.get('max_abs_diff_o'), '9.1e')}")
+              f"{_f(fl.get('ms_median'), '9.2f')} {_f(row.get('fla_speedup_vs_triton'), '8.2f')} "
+              f"{_f(o.get('max_abs_diff_o'), '10.1e')} {_f(fl.get('max_abs_diff_o'), '9.1e')} "
+              f"{_f(fl.get('first_call_s'), '14.2f')}")
     print("\n(a) GDN decode, one token: us per call")
     print(f"{'batch':>5} {'ours':>8} {'fla kernel':>10} {'fla+pool':>9}")
     for row in r.get("gdn_decode", []) if isinstance(r.get("gdn_decode"), list) else []:
