@@ -35,7 +35,7 @@ from specpilot.bench.synthetic import AcceptanceProfile
 from specpilot.config import EngineConfig
 from specpilot.pilot import calibration
 from specpilot.pilot.cost_model import AcceptanceStats, Configuration, DrafterShape, ModelShape
-from specpilot.pilot.workload import build_engine, run_steps, truth_for
+from specpilot.pilot.workload import build_engine, reserve, run_steps, truth_for
 from specpilot.spec_decode.tree import TreeSpec
 
 
@@ -64,6 +64,11 @@ def steps_for(batch: int, smoke: bool) -> int:
     return 96 if batch == 1 else 32 if batch <= 8 else 16
 
 
+def row_tokens(row: Row, warmup: int, smoke: bool) -> int:
+    """Tokens each request may emit: the start, the warm-up, the timed steps and one more, at most depth + 1 a step."""
+    return (warmup + steps_for(row.batch, smoke) + 4) * (TreeSpec.parse(row.tree).depth + 1) + 8
+
+
 def measure_row(runner, drafter, cost, model, row: Row, profile: AcceptanceProfile, prompt: int, warmup: int,
                 smoke: bool, seed: int, what_if=None) -> dict:
     device = runner.device
@@ -73,7 +78,7 @@ def measure_row(runner, drafter, cost, model, row: Row, profile: AcceptanceProfi
     prompts = [[rng.randrange(vocab) for _ in range(prompt)] for _ in range(row.batch)]
     spec = TreeSpec.parse(row.tree)
     steps = steps_for(row.batch, smoke)
-    tokens = (warmup + steps + 4) * (spec.depth + 1) + 8
+    tokens = row_tokens(row, warmup, smoke)
     clock = OracleClock(device)
     truth = truth_for(model, runner, prompts, tokens)
     engine = build_engine(runner, drafter, row.tree, row.batch, prompt + tokens + 1, prof, truth, clock, seed=seed)
@@ -122,7 +127,10 @@ def run_shape(shape: str, args, report: Report, plan: calibration.CalibrationPla
         runner = make_runner(model, EngineConfig(weight_format=fmt))
         setup = time.perf_counter() - t1  # W12N: the planes encoded at the runner's build
         drafter = random_dflash(model, shape, runtime=runner.runtime)
-        batches = tuple(sorted({r.batch for r in rows if r.weight_format == fmt}))
+        mine = [r for r in rows if r.weight_format == fmt]
+        batches = tuple(sorted({r.batch for r in mine}))
+        longest = max(args.prompt + row_tokens(r, args.warmup, args.smoke) + 1 for r in mine)
+        reserve(runner, drafter, max(batches), max(longest, 4 * args.prompt + 16), [r.tree for r in mine])
         cal = calibration.cached(runner, drafter, replace(plan, batches=batches), refresh=not args.reuse_calibration,
                                  log=lambda m: print(m, flush=True))
         mshape = ModelShape.from_model(model)

@@ -25,7 +25,7 @@ from specpilot.engine.cost_curve import VerifyCostCurve, measure as measure_curv
 from specpilot.pilot import ceilings as ceiling_bench
 from specpilot.pilot.ceilings import Ceilings
 from specpilot.pilot.cost_model import CostModel, DrafterShape, Measured, ModelShape, Step
-from specpilot.pilot.workload import build_engine, run_steps
+from specpilot.pilot.workload import build_engine, reserve, run_steps
 
 VERSION = 1
 CURVE_TOKENS = (1, 2, 4, 8, 16)  # verify tokens per request on the curve's grid
@@ -180,6 +180,10 @@ def calibrate(runner, drafter, plan: CalibrationPlan, fp: str | None = None, see
     device = runner.device
     fp = fp or fingerprint(runner.model, runner.runtime.weight_format, drafter_label(drafter))
     ceilings = ceiling_bench.measure(device, runner.dtype)
+    nodes = _full_nodes(plan.tree, drafter)
+    tokens = (plan.warmup + plan.steps + 4) * nodes + 8  # every step emits at most `nodes` tokens
+    reserve(runner, drafter, max(plan.batches), max(plan.prompt + tokens + 1, max(plan.contexts) + max(
+        plan.curve_tokens)), [plan.tree])
     curve = measure_curve(runner, list(plan.batches), list(plan.curve_tokens), list(plan.contexts), plan.reps)
     runner.verify_graphs.clear()
     points = []
@@ -187,8 +191,6 @@ def calibrate(runner, drafter, plan: CalibrationPlan, fp: str | None = None, see
     vocab = runner.config.vocab_size
     for b in plan.batches:
         prompts = [[rng.randrange(vocab) for _ in range(plan.prompt)] for _ in range(b)]
-        nodes = _full_nodes(plan.tree, drafter)
-        tokens = (plan.warmup + plan.steps + 4) * nodes + 8
         engine = build_engine(runner, drafter, plan.tree, b, plan.prompt + tokens + 1)
         run = run_steps(engine, prompts, plan.warmup, plan.steps, tokens)
         step = Step(b, nodes, run.context, sum(run.accepted) / max(run.steps * b, 1), runner.runtime.weight_format)

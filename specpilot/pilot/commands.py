@@ -84,7 +84,7 @@ def cmd_profile(args) -> int:
     from specpilot.pilot import calibration
     from specpilot.pilot.cost_model import AcceptanceStats, DrafterShape, ModelShape
     from specpilot.pilot.profile import analyse, plot, tables
-    from specpilot.pilot.workload import build_engine, run_steps, truth_for
+    from specpilot.pilot.workload import build_engine, reserve, run_steps, truth_for
     from specpilot.runtime.runner import ModelRunner
     from specpilot.runtime.settings import Runtime
     from specpilot.spec_decode.tree import TreeSpec
@@ -103,10 +103,11 @@ def cmd_profile(args) -> int:
     spec = spec.capped(depth) if depth else spec
     plan = calibration.CalibrationPlan(batches=(args.batch,)) if device == "cuda" else replace(
         calibration.CalibrationPlan.tiny(), batches=(args.batch,))
-    cal = calibration.cached(runner, drafter, plan, refresh=args.recalibrate, log=lambda m: err.print(f"[dim]{m}[/]"))
     prompts = [tokenizer.encode(p.text) for p in prompts_text]
     prompts = [prompts[i % len(prompts)] for i in range(args.batch)]
     tokens = (args.warmup + args.steps + 4) * (spec.depth + 1) + 8
+    reserve(runner, drafter, args.batch, max(map(len, prompts)) + tokens + 1, [str(spec)])
+    cal = calibration.cached(runner, drafter, plan, refresh=args.recalibrate, log=lambda m: err.print(f"[dim]{m}[/]"))
     clock = OracleClock(torch.device(device)) if profile is not None else None
     truth = truth_for(model, runner, prompts, tokens) if profile is not None else None
     engine = build_engine(runner, drafter, str(spec), args.batch, max(map(len, prompts)) + tokens + 1, profile,

@@ -5,18 +5,19 @@ A step verifies, for B requests (padded to the engine's batch bucket), one row o
 nodes, padded as the verify graph pads them) after `context` committed tokens. What bounds each component (the
 device's Ceilings, ceilings.py; "roofline" = max(bytes / bandwidth, FLOPs / peak)):
 
-| component | bytes | FLOPs | + kernels at the per-kernel floor |
-|---|---|---|---|
-| verify.weights | every decoder-layer parameter once (W12N planes where products of <= 16 rows take them), an embedding row per token | 2 per parameter per token | - |
-| verify.lm_head | the LM head once | 2 per parameter per token | - |
-| verify.attention | each request's committed K/V read, the block's K/V written | 4 * heads * head_dim per visible position per token per layer | - |
-| verify.recurrent | each request's recurrent state read | 6 per state element per token per layer | - |
-| verify.launch | - | - | KERNELS_PER_LAYER per layer, + 4 |
-| draft | the drafter's weights (and the target's LM head, for drafters that use it) | 2 per parameter per drafted token | KERNELS_PER_LAYER per drafter layer |
-| accept | - | - | one round trip (sync_s) |
-| commit | hybrid trees: each request's state read and written (the fold); the kept K/V read and written | - | 3 |
-| other, host_gap | host work (emit; schedule and budget between steps): no device ceiling | - | - |
-| prefill | weights once, the prompt's K/V written | 2 per parameter per token, attention quadratic | as verify |
+- verify.weights: every decoder-layer parameter once (W12N planes where products of <= 16 rows take them) and an
+  embedding row per token; 2 FLOPs per parameter per token;
+- verify.lm_head: the LM head once; 2 FLOPs per parameter per token;
+- verify.attention: each request's committed K/V read, the block's K/V written; 4 * heads * head_dim FLOPs per
+  visible position per token per layer;
+- verify.recurrent: each request's recurrent state read; 6 FLOPs per state element per token per layer;
+- verify.launch: KERNELS_PER_LAYER kernels per layer, + 4, at the per-kernel floor;
+- draft: the drafter's weights (and the target's LM head, for drafters that draft through it); 2 FLOPs per
+  parameter per drafted position; KERNELS_PER_LAYER kernels per drafter layer;
+- accept: one round trip (sync_s);
+- commit: on hybrid trees each request's state read and written (the fold), the kept K/V read and written; 3 kernels;
+- other, host_gap: host work (emit; schedule and budget between steps): no device ceiling (0);
+- prefill: weights once, the prompt's K/V written; 2 FLOPs per parameter per token, attention quadratic.
 
 Prediction at a step: each component's ceiling there times its efficiency (measured / ceiling) at the calibration's
 points, interpolated in batch size (Calibration, calibration.py); verify from the calibration's measured verify curve
@@ -393,7 +394,8 @@ class AcceptanceStats:
 
     @staticmethod
     def from_counts(drafted: list[int], accepted: list[int], rows: int, sibling_decay: float = 0.5,
-                    variation: VariationModel | None = None, children: tuple[int, ...] | None = None) -> AcceptanceStats:
+                    variation: VariationModel | None = None,
+                    children: tuple[int, ...] | None = None) -> AcceptanceStats:
         """From a run's per-depth counts (SpecStats.drafted_per_depth / accepted_per_depth summed over requests) over
         `rows` request-steps. The parents able to grow depth d: the rows at depth 1, the drafts accepted at d - 1
         below it (at most the drafted nodes there); the rate at which one of their children is accepted, with
@@ -401,8 +403,8 @@ class AcceptanceStats:
         for p. Depths not reached end the table."""
         per_depth, parents = [], rows
         for d, (n, a) in enumerate(zip(drafted, accepted)):
-            k = (children[d] if children and d < len(children) else 1)
-            reached = min(parents, n / k) if k else parents
+            k = children[d] if children and d < len(children) else 1
+            reached = min(parents, n / k)
             if reached <= 0:
                 break
             per_depth.append(_solve_rank0(min(1.0, a / reached), k, sibling_decay))

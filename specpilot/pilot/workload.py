@@ -86,6 +86,18 @@ def truth_for(model, runner, prompts: list[list[int]], tokens: int) -> dict[tupl
     return {tuple(p): list(o.token_ids) for p, o in zip(prompts, outs)}
 
 
+def reserve(runner, drafter, batch: int, max_model_len: int, trees: list[str]) -> None:
+    """Sizes the runner's and the drafter's caches for the largest workload to come (`batch` requests of up to
+    `max_model_len` tokens, the largest of the tree specs' full trees), as the engine would size them: later engines
+    on the same runner and drafter then never reallocate them smaller. (A drafter's context extension left pending
+    by an aborted request is flushed at its next proposal, into whatever slot number it had: past a smaller cache.)"""
+    specs = [TreeSpec.parse(t) for t in trees]
+    slot_len = max_model_len + 1
+    runner.allocate(batch + 1, slot_len + max(s.max_tree_nodes for s in specs))
+    if drafter is not None:
+        drafter.allocate(batch + 1, slot_len + max(s.max_grown_nodes for s in specs))
+
+
 def build_engine(runner, drafter, tree: str, batch: int, max_model_len: int, profile: AcceptanceProfile | None = None,
                  truth: dict | None = None, clock: OracleClock | None = None, adaptive: bool = False,
                  seed: int = 0) -> SpecEngine:

@@ -26,7 +26,8 @@ def dense():
 
 def test_tiny_dense_shape_by_hand(dense):
     # per layer: qkv 128x64, o 64x64, q/k norms 16 each, gate_up 256x64, down 64x128, two norms 64: 37,024; two
-    # layers and the final norm (64): 74,112 parameters of 4 bytes; head 512 x 64; K/V: 2 x 2 heads x 16 x 4 B x 2 layers
+    # layers and the final norm (64): 74,112 parameters of 4 bytes; head 512 x 64;
+    # K/V: 2 x 2 heads x 16 x 4 B x 2 layers
     assert dense.layer_params == 74112 and dense.layer_bytes == 74112 * 4
     assert dense.head_params == 512 * 64 and dense.head_bytes == 512 * 64 * 4
     assert dense.embed_row_bytes == 64 * 4 and dense.kv_bytes_per_token == 512
