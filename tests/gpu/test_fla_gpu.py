@@ -5,11 +5,14 @@ mode); a whole hybrid model's prefill; and fla's fused recurrent decode behind o
 bench's comparison). Skipped where fla-core is not installed (`python3 -m pip install --no-index --no-deps
 .whl/*.whl` on the device).
 
-Tolerances: relative RMS error 1e-2 against our torch chunk form computed in fp32 on the same bf16 inputs, as the
-bf16 checks of our own kernels (tests/gpu/kernel_checks.py). fla works in the input dtype where ours works in fp32:
-it rounds the normalised q and k to bf16, keeps the per-chunk states and the WY factors (w, u) in bf16, and its
-output is bf16; each rounding is 2^-9 relative (about 2e-3), and the state recursion across chunks runs in fp32 so
-the errors do not compound with length. A wrong head mapping, gate convention or state layout errs by O(1).
+Tolerances: relative RMS error 2e-2 against our torch chunk form computed in fp32 on the same bf16 inputs. fla
+works in the input dtype where ours works in fp32: it rounds the normalised q and k, the WY factors (w, u) and the
+per-chunk states to bf16 before the output's own rounding (the state recursion across chunks runs in fp32, so the
+errors do not compound with length). Its kernels, run on the CPU under the Triton interpreter (with its one
+interpreter-incompatible line patched), gave 2e-6 in fp32 and 3e-4 to 8e-4 in fp16 (2.4 to 4 times the output's
+rounding alone); bf16 has 3 fewer mantissa bits, so about 8 times that: 3e-3 to 7e-3. A wrong head mapping, gate
+convention or state layout errs by O(1). The decode kernel computes in fp32 from bf16 inputs: 1e-2 (as the bf16
+checks of our kernels, tests/gpu/kernel_checks.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch
 from specpilot.ops.testing import assert_close
 
 pytestmark = pytest.mark.gpu
-TOL = 1e-2
+TOL = 2e-2  # fla's chunked prefill in bf16 (see above)
+DECODE_TOL = 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +159,8 @@ def test_fla_fused_recurrent_behind_our_pool_contract(fla, B, T, ratio):
     ref_pool, out_pool = pool.clone(), pool.clone()
     o_ref = fused_recurrent_gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_pool, idx)
     o = fla.fused_recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, out_pool, idx)
-    assert_close("o", o_ref.float(), o, TOL)
-    assert_close("pool", ref_pool, out_pool, TOL)
+    assert_close("o", o_ref.float(), o, DECODE_TOL)
+    assert_close("pool", ref_pool, out_pool, DECODE_TOL)
     untouched = torch.ones(N, dtype=torch.bool)
     untouched[idx.cpu()] = False
     assert torch.equal(out_pool[untouched.cuda()], pool[untouched.cuda()])
