@@ -98,6 +98,8 @@ class ModelShape:
             layer_bytes += p.numel() * p.element_size()
             layer_params += p.numel()
         elt = emb.element_size()
+        # planes attached: exactly the encoded layers read them (attach_w12n skips what does not pay)
+        estimate = not any(getattr(m, "w12n", None) is not None for m in model.modules())
         w12n_saved = 0.0
         for m in model.modules():
             if not isinstance(m, Linear) or m is head:
@@ -105,10 +107,10 @@ class ModelShape:
             if m.weight is None:  # weight_format w12n_only: only the planes remain; count the bf16 they stand for
                 layer_bytes += 2.0 * m.in_features * m.out_features
                 layer_params += float(m.in_features * m.out_features)
-            w12n_saved += _w12n_saving(m)
+            w12n_saved += _w12n_saving(m, estimate)
         head_params = float(head.out_features * head.in_features)
         head_bytes = head_params * elt
-        w12n_head = head_bytes if tied else head_bytes - _w12n_saving(head)
+        w12n_head = head_bytes if tied else head_bytes - _w12n_saving(head, estimate)
         kv = 2 * cfg.num_key_value_heads * cfg.head_dim * elt * cfg.num_attention_layers
         state = elems = 0.0
         if cfg.num_linear_layers:
@@ -121,16 +123,16 @@ class ModelShape:
                           cfg.head_dim, float(state), cfg.num_linear_layers, elems, cfg.num_hidden_layers)
 
 
-def _w12n_saving(m) -> float:
-    """bf16 bytes minus W12N bytes of one Linear: its attached planes, else W12N_BITS per weight if it would be
-    encoded, else 0."""
+def _w12n_saving(m, estimate: bool = True) -> float:
+    """bf16 bytes minus W12N bytes of one Linear: its attached planes; without planes, W12N_BITS per weight if
+    `estimate` (no planes attached anywhere) and it would be encoded, else 0."""
     planes = getattr(m, "w12n", None)
     if planes is not None:
         from specpilot.weights.w12n import bits_per_weight
 
         return planes.n * planes.k * (16 - bits_per_weight(planes)) / 8
     w = m.weight
-    if w is None or w.dtype != torch.bfloat16 or m.bias is not None or w.ndim != 2:
+    if not estimate or w is None or w.dtype != torch.bfloat16 or m.bias is not None or w.ndim != 2:
         return 0.0
     return w.numel() * (16 - W12N_BITS) / 8
 

@@ -190,3 +190,26 @@ def test_the_engines_verify_over_the_curve_at_the_points_scales_the_curve():
     assert cost.component_seconds(Step(1, 1, 0))["verify"] == pytest.approx(1.1e-3)  # the same 1.1 at batch 1
     assert cost.component_seconds(Step(2, 8, 0))["verify"] == pytest.approx(
         float(curve.seconds(16, 2, 0)) * (1.1 + (1.0 - 1.1) / 3))
+
+
+@pytest.mark.parametrize("fmt", ["w12n", "w12n_only"])
+def test_w12n_bytes_from_the_attached_planes(fmt):
+    """With planes attached (a runner of that format), the W12N bytes are the planes' own; w12n_only drops the bf16
+    weights, whose bytes the shape still counts as the bf16 the planes stand for."""
+    from specpilot.config import EngineConfig
+    from specpilot.layers.linear import Linear
+    from specpilot.runtime.settings import Runtime
+    from specpilot.weights.w12n import bits_per_weight
+
+    bf16 = ModelShape.from_model(random_model(hf_config("tiny-dense"), "cpu", torch.bfloat16))
+    model = random_model(hf_config("tiny-dense"), "cpu", torch.bfloat16)
+    from specpilot.runtime.runner import ModelRunner
+
+    ModelRunner(model, Runtime.build(EngineConfig(weight_format=fmt), torch.device("cpu")))
+    planes = [m.w12n for name, m in model.named_modules() if isinstance(m, Linear) and m.w12n is not None
+              and name != "lm_head"]
+    assert planes
+    shape = ModelShape.from_model(model)
+    assert shape.layer_bytes == bf16.layer_bytes and shape.layer_params == bf16.layer_params
+    saved = sum(t.n * t.k * (16 - bits_per_weight(t)) / 8 for t in planes)
+    assert shape.w12n_layer_bytes == pytest.approx(bf16.layer_bytes - saved)
