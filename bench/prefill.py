@@ -378,6 +378,7 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
                                      deadline_s)
     rate, rate_tokens = 0.25 * peak, 0  # FLOP/s for the budget: the largest run's so far (a guess before one)
     warmed: set[tuple[int, int]] = set()  # (batch, chunk tokens) compiled
+    lines: dict[int, tuple[float, float]] = {}  # batch -> a full chunk's seconds at position 0, and per position
     for batch in plan.batches:
         for T in plan.tokens:
             row = {"batch": batch, "tokens": T}
@@ -385,7 +386,10 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
             flops = prefill_flops(model, cfg, batch, T)
             row["flops"] = flops
             reps = 3 if batch * T <= 16384 else 1
-            est = 1.1 * flops["total"] / rate * reps  # 10% for the warm-up of a new chunk size
+            # the larger of two guesses, 10% added for the warm-up of a new chunk size: the FLOPs at the rate of the
+            # largest run so far, and this batch's chunk times extrapolated in the chunk's position (attention
+            # grows with the prefix, and its kernel may not keep the rate of the projections)
+            est = 1.1 * reps * max(flops["total"] / rate, _extrapolate(lines.get(batch), T, args.prefill_chunk))
             need, free = _memory(runner, cfg, batch, T, args.prefill_chunk)
             if T >= cfg.max_position_embeddings:
                 row["skipped"] = f"{T} tokens >= max_position_embeddings {cfg.max_position_embeddings}"
@@ -407,6 +411,7 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
                 row["chunk_flops"] = [prefill_flops(model, cfg, batch, n, p)["total"] for p, n, _ in row["chunks"]]
                 if batch * T >= rate_tokens:
                     rate, rate_tokens = flops["total"] / row["s_median"], batch * T
+                lines[batch] = _chunk_line(row["chunks"]) or lines.get(batch)
                 print(f"{name} B={batch} T={T}: {row['s_median'] * 1e3:.1f} ms, {row['tflops']:.0f} TFLOP/s "
                       f"({100 * row['fraction_of_peak']:.0f}% of peak)", flush=True)
             report.save()
@@ -416,6 +421,25 @@ def whole_model(name: str, plan: Plan, peak: float, clock: Clock, deadline_s: fl
     if plan.device == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def _chunk_line(chunks: list[tuple[int, int, float]]) -> tuple[float, float] | None:
+    """Least-squares seconds of a full chunk as a + b x its start position, from a run's full chunks (two or more)."""
+    full = [(p, ms / 1e3) for p, n, ms in chunks if n == chunks[0][1]]
+    if len(full) < 2:
+        return None
+    mp = sum(p for p, _ in full) / len(full)
+    mt = sum(t for _, t in full) / len(full)
+    b = sum((p - mp) * (t - mt) for p, t in full) / sum((p - mp) ** 2 for p, _ in full)
+    return mt - b * mp, max(b, 0.0)
+
+
+def _extrapolate(line: tuple[float, float] | None, T: int, chunk: int) -> float:
+    """Seconds a prefill of T tokens would take chunk by chunk on `line` (0 without one)."""
+    if line is None:
+        return 0.0
+    a, b = line
+    return sum((a + b * p) * min(chunk, T - p) / chunk for p in range(0, T, chunk))
 
 
 def _memory(runner: ModelRunner, cfg: ModelConfig, batch: int, T: int, chunk: int) -> tuple[int, float]:

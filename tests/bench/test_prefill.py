@@ -68,3 +68,14 @@ def test_bad_input_one_line_status_2(argv, message, tmp_path, capsys, monkeypatc
     assert e.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_budget_extrapolates_chunk_times_in_position():
+    """A run's full chunks give seconds = a + b x position; a longer prompt's estimate sums that line over its chunks
+    (the last one pro rata), so a prefill whose attention grows with the prefix is not underestimated."""
+    chunks = [(0, 2048, 100.0), (2048, 2048, 110.0), (4096, 2048, 120.0), (6144, 2048, 130.0), (8192, 100, 9.0)]
+    a, b = prefill._chunk_line(chunks)
+    assert a == pytest.approx(0.1) and b == pytest.approx(0.01 / 2048)
+    assert prefill._extrapolate((a, b), 8192, 2048) == pytest.approx(0.46)
+    assert prefill._extrapolate((a, b), 32768, 2048) == pytest.approx(16 * 0.1 + 0.01 * sum(range(16)))
+    assert prefill._chunk_line(chunks[:1]) is None and prefill._extrapolate(None, 32768, 2048) == 0.0
