@@ -15,6 +15,10 @@ W12N GEMV takes products of up to 16 rows) get their own calibration, and also t
 prediction (the model carrying the bf16 verify to W12N by the ratio of the two ceilings).
 
     python3 -m bench cost_model_validation --out bench/results/cost_model_validation_h200.json
+    python3 -m bench cost_model_validation --shapes Qwen3.5-27B --out /tmp/cmv_27b.json   # one shape per command
+
+Estimated (not yet measured) on an H200: a few minutes per shape, the 8B's W12N rows adding the planes' encoding
+(about a minute, bench/results/ar_decode_w12n_8b_random_h200.json).
     python3 -m bench cost_model_validation --smoke --out /tmp/cmv.json   # CPU dry run (tiny shapes), seconds
 """
 

@@ -92,6 +92,10 @@ def cmd_profile(args) -> int:
     target, profile, drafter_name = check_flags(args)
     prompts_text = load_workloads([args.workload])[args.workload]
     device = pick_device(args.device)
+    dtype = _dtype(args.dtype, device)
+    if args.weight_format != "bf16" and dtype != torch.bfloat16:
+        raise ValueError(f"--weight-format {args.weight_format} needs --dtype bfloat16 (--dtype {args.dtype} on "
+                         f"{device} is {str(dtype).removeprefix('torch.')})")
     model, tokenizer, make_drafter = _models(args, target, drafter_name, device)
     runtime = Runtime.build(EngineConfig(weight_format=args.weight_format), torch.device(device))
     runner = ModelRunner(model, runtime)
@@ -154,7 +158,7 @@ def _models(args, target, drafter_name: str, device: str):
     if target is not None:
         from specpilot.bench.shapes import RANDOM_DRAFTERS, ByteTokenizer
 
-        model = target.build(device, torch.bfloat16 if device == "cuda" else torch.float32)
+        model = target.build(device, _dtype(args.dtype, device))
         if drafter_name in RANDOM_DRAFTERS:
             make = RANDOM_DRAFTERS[drafter_name]
             return model, ByteTokenizer(), lambda runtime: make(model, target.shape, runtime)
@@ -164,3 +168,12 @@ def _models(args, target, drafter_name: str, device: str):
     tokenizer = load_tokenizer(args.target)
     model = load_model(args.target, device, args.dtype)
     return model, tokenizer, lambda runtime: build_drafter(drafter_name, model, tokenizer, runtime=runtime)
+
+
+def _dtype(name: str, device: str):
+    """--dtype on this device (auto: bf16 on a GPU, fp32 on the CPU, as the loader resolves it)."""
+    import torch
+
+    from specpilot.models.loader import resolve_dtype
+
+    return resolve_dtype(name, torch.device(device))

@@ -47,7 +47,9 @@ def test_profile_ranks_components_and_predicts_changes(tmp_path, prompts, monkey
     (["--target", "random:tiny-dense", "--acceptance", "real"], "acceptance on random weights means nothing"),
     (["--target", "random:tiny-dense", "--acceptance", "synthetic:nope"], "acceptance profile 'nope'"),
     (["--target", "random:tiny-dense", "--tree", "ring:3"], "--tree"),
-    (["--target", "{missing}", "--drafter", "ngram"], "error:"),
+    (["--target", "{missing}", "--drafter", "ngram"], "no such directory"),
+    (["--target", "random:tiny-dense", "--weight-format", "w12n"], "--weight-format w12n needs --dtype bfloat16"),
+    (["--target", "random:tiny-dense", "--drafter", "none"], "--drafter none: profile measures a speculative step"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, message):
     args = [a.replace("{missing}", str(tmp_path / "no-such-model")) for a in args]
