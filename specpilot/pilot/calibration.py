@@ -167,8 +167,12 @@ def cached(runner, drafter, plan: CalibrationPlan | None = None, refresh: bool =
                 return cal
     log(f"calibration: measuring on {gpu} (batch sizes {', '.join(map(str, plan.batches))})")
     cal = calibrate(runner, drafter, plan, fp)
-    cal.save(path)
-    log(f"calibration: {cal.seconds:.1f} s, cached at {path}")
+    try:
+        cal.save(path)
+    except OSError as e:  # the measurement stands; only the next run measures again
+        log(f"calibration: {cal.seconds:.1f} s, not cached ({e})")
+    else:
+        log(f"calibration: {cal.seconds:.1f} s, cached at {path}")
     return cal
 
 

@@ -95,3 +95,15 @@ def test_plan_refuses_bad_counts():
         CalibrationPlan(batches=(0,))
     with pytest.raises(ValueError, match="steps 0"):
         CalibrationPlan(steps=0)
+
+
+def test_a_cache_that_cannot_be_written_keeps_the_measurement(pair, cache, monkeypatch):
+    runner, drafter = pair
+
+    def refuse(self, path):
+        raise PermissionError(f"{path}: permission denied")
+
+    monkeypatch.setattr(Calibration, "save", refuse)
+    said = []
+    cal = calibration.cached(runner, drafter, PLAN, log=said.append)
+    assert cal.points and "not cached" in said[-1] and "permission denied" in said[-1]
