@@ -7,9 +7,13 @@ Why this is exact: the raced rule emits, at every output position, the target's 
 noise row, whatever was proposed; proposals only decide how many of those tokens a step emits. So proposals may
 read the noise.
 
-A node's children: first the draft's own race winner (the coupled draw), then the draft's most likely other
-tokens (log q): the walk moves on when the target's draw is among them, so beyond the coupled draw a tree covers
-the most draft probability it can (later draws of a race without replacement would cover less).
+A node's children and their scores: the draft's race in order (its winner, the coupled draw, first; then the
+race's next draws without replacement, i.e. the top of log q + g, g = -log E the race's Gumbel noise), scored
+log softmax(log q + g). That score is the chance that the token wins the target's race if the target's log-probs
+are the draft's plus an independent Gumbel error (the Gumbel-max identity: argmax(log q + g + g') for a fresh
+Gumbel row g' picks c with probability softmax(log q + g)[c]). So the dynamic tree grows deep where the coupled
+race is clear and spends siblings where it is close; the scores are log-probabilities (<= 0, summing to one), as
+the tree's growth and pruning assume.
 
 Per request the noise is None (greedy: the drafter's log-probs, as before) or (SamplingParams, rows [depth,
 vocab]): row d - 1 is the noise of the token at depth d.
@@ -19,19 +23,16 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.runtime.sampling import SamplingParams, filtered_probs, race_scores
+from specpilot.runtime.sampling import SamplingParams, race_scores
 
 Noise = tuple[SamplingParams, torch.Tensor] | None
 
 
 def coupled_row_scores(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor) -> torch.Tensor:
-    """logits [..., vocab], noise [..., vocab] -> fp32 scores whose argmax is the race's draw from the filtered
-    draft distribution q and whose next best are q's most likely other tokens: log q, with the draw lifted to
-    just above the row's maximum."""
-    logq = filtered_probs(logits, params).log()
-    draw = race_scores(logits, params, noise).argmax(-1, keepdim=True)
-    top = logq.amax(-1, keepdim=True)
-    return logq.scatter(-1, draw, top + top.abs() * 1e-6 + 1e-6)
+    """logits [..., vocab], noise [..., vocab] -> fp32 log-probabilities log softmax(log q + g) of the filtered draft
+    distribution q's race with this noise (g = -log noise): their argmax is the race's draw, their top-k its first
+    k draws without replacement (-inf where q is 0)."""
+    return torch.log_softmax(race_scores(logits, params, noise), dim=-1)
 
 
 def coupled_scores(logits: torch.Tensor, noise: list[Noise], vocab_ids: torch.Tensor | None = None) -> torch.Tensor:

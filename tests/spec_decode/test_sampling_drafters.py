@@ -92,3 +92,25 @@ def test_eagle3_draws_over_its_draft_vocabulary_with_the_target_tokens_noise(che
     (tree,) = started().propose([0], [root], TreeSpec.parse("static:3,1"), noise=[(PARAMS, rows)])
     assert chain.tokens[1] == want == tree.tokens[tree.children(0)[0]]
     assert len(set(tree.tokens[c] for c in tree.children(0))) == 3
+
+
+def test_coupled_scores_are_the_race_in_order_with_its_soft_win_chances():
+    """A node's children are the draft race's draws in order (its winner, then the top of log q + g), scored
+    log softmax(log q + g): the chance that each token wins a race whose log-probs are the draft's plus a fresh Gumbel
+    error. Log q alone would rank q's likely tokens above a close race's runner-up."""
+    from specpilot.spec_decode.coupling import coupled_row_scores
+    from specpilot.runtime.sampling import race_scores
+
+    params = SamplingParams(temperature=1.0)
+    logits = torch.tensor([2.0, 1.5, 0.0, -1.0, -3.0])
+    noise = torch.tensor([2.0, 3.0, 0.05, 0.08, 5.0])  # E: the race's winner is token 2, its runner-up token 3
+    scores = coupled_row_scores(logits, params, noise)
+    race = race_scores(logits, params, noise)
+    assert scores.topk(5).indices.tolist() == race.topk(5).indices.tolist() == [2, 3, 0, 1, 4]
+    assert (scores <= 0).all() and torch.allclose(scores.exp().sum(), torch.tensor(1.0))
+    gen = torch.Generator().manual_seed(0)
+    fresh = -torch.empty(200_000, 5).exponential_(generator=gen).log()  # Gumbel rows g'
+    wins = torch.bincount((race + fresh).argmax(-1), minlength=5).float() / fresh.shape[0]
+    assert (wins - scores.exp()).abs().max() < 0.005
+    filtered = coupled_row_scores(logits, SamplingParams(temperature=1.0, top_k=2), noise)
+    assert filtered.topk(2).indices.tolist() == [0, 1] and torch.isinf(filtered[2:]).all()
