@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -59,6 +60,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--workloads", nargs="+", default=["gsm8k"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engines", nargs="+", default=["ar", "spec"], choices=("ar", "spec"),
+                   help="spec needs ar first (its tokens are the truth)")
+    p.add_argument("--repeats", type=int, default=1, help="direct / HTTP pairs per engine, interleaved")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval (s) for the run (default: the interpreter's, 0.005)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -67,9 +73,15 @@ def main(argv: list[str]) -> int:
         print(f"error: --target {args.target}: give random:SHAPE (the synthetic oracle needs a random target)",
               file=sys.stderr)
         return 2
-    if min(args.batch, args.requests, args.max_tokens) < 1 or args.load <= 0:
-        print("error: --batch, --requests and --max-tokens must be >= 1 and --load > 0", file=sys.stderr)
+    if min(args.batch, args.requests, args.max_tokens, args.repeats) < 1 or args.load <= 0:
+        print("error: --batch, --requests, --max-tokens and --repeats must be >= 1 and --load > 0", file=sys.stderr)
         return 2
+    if args.engines[0] != "ar":
+        print("error: --engines must start with ar (the speculative rows are checked against its tokens)",
+              file=sys.stderr)
+        return 2
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     report = Report(args.out, {**run_record(args.device), "config": vars(args), "rows": []})
     run(args, target, report)
     return 0
@@ -93,24 +105,36 @@ def run(args, target: RandomTarget, report: Report) -> None:
     report["capacity_req_s"] = rate / args.load
     arrivals = poisson_arrivals(args.requests, rate, args.seed)
     truth = None
-    for kind in ("ar", "spec"):
-        if kind == "spec":
-            engine = warmed(engines.spec(args.batch, truth), prompts, args.batch)
-        oracle = engines.oracle.seconds
-        direct = in_thread(open_loop, engine, prompts, arrivals, params, time.perf_counter)
-        oracle = engines.oracle.seconds - oracle
-        if truth is None:
-            truth = {tuple(prompts[r.prompt]): r.tokens for r in direct.records}
-        del engine  # one engine's caches at a time
-        fresh = engines.ar(args.batch) if kind == "ar" else engines.spec(args.batch, truth)
-        http = over_http(warmed(fresh, prompts, args.batch), tokenizer, prompts, arrivals, args.max_tokens)
-        del fresh
-        report["rows"] += [row(kind, "direct", direct, truth, prompts, oracle), row(kind, "http", http, truth, prompts)]
-        report.save()
-        print(f"{kind}: direct {report['rows'][-2]['throughput_tok_s']:.1f} tok/s, "
-              f"http {report['rows'][-1]['throughput_tok_s']:.1f} tok/s", flush=True)
+    for kind in args.engines:
+        for repeat in range(args.repeats):
+            if kind == "spec" or repeat:
+                engine = warmed(build(engines, kind, args, truth), prompts, args.batch)
+            oracle = engines.oracle.seconds
+            direct = in_thread(open_loop, engine, prompts, arrivals, params, time.perf_counter)
+            oracle = engines.oracle.seconds - oracle
+            if truth is None:
+                truth = {tuple(prompts[r.prompt]): r.tokens for r in direct.records}
+            del engine  # one engine's caches at a time
+            fresh = warmed(build(engines, kind, args, truth), prompts, args.batch)
+            http, specs = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens)
+            del fresh
+            report["rows"] += [row(kind, "direct", direct, truth, prompts, repeat, oracle_s=oracle),
+                               row(kind, "http", http, truth, prompts, repeat, specs=specs)]
+            report.save()
+            d, h = report["rows"][-2:]
+            print(f"{kind} #{repeat}: direct {d['throughput_tok_s']:.1f} tok/s {d['latency_per_token_ms']:.3f} ms/tok, "
+                  f"http {h['throughput_tok_s']:.1f} tok/s {h['latency_per_token_ms']:.3f} ms/tok", flush=True)
     report["comparison"] = compare(report["rows"])
     print(json.dumps(report["comparison"], indent=1))
+
+
+def build(engines: Engines, kind: str, args, truth=None):
+    """A fresh engine; the speculative ones all start their synthetic acceptance from --seed, so the direct and
+    HTTP runs draw alike."""
+    if kind == "ar":
+        return engines.ar(args.batch)
+    engines.seeds = itertools.count(args.seed)
+    return engines.spec(args.batch, truth)
 
 
 def in_thread(fn, *args):
@@ -163,7 +187,7 @@ def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int) -> LoopResu
         server.should_exit = True
         thread.join(60)
     records = [Record(**r) for r in done["records"]]
-    return LoopResult(records, done["seconds"], 0)
+    return LoopResult(records, done["seconds"], 0), done["specs"]
 
 
 def client(job_path: str, out_path: str) -> int:
@@ -172,19 +196,23 @@ def client(job_path: str, out_path: str) -> int:
 
     with open(job_path) as f:
         job = json.load(f)
-    result, refused, _ = asyncio.run(open_loop_http(job["url"], MODEL, job["prompts"], job["arrivals"],
+    result, refused, specs = asyncio.run(open_loop_http(job["url"], MODEL, job["prompts"], job["arrivals"],
                                                     job["max_tokens"]))
     if refused:
         raise RuntimeError(f"{refused} requests refused with 429")
     records = [{k: getattr(r, k) for k in ("request_id", "prompt", "prompt_len", "arrival", "first", "finish",
                                            "tokens", "finish_reason")} for r in result.records]
     with open(out_path, "w") as f:
-        json.dump({"records": records, "seconds": result.seconds}, f)
+        json.dump({"records": records, "seconds": result.seconds, "specs": specs}, f)
     return 0
 
 
-def row(kind: str, path: str, result: LoopResult, truth, prompts, oracle_s: float | None = None) -> dict:
-    out = {"engine": kind, "path": path, **summarize(result)}
+def row(kind: str, path: str, result: LoopResult, truth, prompts, repeat: int, oracle_s: float | None = None,
+        specs: list[dict] | None = None) -> dict:
+    out = {"engine": kind, "path": path, "repeat": repeat, **summarize(result)}
+    if specs:  # the server's spec_stats of each answer: tau over the run
+        steps = sum(s.get("steps", 0) for s in specs)
+        out["tau"] = sum(max(len(r.tokens) - 1, 0) for r in result.records) / steps if steps else None
     out.pop("seconds_split", None)
     latency = [(r.finish - r.arrival) / len(r.tokens) for r in result.records if r.tokens]
     out["latency_per_token_ms"] = statistics.mean(latency) * 1e3 if latency else None
@@ -195,23 +223,25 @@ def row(kind: str, path: str, result: LoopResult, truth, prompts, oracle_s: floa
 
 
 def compare(rows: list[dict]) -> dict:
-    """Per engine: HTTP against direct; and spec against AR on each path."""
-    by = {(r["engine"], r["path"]): r for r in rows}
+    """Per engine, each repeat's HTTP row against its direct row (overhead per token: latency per token, HTTP /
+    direct - 1) and their median; spec against AR on each path (latency per token, AR / spec)."""
+    pairs = {}
+    for r in rows:
+        pairs.setdefault((r["engine"], r["repeat"]), {})[r["path"]] = r
     out = {}
-    for kind in ("ar", "spec"):
-        d, h = by[(kind, "direct")], by[(kind, "http")]
-        out[kind] = {"overhead_per_token": h["latency_per_token_ms"] / d["latency_per_token_ms"] - 1,
-                     "throughput_ratio": h["throughput_tok_s"] / d["throughput_tok_s"],
-                     "tpot_ratio": _ratio(h["tpot_p50_ms"], d["tpot_p50_ms"]),
-                     "ttft_ratio": _ratio(h["ttft_p50_ms"], d["ttft_p50_ms"]),
-                     "exact": h["mismatched_requests"] == 0 and d["mismatched_requests"] == 0}
-    spec, ar = by[("spec", "direct")], by[("ar", "direct")]
-    oracle_free = spec["seconds"] - spec.get("oracle_seconds", 0.0)
-    out["spec_vs_ar"] = {
-        "latency_per_token_http": by[("ar", "http")]["latency_per_token_ms"] / by[("spec", "http")][
-            "latency_per_token_ms"],
-        "latency_per_token_direct": ar["latency_per_token_ms"] / spec["latency_per_token_ms"],
-        "busy_seconds_direct_oracle_excluded": {"ar": ar["seconds"], "spec": oracle_free}}
+    for kind in dict.fromkeys(r["engine"] for r in rows):
+        runs = [p for (k, _), p in sorted(pairs.items()) if k == kind and len(p) == 2]
+        over = [p["http"]["latency_per_token_ms"] / p["direct"]["latency_per_token_ms"] - 1 for p in runs]
+        out[kind] = {"overhead_per_token": over, "overhead_per_token_median": statistics.median(over),
+                     "tpot_ratio": [_ratio(p["http"]["tpot_p50_ms"], p["direct"]["tpot_p50_ms"]) for p in runs],
+                     "ttft_ratio": [_ratio(p["http"]["ttft_p50_ms"], p["direct"]["ttft_p50_ms"]) for p in runs],
+                     "exact": all(p[x]["mismatched_requests"] == 0 for p in runs for x in p)}
+    if "spec" in out:
+        out["spec_vs_ar"] = {path: statistics.median(r["latency_per_token_ms"] for r in rows
+                                                     if r["engine"] == "ar" and r["path"] == path) /
+                             statistics.median(r["latency_per_token_ms"] for r in rows
+                                               if r["engine"] == "spec" and r["path"] == path)
+                             for path in ("direct", "http")}
     return out
 
 

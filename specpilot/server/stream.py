@@ -1,7 +1,7 @@
 """RequestStream: how the engine thread hands one request's events to the asyncio task answering it.
 
 The engine thread hands a step's events to deliver() (thread-safe: they are queued on the requests' event loop);
-the request's task awaits get(). A request's events are Admitted or Failed first, then Tokens, then exactly one
+the request's task awaits get(), which merges the Tokens events queued since its last call. A request's events are Admitted or Failed first, then Tokens, then exactly one
 Finished (or a Failed if the engine stopped under it).
 """
 
@@ -39,9 +39,22 @@ class RequestStream:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._next = None  # an event read past a run of Tokens, returned by the next get()
 
     async def get(self):
-        return await self._queue.get()
+        """The next event; Tokens events already queued behind it come merged into one, so a reader that fell
+        behind the engine answers with one chunk, not one per step."""
+        event, self._next = (self._next, None) if self._next is not None else (await self._queue.get(), None)
+        if not isinstance(event, Tokens):
+            return event
+        ids = event.ids
+        while not self._queue.empty():
+            queued = self._queue.get_nowait()
+            if not isinstance(queued, Tokens):
+                self._next = queued
+                break
+            ids = ids + queued.ids
+        return event if ids is event.ids else Tokens(ids)
 
 
 def deliver(batch: list[tuple[RequestStream, object]]) -> None:

@@ -48,7 +48,8 @@ def test_every_job_is_answered_once_in_full():
     results, events, loop = _run(FakeEngine(slots=2), jobs=5, max_tokens=3)
     assert results == [None] * 5
     for ev in events:
-        assert isinstance(ev[0], Admitted) and [e.ids for e in ev[1:-1]] == [[7]] * 3
+        # the stream merges the Tokens a slow reader finds queued: the ids are what counts, each exactly once
+        assert isinstance(ev[0], Admitted) and [t for e in ev[1:-1] for t in e.ids] == [7] * 3
         assert isinstance(ev[-1], Finished) and ev[-1].reason == "length"
     assert loop.finished == 5 and loop.held == 0
     loop.stop(10)
@@ -64,7 +65,7 @@ def test_the_bound_counts_held_jobs():
 def test_stop_drains_the_jobs_in_flight_then_refuses():
     engine = FakeEngine(slots=1)
     results, events, loop = _run(engine, jobs=3, max_tokens=4, stop_after_submit=True)
-    assert all(isinstance(ev[-1], Finished) and len(ev) == 1 + 4 + 1 for ev in events)
+    assert all(isinstance(ev[-1], Finished) and [t for e in ev[1:-1] for t in e.ids] == [7] * 4 for ev in events)
     assert not loop.alive and engine.steps >= 12
     assert loop.submit(Job("late", [1], SamplingParams(), None, 0.0), 100) == "closed"
 
