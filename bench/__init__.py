@@ -5,6 +5,7 @@ Most need a GPU; each module's docstring gives its commands, a CPU dry run among
 
 Benchmarks:
     ar_decode        AR decode against transformers' generate on random weights in the real shapes, vs the roofline
+    cost_model_validation  the pilot's cost model: predicted vs measured tok/s per shape, batch, tree, weight format
     dflash_scaling   the DFlash proposal at batch 1..32 and two contexts, its paths side by side, per part
     drafter_proposal each drafter's proposal (DFlash, DFlash2, DSpark, MTP) at the 27B shape vs its weight-read roofline
     gdn_tree_kernel  the Triton GDN tree kernel alone per (requests, nodes, warps, dot precision)
