@@ -12,8 +12,8 @@ device's Ceilings, ceilings.py; "roofline" = max(bytes / bandwidth, FLOPs / peak
   visible position per token per layer;
 - verify.recurrent: each request's recurrent state read; 6 FLOPs per state element per token per layer;
 - verify.launch: KERNELS_PER_LAYER kernels per layer, + 4, at the per-kernel floor;
-- draft: the drafter's weights (and the target's LM head, for drafters that draft through it); 2 FLOPs per
-  parameter per drafted position; KERNELS_PER_LAYER kernels per drafter layer;
+- draft: the drafter's weights (and the target's LM head, for drafters that draft through it) and its own K/V of
+  each request's context; 2 FLOPs per parameter per drafted position; KERNELS_PER_LAYER kernels per drafter layer;
 - accept: one round trip (sync_s);
 - commit: on hybrid trees each request's state read and written (the fold), the kept K/V read and written; 3 kernels;
 - other, host_gap: host work (emit; schedule and budget between steps): no device ceiling (0);
@@ -145,6 +145,7 @@ class DrafterShape:
     params: float  # parameters applied per drafted token (its own and the head's)
     tokens: int  # positions it computes per request per proposal (a block drafter's block)
     layers: int
+    kv_bytes_per_token: float = 0.0  # its own K/V per token of a request's context (read every proposal)
 
     @staticmethod
     def from_drafter(drafter, target_shape: ModelShape, depth: int) -> DrafterShape | None:
@@ -162,7 +163,12 @@ class DrafterShape:
             count += target_shape.head_params
         tokens = int(getattr(inner, "block_size", None) or depth + 1)
         layers = len(getattr(net, "layers", ())) or 1
-        return DrafterShape(nbytes, count, tokens, layers)
+        cfg = getattr(net, "config", None)
+        kv = 0.0
+        if cfg is not None and hasattr(cfg, "num_attention_layers"):
+            elt = next(iter(params)).element_size()
+            kv = 2.0 * cfg.num_key_value_heads * cfg.head_dim * elt * cfg.num_attention_layers
+        return DrafterShape(nbytes, count, tokens, layers, kv)
 
 
 # -------------------------------------------------------------------------------------------- one step's shape
@@ -281,8 +287,8 @@ class CostModel:
                               sum(p.kernels for p in verify.values()), sum(p.seconds for p in verify.values()))}
         if self.drafter is not None:
             d = self.drafter
-            out["draft"] = _part("draft", d.weight_bytes, 2.0 * d.params * step.batch * d.tokens,
-                                 KERNELS_PER_LAYER * d.layers, c)
+            out["draft"] = _part("draft", d.weight_bytes + step.batch * step.context * d.kv_bytes_per_token,
+                                 2.0 * d.params * step.batch * d.tokens, KERNELS_PER_LAYER * d.layers, c)
         else:
             out["draft"] = Part("draft", 0.0, 0.0, 0.0, 0.0)
         out["accept"] = Part("accept", 0.0, 0.0, 0.0, c.sync_s)

@@ -213,3 +213,22 @@ def test_w12n_bytes_from_the_attached_planes(fmt):
     assert shape.layer_bytes == bf16.layer_bytes and shape.layer_params == bf16.layer_params
     saved = sum(t.n * t.k * (16 - bits_per_weight(t)) / 8 for t in planes)
     assert shape.w12n_layer_bytes == pytest.approx(bf16.layer_bytes - saved)
+
+
+def test_drafter_shape_of_a_dflash_drafter_by_hand(dense):
+    """The random tiny DFlash: its own parameters, the target's LM head it drafts through, its block, and its K/V
+    per context token (1 layer x 2 x KV heads x head dim x 4 B); the draft ceiling reads that K/V per request."""
+    from specpilot.bench.shapes import RANDOM_DRAFTERS
+
+    model = random_model(hf_config("tiny-dense"), "cpu", torch.float32)
+    drafter = RANDOM_DRAFTERS["random-dflash"](model, "tiny-dense", None)
+    own = list(drafter.model.parameters())
+    d = DrafterShape.from_drafter(drafter, dense, 7)
+    assert d.weight_bytes == sum(p.numel() * 4 for p in own) + dense.head_bytes
+    assert d.params == sum(p.numel() for p in own) + dense.head_params
+    cfg = drafter.model.config
+    assert (d.tokens, d.layers) == (8, 1)
+    assert d.kv_bytes_per_token == 2 * cfg.num_key_value_heads * cfg.head_dim * 4 * cfg.num_attention_layers
+    cost = CostModel(dense, ROOF, d)
+    near, far = cost.parts(Step(2, 8, 0))["draft"], cost.parts(Step(2, 8, 100))["draft"]
+    assert far.bytes - near.bytes == 2 * 100 * d.kv_bytes_per_token
