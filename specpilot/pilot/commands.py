@@ -151,8 +151,6 @@ def cmd_profile(args) -> int:
 
 def _models(args, target, drafter_name: str, device: str):
     """(target, tokenizer, drafter factory(runtime)): a random-weight model in a real shape, or a checkpoint."""
-    import torch
-
     from specpilot.spec_decode.drafters.registry import build_drafter
 
     if target is not None:
