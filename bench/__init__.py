@@ -17,6 +17,7 @@ Benchmarks:
     path_noise       how far AR decode and a teacher-forced block over the same tokens drift apart
     prefill          GDN prefill (torch, ours, fla-core) and decode kernels; whole-model prefill TFLOP/s; per chunk; TTFT
     sass_count       offline SASS instruction counts of the GEMV kernels' main loops (sm_90, no GPU needed)
+    server_load      one open-loop load against the engine driven directly and through `specpilot serve` (overhead)
     spec_step        where a speculative step's time goes, per phase and per kernel (synthetic acceptance)
     verify_cost      t(N)/t(1) of verifying N tree tokens in one forward, and a step's host overhead
     verify_curve     the verify cost curve the node budget reads: seconds per batch, tokens per request, context
