@@ -212,7 +212,8 @@ class Ablations:
     decode_pdl: bool = True  # decode steps: our kernels launch with programmatic dependent launch (ops/pdl.py)
     decode_gated_down: bool = True  # single-row decode steps: the down GEMV forms silu(gate) * up itself
     w12n_swiglu: bool = True  # W12N: an MLP's gate_up GEMV (up to 16 rows) forms silu(gate) * up in its epilogue
-    triton_gdn_prefill: bool = True  # hybrid prefill: the chunked delta rule as one Triton kernel per layer
+    triton_gdn_prefill: bool = True  # hybrid prefill on CUDA: fla-core's chunked delta rule where installed, else ours
+    # as one Triton kernel per layer
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ chains) take the fused recurrent kernel; long blocks (prefill) the chunked form.
 set) runs the conv through parent pointers and the tree-masked delta rule from the committed state, writes no
 state, and stashes per node what the commit of the kept path needs into the cache's buffers
 (ModelCache.tree_stash_out, then ModelCache.commit_tree). With `meta.paths.gdn_prefill_kernel` the chunked form
-runs as one Triton kernel per layer on CUDA instead of the torch form.
+runs on CUDA as fla-core's chunked kernel where it is installed, else as our one Triton kernel per layer, instead of
+the torch form (ops.gated_delta_rule.prefill_kernel chooses).
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ class KernelPaths:
     decode_splits: int = 0  # decode attention chunks per sequence (0: chosen from the shapes)
     pdl: bool = False  # our kernels launch with programmatic dependent launch (ops/pdl.py), norms as ops/rms_norm
     compiled: bool = False  # the pointwise helpers (layers/pointwise.py) run torch.compiled on CUDA
-    gdn_prefill_kernel: bool = False  # Gated DeltaNet blocks over 16 tokens: the chunked rule as one Triton kernel
+    # Gated DeltaNet blocks over 16 tokens: ops.gated_delta_rule.prefill_kernel's choice (True: fla-core's chunked
+    # rule where installed and it takes the inputs, else ours as one Triton kernel; or "fla" / "triton" / "torch")
+    gdn_prefill_kernel: bool | str = False
 
 
 PLAIN = KernelPaths()
