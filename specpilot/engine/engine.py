@@ -80,6 +80,9 @@ class SpecEngine:
         self._finished: OrderedDict[str, Request] = OrderedDict()  # the last FINISHED_KEPT, for stats()
         self._ids = count()
         self._timer = _Timer(runner.device)
+        # called once a step's verify is launched, before the step waits for it: a server hands out the last
+        # step's tokens there, so that its threads' Python work runs while the GPU computes
+        self.while_verifying: Callable[[], None] | None = None
         self._verify_scale = 1.0  # measured / predicted verify seconds (EMA)
         # levels proposed -> the last DRAFT_SAMPLES measured draft seconds of a step (the budget reads their median)
         self._draft_s: dict[int, deque[float]] = {}
@@ -175,6 +178,8 @@ class SpecEngine:
         self._note_prediction(active, nodes, plan.chunks)
         trees = self._timer.run("draft", self.propose, active, nodes)
         tokens = self._timer.run("verify", self.verify, active, trees, plan.chunks)
+        if self.while_verifying is not None:
+            self.while_verifying()
         accepted, firsts = self._timer.run("accept", self.accept, trees, tokens, plan.chunks, active)
         self._calibrate(self._timer.charge(keep_last=True))
         self._timer.run("commit", self.commit, active, trees, accepted, plan.chunks)

@@ -2,7 +2,9 @@
 
 HTTP handlers never touch the engine: they submit a Job (or an abort) to the loop's inbox and read the job's
 RequestStream. The loop adds what the inbox holds, runs engine.step() while anything is unfinished (else sleeps
-until the inbox wakes it), hands each request's new tokens to its stream and counts the metrics. Every
+until the inbox wakes it), hands each request's new tokens to its stream and counts the metrics. A step's events
+go out during the next step's verify (SpecEngine.while_verifying), while the GPU computes, so the event loop's
+Python work on them does not hold the interpreter lock between steps; with no step to follow, at once. Every
 submitted job gets exactly one terminal event (Finished, or Failed). stop() lets the requests in flight finish,
 then ends the thread; a step that raises fails every request in flight and ends it too (health turns 503).
 """
@@ -41,6 +43,7 @@ class EngineLoop:
         self.stopping = False
         self._closed = False  # the thread has ended (or is ending): nothing more is accepted
         self.finished = 0  # requests finished since start (any reason)
+        self._flushed = False  # the running step's verify has handed out the held events
 
     # ---- any thread -------------------------------------------------------------------------------------------
 
@@ -98,17 +101,26 @@ class EngineLoop:
             return
         stop = False
         try:
+            self.engine.while_verifying = self._flush_in_step
             while True:
                 stop = self._drain_inbox() or stop
-                self._flush()  # admissions and refusals now, not after the next step
                 if self._jobs:
-                    self._dispatch(self.engine.step())
+                    # the events held since the last step (its tokens, admissions, refusals) go out while this
+                    # step's verify runs on the GPU, so the event loop's work on them does not lengthen the step
+                    self._flushed = False
+                    outputs = self.engine.step()
+                    if not self._flushed:  # the step launched no verify
+                        self._flush()
+                    self._dispatch(outputs)
                     if self._jobs and not self.engine.has_unfinished():
                         raise RuntimeError(f"the engine holds none of the {len(self._jobs)} requests it was given")
-                    self._flush()
+                    if not self._jobs:  # no step follows to hand these out
+                        self._flush()
                 elif stop:
+                    self._flush()
                     return
                 else:
+                    self._flush()
                     self._wake.wait()
                     self._wake.clear()
         except Exception as e:  # noqa: BLE001 (the server stays up to say so: health 503)
@@ -202,6 +214,10 @@ class EngineLoop:
         with self._lock:
             self._held -= 1
         self._out.append((job.stream, event))
+
+    def _flush_in_step(self) -> None:
+        self._flushed = True
+        self._flush()
 
     def _flush(self) -> None:
         if self._out:

@@ -211,6 +211,19 @@ def test_stats_count_drafts_and_acceptance(checkpoint_factory):
     assert set(stats.seconds) == {"start", "draft", "verify", "accept", "commit", "other"}
 
 
+def test_while_verifying_runs_once_per_step_between_verify_and_accept(checkpoint_factory):
+    target, _ = _models(checkpoint_factory, "qwen3")
+    engine = SpecEngine(ModelRunner(target), DraftLMDrafter(target), TreeSpec.parse("chain:3"), scheduler=FIXED)
+    calls = []
+    verify, accept = engine.verify, engine.accept
+    engine.verify = lambda *a: (calls.append("verify"), verify(*a))[1]
+    engine.accept = lambda *a: (calls.append("accept"), accept(*a))[1]
+    engine.while_verifying = lambda: calls.append("hook")
+    out, _ = engine.generate(_prompts()[:2], SamplingParams(max_new_tokens=9))[0]
+    assert calls and calls == ["verify", "hook", "accept"] * (len(calls) // 3)
+    assert out.token_ids == _reference(target, _prompts()[:1], SamplingParams(max_new_tokens=9))[0]
+
+
 def test_eos_and_max_tokens_cut_the_emitted_block(checkpoint_factory):
     target, _ = _models(checkpoint_factory, "qwen3")
     prompts = _prompts()

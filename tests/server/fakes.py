@@ -1,5 +1,6 @@
 """FakeEngine: SpecEngine's client API (add_request, step, abort, stats, warmup, scheduler counts) without a model:
-each step emits one token per request (a fixed id) until max_new_tokens. For testing the engine loop's
+each step emits one token per request (a fixed id) until max_new_tokens; with verifies=True each step calls the
+engine's while_verifying hook first, as a verify step does. For testing the engine loop's
 bookkeeping and failure paths in milliseconds."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from specpilot.engine.stats import SpecStats
 
 
 class FakeEngine:
-    def __init__(self, slots: int = 2, refuse: str | None = None, fail_at_step: int | None = None, token: int = 7):
+    def __init__(self, slots: int = 2, refuse: str | None = None, fail_at_step: int | None = None, token: int = 7,
+                 verifies: bool = False):
         self.runner = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2048, vocab_size=100))
         self.config = SchedulerConfig(max_num_seqs=slots, max_model_len=64)
         self.scheduler = None
@@ -20,6 +22,9 @@ class FakeEngine:
         self.requests: dict[str, list] = {}  # id -> [params, emitted]
         self.steps = 0
         self.aborted: list[str] = []
+        self.verifies = verifies  # each step calls while_verifying, as SpecEngine's verify does
+        self.while_verifying = None
+        self.in_verify = False  # True while the hook runs
 
     def warmup(self) -> dict:
         self.scheduler = SimpleNamespace(running=[], waiting=[], num_slots=self.config.max_num_seqs)
@@ -36,6 +41,10 @@ class FakeEngine:
         self.steps += 1
         if self.fail_at_step == self.steps:
             raise RuntimeError("a kernel failed")
+        if self.verifies and self.while_verifying is not None:
+            self.in_verify = True
+            self.while_verifying()
+            self.in_verify = False
         outputs = []
         for rid in list(self.requests)[:self.config.max_num_seqs]:
             params, n = self.requests[rid]

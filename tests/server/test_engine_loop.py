@@ -62,6 +62,21 @@ def test_the_bound_counts_held_jobs():
     loop.stop(10)
 
 
+def test_with_a_verifying_engine_a_steps_events_go_out_during_the_next_verify(monkeypatch):
+    from specpilot.server import engine_loop
+
+    engine, during = FakeEngine(slots=2, verifies=True), []
+    real = engine_loop.deliver
+    monkeypatch.setattr(engine_loop, "deliver", lambda batch: (during.append(engine.in_verify), real(batch)))
+    results, events, loop = _run(engine, jobs=5, max_tokens=4)
+    assert results == [None] * 5
+    for ev in events:  # nothing lost or doubled: the last step's events go out at once (no step follows)
+        assert isinstance(ev[0], Admitted) and [t for e in ev[1:-1] for t in e.ids] == [7] * 4
+        assert isinstance(ev[-1], Finished)
+    assert sum(during) >= engine.steps - 1 and not during[-1]
+    loop.stop(10)
+
+
 def test_stop_drains_the_jobs_in_flight_then_refuses():
     engine = FakeEngine(slots=1)
     results, events, loop = _run(engine, jobs=3, max_tokens=4, stop_after_submit=True)
