@@ -17,6 +17,8 @@ from its arrival to its last token; tpot_ratio and ttft_ratio: HTTP / direct med
     python3 -m bench server_load --target random:Qwen3-8B --out bench/results/server_load_8b_h200.json
     python3 -m bench server_load --target random:tiny-dense --requests 6 --max-tokens 8 --batch 2 \
         --out /tmp/server_load.json   # CPU smoke run
+    python3 -m bench server_load --simulate 1,6 --engines ar --repeats 2 --max-tokens 128 --device cpu \
+        --out bench/results/server_load_simulated_cpu.json   # no model: the server's own overhead, any machine
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -41,6 +44,9 @@ from specpilot.bench.serving import (Engines, LoopResult, Record, ServeConfig, c
                                      poisson_arrivals, summarize, workload_prompts)
 from specpilot.bench.shapes import RANDOM_DRAFTERS, ByteTokenizer, RandomTarget
 from specpilot.bench.synthetic import AcceptanceProfile
+from specpilot.engine.request import RequestOutput
+from specpilot.engine.scheduler import SchedulerConfig
+from specpilot.engine.stats import SpecStats
 from specpilot.runtime.sampling import SamplingParams
 
 MODEL = "bench"
@@ -65,9 +71,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=1, help="direct / HTTP pairs per engine, interleaved")
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval (s) for the run (default: the interpreter's, 0.005)")
+    p.add_argument("--simulate", default=None, metavar="HOST_MS,GPU_MS",
+                   help="no model: a stand-in engine whose step holds the interpreter lock HOST_MS, then waits GPU_MS "
+                        "with it released (AR only; the server's own overhead on any machine)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.simulate is not None:
+        try:
+            host_ms, gpu_ms = (float(x) for x in args.simulate.split(","))
+        except ValueError:
+            host_ms = gpu_ms = -1.0
+        if min(host_ms, gpu_ms) < 0 or args.engines != ["ar"]:
+            print(f"error: --simulate {args.simulate}: give HOST_MS,GPU_MS (two numbers >= 0) with --engines ar",
+                  file=sys.stderr)
+            return 2
     target = RandomTarget.parse(args.target)
     if target is None:
         print(f"error: --target {args.target}: give random:SHAPE (the synthetic oracle needs a random target)",
@@ -83,20 +101,27 @@ def main(argv: list[str]) -> int:
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     report = Report(args.out, {**run_record(args.device), "config": vars(args), "rows": []})
-    run(args, target, report)
+    tokenizer = ByteTokenizer()
+    prompts = workload_prompts(tokenizer, load_workloads(args.workloads), args.seed, shuffle=True)
+    if args.simulate is not None:
+        engines = Simulated(args.batch, host_ms / 1e3, gpu_ms / 1e3)
+    else:
+        engines = _engines(args, target)
+    run(args, engines, tokenizer, prompts, report)
     return 0
 
 
-def run(args, target: RandomTarget, report: Report) -> None:
+def _engines(args, target: RandomTarget) -> Engines:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = target.build(args.device, dtype)
     make = RANDOM_DRAFTERS[args.drafter]
     cfg = ServeConfig("open", (args.batch,), args.max_tokens, tree=args.tree, per_client=1, requests=args.requests,
                       seed=args.seed)
-    engines = Engines(model, lambda runtime: make(model, target.shape, runtime), tuple(model.config.eos_token_ids),
-                      cfg, AcceptanceProfile.load(args.profile))
-    tokenizer = ByteTokenizer()
-    prompts = workload_prompts(tokenizer, load_workloads(args.workloads), args.seed, shuffle=True)
+    return Engines(model, lambda runtime: make(model, target.shape, runtime), tuple(model.config.eos_token_ids),
+                   cfg, AcceptanceProfile.load(args.profile))
+
+
+def run(args, engines, tokenizer, prompts, report: Report) -> None:
     params = SamplingParams(max_new_tokens=args.max_tokens, ignore_eos=True)
 
     engine = warmed(engines.ar(args.batch), prompts, args.batch)
@@ -109,9 +134,9 @@ def run(args, target: RandomTarget, report: Report) -> None:
         for repeat in range(args.repeats):
             if kind == "spec" or repeat:
                 engine = warmed(build(engines, kind, args, truth), prompts, args.batch)
-            oracle = engines.oracle.seconds
+            oracle = engines.oracle.seconds if engines.oracle is not None else 0.0
             direct = in_thread(open_loop, engine, prompts, arrivals, params, time.perf_counter)
-            oracle = engines.oracle.seconds - oracle
+            oracle = engines.oracle.seconds - oracle if engines.oracle is not None else 0.0
             if truth is None:
                 truth = {tuple(prompts[r.prompt]): r.tokens for r in direct.records}
             del engine  # one engine's caches at a time
@@ -126,6 +151,78 @@ def run(args, target: RandomTarget, report: Report) -> None:
                   f"http {h['throughput_tok_s']:.1f} tok/s {h['latency_per_token_ms']:.3f} ms/tok", flush=True)
     report["comparison"] = compare(report["rows"])
     print(json.dumps(report["comparison"], indent=1))
+
+
+class SimulatedEngine:
+    """SpecEngine's client API with no model: each step holds the interpreter lock for host_s (the host's share of a
+    step), calls while_verifying, then waits gpu_s with the lock released (the GPU's share), and gives every running
+    request one token, its prompt's next id (cycling), until max_new_tokens."""
+
+    def __init__(self, slots: int, host_s: float, gpu_s: float):
+        self.host_s, self.gpu_s = host_s, gpu_s
+        self.runner = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=1 << 20, vocab_size=256))
+        self.config = SchedulerConfig(max_num_seqs=slots, max_model_len=1 << 16)
+        self.scheduler = SimpleNamespace(running=[], waiting=[], num_slots=slots)
+        self.while_verifying = None
+        self.live: dict[str, list] = {}  # id -> [prompt, params, stats]
+        self.done: dict[str, SpecStats] = {}
+        self._ids = itertools.count()
+
+    def warmup(self) -> dict:
+        return {"graphs": 0, "bytes": 0}
+
+    def add_request(self, prompt_ids, params, request_id=None, priority=0) -> str:
+        rid = request_id or f"sim-{next(self._ids)}"
+        self.live[rid] = [list(prompt_ids), params, SpecStats()]
+        self._sync()
+        return rid
+
+    def step(self) -> list[RequestOutput]:
+        t = time.perf_counter()
+        while time.perf_counter() - t < self.host_s:
+            pass
+        if self.while_verifying is not None:
+            self.while_verifying()
+        time.sleep(self.gpu_s)
+        outputs = []
+        for rid in self.scheduler.running:
+            prompt, params, stats = self.live[rid]
+            token = prompt[stats.steps % len(prompt)]
+            stats.steps += 1
+            stats.emitted += 1
+            done = stats.emitted >= params.max_new_tokens
+            outputs.append(RequestOutput(rid, [token], done, "length" if done else None))
+            if done:
+                self.done[rid] = self.live.pop(rid)[2]
+        self._sync()
+        return outputs
+
+    def abort(self, request_id: str) -> None:
+        self.done[request_id] = self.live.pop(request_id)[2]
+        self._sync()
+
+    def stats(self, request_id: str) -> SpecStats:
+        return self.done[request_id] if request_id in self.done else self.live[request_id][2]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.live)
+
+    def _sync(self) -> None:
+        ids = list(self.live)
+        self.scheduler.running = ids[:self.config.max_num_seqs]
+        self.scheduler.waiting = ids[self.config.max_num_seqs:]
+
+
+class Simulated:
+    """Engines' interface over SimulatedEngine (AR only, no oracle)."""
+
+    oracle = None
+
+    def __init__(self, slots: int, host_s: float, gpu_s: float):
+        self.args = (slots, host_s, gpu_s)
+
+    def ar(self, batch: int) -> SimulatedEngine:
+        return SimulatedEngine(*self.args)
 
 
 def build(engines: Engines, kind: str, args, truth=None):

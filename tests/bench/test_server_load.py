@@ -1,0 +1,40 @@
+"""bench/server_load.py on the CPU: the simulated engine through the real app and a client process (every answer
+equal to the direct run's tokens, a comparison per repeat), a random target end to end, and its refusals."""
+
+import json
+
+from bench import server_load
+
+
+def test_simulated_engine_direct_and_http_rows_match(tmp_path):
+    out = tmp_path / "load.json"
+    assert server_load.main(["--simulate", "0.2,1", "--engines", "ar", "--requests", "6", "--max-tokens", "5",
+                             "--batch", "3", "--repeats", "2", "--device", "cpu", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [(x["engine"], x["path"], x["repeat"]) for x in r["rows"]] == [
+        ("ar", "direct", 0), ("ar", "http", 0), ("ar", "direct", 1), ("ar", "http", 1)]
+    assert all(x["requests"] == 6 and x["tokens"] == 30 and x["mismatched_requests"] == 0 for x in r["rows"])
+    c = r["comparison"]["ar"]
+    assert c["exact"] and len(c["overhead_per_token"]) == 2 and c["overhead_per_token_median"] > -1
+
+
+def test_random_target_speculative_rows_are_exact(tmp_path):
+    out = tmp_path / "load.json"
+    assert server_load.main(["--target", "random:tiny-dense", "--requests", "4", "--max-tokens", "6", "--batch", "2",
+                             "--device", "cpu", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert {(x["engine"], x["path"]) for x in r["rows"]} == {("ar", "direct"), ("ar", "http"), ("spec", "direct"),
+                                                             ("spec", "http")}
+    assert r["comparison"]["ar"]["exact"] and r["comparison"]["spec"]["exact"]
+    assert [x for x in r["rows"] if x["path"] == "http" and x["engine"] == "spec"][0]["tau"] >= 1
+
+
+def test_bad_flags_are_one_line_and_status_2(tmp_path, capsys):
+    out = str(tmp_path / "x.json")
+    assert server_load.main(["--simulate", "1", "--engines", "ar", "--out", out]) == 2
+    assert server_load.main(["--simulate", "1,6", "--out", out]) == 2  # spec has no simulation
+    assert server_load.main(["--target", "./some-dir", "--out", out]) == 2
+    assert server_load.main(["--batch", "0", "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("error: ") for line in err)
+    assert not (tmp_path / "x.json").exists()
