@@ -164,3 +164,17 @@ def test_registry_builds_dflash_and_rejects_other_vocabularies(target, tmp_path)
     assert build_drafter(str(write_dflash(tmp_path / "d")), target).name == "dflash"
     with pytest.raises(CheckpointError, match="vocab_size 300 differs"):
         build_drafter(str(write_dflash(tmp_path / "v", vocab_size=300)), target)
+
+
+def test_a_reallocated_cache_drops_the_pending_extensions_of_the_old_one(target, tmp_path):
+    """A finished request's last commit stays pending until its slot restarts; when the cache is allocated anew
+    (another engine of other sizes on the same drafter) those extensions belong to a cache that is gone."""
+    drafter = load_dflash(write_dflash(tmp_path / "d"), target)
+    width = drafter.model.fc.weight.shape[1]
+    drafter.allocate(4, 64)
+    drafter.start(3, list(range(6)), torch.randn(6, width))  # slot 3 never proposes again
+    drafter.allocate(2, 128)  # fewer slots, longer: a new cache
+    prompt = list(range(2 * BLOCK + 3))  # longer than a block: its extension flushes everything pending
+    drafter.start(0, prompt, torch.randn(len(prompt), width))
+    tree = drafter.propose([0], [5], TreeSpec.parse("chain:3"))[0]
+    assert tree.num_nodes == 4

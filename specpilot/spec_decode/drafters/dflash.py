@@ -101,6 +101,8 @@ class DFlashDrafter:
         c = self.cache
         if c is None or c.num_slots < num_slots or c.max_seq_len < size:
             self.graphs.clear()
+            self._pending.clear()  # extensions of contexts in the old cache (finished requests' last commits)
+            self.context_len.clear()
             self.cache = None
             self.cache = ModelCache(self.model.config, num_slots, size, self.device, self.model.fc.weight.dtype)
 
