@@ -9,6 +9,10 @@
 #     SUITE_ONLY="fla_tests prefill" bash bench/gpu_suite.sh OUTDIR COMMIT   # opt-in, caps 150 + 420 s: issue 30
 #         (needs fla-core: python3 -m pip install --no-index --no-deps .whl/*.whl; docs/prefill.md)
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
+#     SUITE_ONLY="gate" bash bench/gpu_suite.sh OUTDIR COMMIT                                          # opt-in, cap 560 s
+#     SUITE_ONLY="server_load drafter_proposal" bash bench/gpu_suite.sh OUTDIR COMMIT                  # opt-in, caps 460 s
+#     SUITE_ONLY="fla_tests prefill" bash bench/gpu_suite.sh OUTDIR COMMIT                             # opt-in, caps 570 s
+#     SUITE_ONLY="sampling_27b" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # opt-in, cap 300 s
 #
 # (measured 2026-11-30, fifth and sixth sessions: the kernel checks 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # about 200 s with the ninth session's tensor-core variants,
@@ -209,6 +213,31 @@ fi
 if [[ " ${SUITE_ONLY:-} " == *" prefill "* ]]; then
     PF=(--budget-s 400); [ "$DRY" = 1 ] && PF=(--smoke)
     step prefill 420 python3 -m bench prefill --out "$OUT/prefill_h200.json" --commit "$COMMIT" "${PF[@]}"
+fi
+
+# the twentieth session's opt-in steps (SUITE_ONLY must name them). The exactness gate alone took over 380 s for 33
+# of its 44 tests on the H200 (run it in a call of its own; 4 parallel shards ran out of memory); the server's load
+# needs fastapi, starlette, pydantic(-core), uvicorn, annotated-types, typing-inspection and opentelemetry-api as
+# wheels in .whl (install them first, as bench/server_load.py's docstring says)
+if [[ " ${SUITE_ONLY:-} " == *" gate "* ]]; then
+    step gate 560 env TRITON_INTERPRET=0 python3 -m pytest -m gpu tests/gpu/test_gate_gpu.py \
+        tests/gpu/test_gate_full_depth.py -q -p no:cacheprovider --junitxml="$OUT/gate_h200.xml"
+fi
+if [[ " ${SUITE_ONLY:-} " == *" server_load "* ]]; then
+    SL=(--target "$T8" --repeats 3); [ "$DRY" = 1 ] && SL=(--target "$T8" --requests 6 --max-tokens 8 --batch 2)
+    step server_load 360 python3 -m bench server_load "${SL[@]}" --out "$OUT/server_load_8b_h200.json" "${DEV[@]}"
+fi
+if [[ " ${SUITE_ONLY:-} " == *" drafter_proposal "* ]]; then
+    DP=(); [ "$DRY" = 1 ] && DP=(--target tiny-hybrid --batches 1 3 --context 24 --reps 2 --warmup 1)
+    step drafter_proposal 100 python3 -m bench drafter_proposal --out "$OUT/drafter_proposal_27b_h200.json" \
+        "${DP[@]}" "${DEV[@]}"
+fi
+if [[ " ${SUITE_ONLY:-} " == *" sampling_27b "* ]]; then
+    SP=(--limit 4 --batch-sizes 1 --max-new-tokens 256); [ "$DRY" = 1 ] && SP=("${BENCH_SIZE[@]}")
+    step sampling_27b 300 python3 -m specpilot bench --target "$T27" --drafter random-dflash \
+        --acceptance synthetic:dflash2-gsm8k --workloads gsm8k --data-dir "$DATA" "${SP[@]}" --stock-tree chain:7 \
+        "${BASE_ENGINE[@]}" --configs "tree16=tree:dynamic:4,7,15" --temperature 0 0.7 --seed 0 \
+        --out "$OUT/bench_27b_sampling_b1_h200.json" --plot /tmp/bench_27b_sampling_b1_h200.png "${DEV[@]}"
 fi
 
 # the skinny GEMV at 16, 24 and 32 rows on the 27B projections (tree verify blocks above 16 nodes)
