@@ -11,7 +11,6 @@ target's embedding and LM head stay frozen and are not saved. The result is a z-
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.lm import TrainConfig, batch_at, train_device
 from specpilot.train.loop import optimize
+from specpilot.train.output_dir import cast_state, save_drafter
 from specpilot.train.tokens import corpus_tokens
 
 
@@ -243,22 +243,19 @@ def _init(model: DFlashModel) -> None:
             layer.mlp.down_proj.weight.mul_(1 / math.sqrt(2 * len(model.layers)))
 
 
+def layer_fields(cfg: ModelConfig) -> dict:
+    """The Hugging Face config fields of a draft's Qwen3 layers, as DFlash-family directories write them."""
+    return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps}
+
+
 def save_dflash(model: DFlashModel, target_cfg: ModelConfig, layers, block: int, mask_id: int, out: Path,
                 report: dict, save_dtype: str = "bfloat16") -> None:
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
+    """`out`, whole or not at all (train/output_dir.py), as a z-lab DFlashDraftModel directory."""
     cfg = model.config
-    dtype = getattr(torch, save_dtype)
-    save_file({k: v.to(dtype).cpu() for k, v in unpacked_state_dict(model).items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
-    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": cfg.vocab_size,
-              "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-              "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
-              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-              "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope.theta,
-              "max_position_embeddings": cfg.max_position_embeddings, "block_size": block,
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **layer_fields(cfg),
+              "rope_theta": cfg.rope.theta, "max_position_embeddings": cfg.max_position_embeddings, "block_size": block,
               "num_target_layers": target_cfg.num_hidden_layers,
               "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": list(layers)}}
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    (out / "training.json").write_text(json.dumps(report, indent=1))
+    save_drafter(out, cast_state(unpacked_state_dict(model), save_dtype), config, report)

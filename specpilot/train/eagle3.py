@@ -10,7 +10,6 @@ full EAGLE-3 recipe would give. The result is a SafeAILab-layout directory (`Lla
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from specpilot.train.corpus import Corpus
 from specpilot.train.dflash import _features, _rollouts
 from specpilot.train.lm import TrainConfig, batch_at, train_device
 from specpilot.train.loop import optimize
+from specpilot.train.output_dir import cast_state, save_drafter
 from specpilot.train.tokens import corpus_tokens
 
 
@@ -132,11 +132,5 @@ def eagle3_forward(drafter: Eagle3Drafter, features: torch.Tensor, tokens: torch
 
 
 def save_eagle3(head: Eagle3Head, raw: dict, out: Path, report: dict, save_dtype: str = "bfloat16") -> None:
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    dtype = getattr(torch, save_dtype)
-    state = {k: (v if k in ("d2t", "t2d") else v.to(dtype)).cpu() for k, v in unpacked_state_dict(head).items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(raw, indent=1))
-    (out / "training.json").write_text(json.dumps(report, indent=1))
+    """`out`, whole or not at all (train/output_dir.py); the vocabulary maps d2t / t2d keep their dtypes."""
+    save_drafter(out, cast_state(unpacked_state_dict(head), save_dtype, keep=("d2t", "t2d")), raw, report)

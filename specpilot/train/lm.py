@@ -19,6 +19,7 @@ import torch
 from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.loop import optimize
+from specpilot.train.output_dir import output_dir
 from specpilot.train.tokens import corpus_tokens
 
 PRESETS = {
@@ -143,11 +144,13 @@ def evaluate(model, tokens: torch.Tensor, cfg: TrainConfig, device) -> float:
 
 
 def _save_final(model, tokenizer_dir, out: Path, report: dict, save_dtype: str) -> None:
-    model.to(getattr(torch, save_dtype)).save_pretrained(out, safe_serialization=True)
-    for f in Path(tokenizer_dir).iterdir():
-        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-            shutil.copy2(f, out / f.name)
-    (out / "training.json").write_text(json.dumps(report, indent=1))
+    """`out`, whole or not at all (train/output_dir.py): the model, the tokenizer's files and training.json."""
+    with output_dir(out) as tmp:
+        model.to(getattr(torch, save_dtype)).save_pretrained(tmp, safe_serialization=True)
+        for f in Path(tokenizer_dir).iterdir():
+            if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "training.json").write_text(json.dumps(report, indent=1))
 
 
 def _params(model) -> int:

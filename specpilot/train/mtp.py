@@ -29,6 +29,7 @@ from specpilot.train import checkpoint as checkpoint_io
 from specpilot.train.corpus import Corpus
 from specpilot.train.lm import TrainConfig, batch_at, train_device
 from specpilot.train.loop import optimize
+from specpilot.train.output_dir import cast_state, output_dir
 from specpilot.train.tokens import corpus_tokens
 
 
@@ -95,11 +96,12 @@ def _step(model: MTPModel, target, cfg: TrainConfig, device):
 
 
 def save_mtp(model: MTPModel, target_dir: Path, out: Path, report: dict, save_dtype: str = "bfloat16") -> None:
-    """The target's files into `out` (kept beside a resume checkpoint), then the MTP shard and config field."""
-    out.mkdir(parents=True, exist_ok=True)
-    for f in target_dir.iterdir():
-        if f.is_file():
-            shutil.copy2(f, out / f.name)
-    dtype = getattr(torch, save_dtype)
-    add_mtp_layer(out, {k: v.to(dtype).cpu() for k, v in unpacked_state_dict(model).items() if k.startswith("mtp.")})
-    (out / "training.json").write_text(json.dumps(report, indent=1))
+    """`out`, whole or not at all (train/output_dir.py, which keeps a resume checkpoint): the target's files, then
+    the MTP shard and config field."""
+    mtp = {k: v for k, v in unpacked_state_dict(model).items() if k.startswith("mtp.")}
+    with output_dir(out) as tmp:
+        for f in target_dir.iterdir():
+            if f.is_file():
+                shutil.copy2(f, tmp / f.name)
+        add_mtp_layer(tmp, cast_state(mtp, save_dtype))
+        (tmp / "training.json").write_text(json.dumps(report, indent=1))
