@@ -95,7 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     train_commands.add_parsers(sub)
     pilot_commands.add_parsers(sub)
     d = sub.add_parser("demo", help="code completion on the bundled trained zoo (CPU), plain and speculative")
-    _add_generation_flags(d, max_new_tokens=96)
+    # the zoo's ~6M-parameter models decode fastest on one thread: 12.9 s against 73 s for the whole demo on the
+    # shared 2-core machine (docs/decisions/2026-12-02-cpu-threads.md)
+    _add_generation_flags(d, max_new_tokens=96, threads=1)
     d.add_argument("--prompt", default=DEMO_PROMPT,
                    help="prompt text, echoed dimmed before the completion (default: a Python function to complete)")
     d.add_argument("--model", choices=["dense", "hybrid"], default="hybrid", help="the zoo target")
@@ -114,7 +116,7 @@ def _add_spec_flags(p: argparse.ArgumentParser, drafter_default: str = "none") -
     p.add_argument("--tree", default="chain:4", help="chain:D | static:C1,C2,... | dynamic:TOPK,DEPTH,NODES")
 
 
-def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
+def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128, threads: int | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
@@ -130,6 +132,8 @@ def _add_generation_flags(p: argparse.ArgumentParser, max_new_tokens: int = 128)
                    help="w12n: decode-sized products read lossless 12-bit planes (encoded at load; needs --dtype "
                         "bfloat16); w12n_only: the bf16 copies dropped too, every product through the planes")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    p.add_argument("--threads", type=int, default=threads,
+                   help="CPU runs: torch's intra-op threads (default: " + (f"{threads}" if threads else "torch's") + ")")
 
 
 def cmd_generate(args) -> int:
@@ -138,6 +142,7 @@ def cmd_generate(args) -> int:
     device = pick_device(args.device)
     _check_generation_flags(args, device)
     _check_spec_flags(args.tree)
+    _set_threads(args.threads, device)
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
@@ -154,10 +159,19 @@ def _check_generation_flags(args, device: str) -> None:
 
     SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads}: must be >= 1")
     dtype = resolve_dtype(args.dtype, torch.device(device))
     if args.weight_format != "bf16" and dtype != torch.bfloat16:
         raise ValueError(f"--weight-format {args.weight_format} needs --dtype bfloat16 (--dtype {args.dtype} on "
                          f"{device} is {str(dtype).removeprefix('torch.')})")
+
+
+def _set_threads(threads: int | None, device: str) -> None:
+    if device == "cpu" and threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _check_spec_flags(tree: str) -> None:
@@ -177,6 +191,7 @@ def cmd_demo(args) -> int:
     device = pick_device(args.device)
     _check_generation_flags(args, device)
     _check_spec_flags(args.tree)  # the speculative run is greedy whatever --temperature streams with
+    _set_threads(args.threads, device)
     if zoo_dir() is not None:
         path, drafter = zoo_pair(args.model, args.demo_drafter)
         note = (f"specpilot demo: the zoo's trained {args.model} target ({path}), greedy code completion; then the "

@@ -20,6 +20,15 @@ def _private_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _threads():
+    """A command under test may set torch's intra-op threads (`--threads`); the next test gets this process's."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(42)
 

@@ -43,8 +43,13 @@ def test_generate_errors_go_to_stderr(tmp_path, capsys):
 
 
 def test_demo_runs(tmp_path, monkeypatch, capsys):
+    import torch
+
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)  # the demo's one thread, not this process's
     rc = main(["demo", "--max-new-tokens", "8", "--json"])
+    assert threads == [1]
     obj = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(obj["token_ids"]) <= 8
     assert obj["stats"]["architecture"] == "Qwen3_5ForCausalLM"
@@ -182,6 +187,8 @@ def test_bad_flags_fail_before_any_weights_load(tmp_path, monkeypatch, capsys):
         (["demo", "--tree", "static:2,0"],
          "--tree 'static:2,0': use chain:D, static:C1,C2,... or dynamic:TOPK,DEPTH,NODES with positive integers"),
         (["demo", "--temperature", "-1"], "temperature=-1.0: must be >= 0"),
+        (["demo", "--threads", "0"], "--threads 0: must be >= 1"),
+        (generate + ["--threads", "-2"], "--threads -2: must be >= 1"),
     ]
     for argv, line in cases:
         rc = main(argv)
