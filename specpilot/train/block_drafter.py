@@ -91,10 +91,12 @@ class BlockRun:
 
     def report(self, kind: str, model: torch.nn.Module, options: dict, loss: float, held: list,
                stats: tuple[str, ...]) -> dict:
-        """training.json: the run, the drafter's `options`, the losses and the held-out means of `stats` (held[i][1:])."""
+        """training.json: the run, the drafter's `options`, the losses and the held-out means of `stats` (each
+        held-out batch's step outputs after the loss, in order)."""
         means = {name: float(sum(h[i] for h in held) / len(held)) for i, name in enumerate(stats, start=1)}
-        return {"kind": kind, "block_size": self.block, "layers": self.num_layers, "target_layer_ids": list(self.layers),
-                "intermediate_size": model.config.intermediate_size, **options, "steps": self.cfg.steps,
+        return {"kind": kind, "block_size": self.block, "layers": self.num_layers,
+                "target_layer_ids": list(self.layers), "intermediate_size": model.config.intermediate_size, **options,
+                "steps": self.cfg.steps,
                 "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held), **means,
                 "corpus_files_hash": self.corpus.files_hash, "rollouts": self.rollouts,
                 "rollout_prompt_len": self.prompt_len, "anchors": self.anchors,

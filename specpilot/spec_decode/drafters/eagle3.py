@@ -11,6 +11,7 @@ in `pending_tokens` (the prompt's tail; the accepted drafts); `propose` appends 
 one causal block (they are committed: real features, real tokens) and drafts from the last output. A draft
 node at depth d >= 1 pairs its parent's output h (training-time test) with its own token, at RoPE position
 seen - 1 + d, stored as scratch after the committed pairs; tree nodes see their ancestors only (ancestor mask).
+The bookkeeping and the tree nodes' step are feature_pairs.py's (shared with the MTP layer).
 """
 
 from __future__ import annotations
@@ -24,14 +25,18 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.eagle3 import Eagle3Head, load_eagle3_head
 from specpilot.spec_decode.coupling import Noise, coupled_row_scores
+from specpilot.spec_decode.drafters.feature_pairs import FeaturePairs
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
-class Eagle3Drafter:
+
+class Eagle3Drafter(FeaturePairs):
     name = "eagle3"
     max_depth = None
     coupled = True  # propose takes the sampling requests' race noise
+    features_needed = "EAGLE-3 needs target features [{n}, {width}] of layers {layers}, got {got}"
 
     def __init__(self, head: Eagle3Head, target: CausalLM, target_layers: tuple[int, ...], chunk: int = 2048):
+        super().__init__(head.fc.in_features)  # 3 * the target's hidden size
         self.head, self.target_layers, self.chunk = head, tuple(target_layers), chunk
         self.config = head.config
         param = head.fc.weight
@@ -39,9 +44,6 @@ class Eagle3Drafter:
         self.embed = head.embed_tokens if hasattr(head, "embed_tokens") else target.model.embed_tokens
         self.draft_to_target = torch.arange(head.d2t.numel(), device=self.device) + head.d2t
         self.cache: ModelCache | None = None
-        self.seen: dict[int, int] = {}  # committed (feature, next token) pairs in the head cache
-        self.pending_feats: dict[int, torch.Tensor] = {}  # [n, 3 * H_t] target features not yet fed
-        self.pending_tokens: dict[int, list[int]] = {}  # the n - 1 tokens after them (the root comes last)
 
     @classmethod
     def from_pretrained(cls, model_dir, target: CausalLM, dtype="auto") -> Eagle3Drafter:
@@ -53,23 +55,6 @@ class Eagle3Drafter:
         if c is None or c.num_slots < num_slots or c.max_seq_len < max_seq_len:
             self.cache = None
             self.cache = ModelCache(self.config, num_slots, max_seq_len, self.device, self.dtype)
-
-    def start(self, slot: int, prompt_ids: list[int], features: torch.Tensor | None) -> None:
-        self._check_features(features, len(prompt_ids))
-        self.seen[slot] = 0
-        self.pending_feats[slot] = features
-        self.pending_tokens[slot] = list(prompt_ids[1:])
-
-    def commit(self, slot: int, accepted: list[int], features: torch.Tensor | None) -> None:
-        self._check_features(features, 1 + len(accepted))
-        self.pending_feats[slot] = features
-        self.pending_tokens[slot] = list(accepted)
-
-    def _check_features(self, features, n: int) -> None:
-        width = self.head.fc.in_features
-        if features is None or tuple(features.shape) != (n, width):
-            got = None if features is None else tuple(features.shape)
-            raise ValueError(f"EAGLE-3 needs target features [{n}, {width}] of layers {self.target_layers}, got {got}")
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec,
@@ -147,16 +132,3 @@ class Eagle3Drafter:
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         ids = self.draft_to_target[top.indices]
         return [(t.tolist(), v.tolist()) for t, v in zip(ids, top.values)]
-
-    def _tree_hidden(self, slot: int, tree: DraftTree, hidden: dict) -> torch.Tensor:
-        """Head outputs h of the non-root nodes: node i pairs its parent's h with its token at position
-        seen - 1 + depth, stored after the committed pairs, seeing the committed pairs and its ancestors."""
-        dev, n, seen = self.device, tree.num_nodes - 1, self.seen[slot]
-        ids = torch.tensor([tree.tokens[1:]], device=dev)
-        fused = torch.stack([hidden[tree.parents[i]] for i in range(1, tree.num_nodes)])[None]
-        pos = tree.positions(seen - 1)[1:][None].to(dev)
-        loc = (seen + torch.arange(n))[None].to(dev)
-        mask = tree.ancestor_mask()[1:, 1:][None].to(dev)
-        meta = BatchMetadata(ids, pos, loc, torch.tensor([slot], device=dev), torch.tensor([seen], device=dev), seen,
-                             mask)
-        return self.forward(meta, fused)[0]

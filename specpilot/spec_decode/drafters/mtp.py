@@ -11,6 +11,7 @@ predicts the first draft token. Chained for depth > 1 as the public engines do: 
 parent's MTP output with its own token at position seen - 1 + d, stored as scratch after the committed pairs; a
 chain runs one batched step per level, a tree re-runs its nodes per level under the ancestor mask (top-k children
 per node by the MTP's log-probabilities).
+The bookkeeping and the tree nodes' step are feature_pairs.py's (shared with the EAGLE-3 head).
 """
 
 from __future__ import annotations
@@ -23,26 +24,26 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.mtp import MTPModel, load_mtp
 from specpilot.runtime.cache import ModelCache
+from specpilot.spec_decode.drafters.feature_pairs import FeaturePairs
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
 FEED_CHUNK = 2048
 
 
-class MTPDrafter:
+class MTPDrafter(FeaturePairs):
     name = "mtp"
     max_depth = None
+    features_needed = "MTP needs the target's last-layer outputs [{n}, {width}], got {got}"
 
     def __init__(self, model: MTPModel, target: CausalLM):
+        super().__init__(model.config.hidden_size)
         self.model, self.target = model, target
         self.config = model.config
         self.target_layers = (target.config.num_hidden_layers - 1,)
         param = model.mtp.fc.weight
         self.device, self.dtype = param.device, param.dtype
         self.cache: ModelCache | None = None
-        self.seen: dict[int, int] = {}  # committed (hidden, next token) pairs in the MTP cache
-        self.pending_feats: dict[int, torch.Tensor] = {}  # [n, H] last-layer outputs not yet paired
-        self.pending_tokens: dict[int, list[int]] = {}  # the n - 1 tokens after them (the root comes last)
 
     @classmethod
     def from_target(cls, model_dir, target: CausalLM, dtype="auto") -> MTPDrafter:
@@ -54,23 +55,6 @@ class MTPDrafter:
         if c is None or c.num_slots < num_slots or c.max_seq_len < size:
             self.cache = None
             self.cache = ModelCache(self.config, num_slots, size, self.device, self.dtype)
-
-    def start(self, slot: int, prompt_ids: list[int], features: torch.Tensor | None) -> None:
-        self._check_features(features, len(prompt_ids))
-        self.seen[slot] = 0
-        self.pending_feats[slot] = features
-        self.pending_tokens[slot] = list(prompt_ids[1:])
-
-    def commit(self, slot: int, accepted: list[int], features: torch.Tensor | None) -> None:
-        self._check_features(features, 1 + len(accepted))
-        self.pending_feats[slot] = features
-        self.pending_tokens[slot] = list(accepted)
-
-    def _check_features(self, features, n: int) -> None:
-        width = self.config.hidden_size
-        if features is None or tuple(features.shape) != (n, width):
-            got = None if features is None else tuple(features.shape)
-            raise ValueError(f"MTP needs the target's last-layer outputs [{n}, {width}], got {got}")
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
@@ -159,16 +143,3 @@ class MTPDrafter:
         logp = torch.log_softmax(self.draft_logits(torch.stack([hidden[i] for i in frontier])), dim=-1)
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         return [(t.tolist(), v.tolist()) for t, v in zip(top.indices, top.values)]
-
-    def _tree_hidden(self, slot: int, tree: DraftTree, hidden: dict) -> torch.Tensor:
-        """MTP outputs of the non-root nodes: node i pairs its parent's output with its token at position
-        seen - 1 + depth, stored after the committed pairs, seeing them and its ancestors."""
-        dev, n, seen = self.device, tree.num_nodes - 1, self.seen[slot]
-        ids = torch.tensor([tree.tokens[1:]], device=dev)
-        parents = torch.stack([hidden[tree.parents[i]] for i in range(1, tree.num_nodes)])[None]
-        pos = tree.positions(seen - 1)[1:][None].to(dev)
-        loc = (seen + torch.arange(n))[None].to(dev)
-        mask = tree.ancestor_mask()[1:, 1:][None].to(dev)
-        meta = BatchMetadata(ids, pos, loc, torch.tensor([slot], device=dev), torch.tensor([seen], device=dev), seen,
-                             mask)
-        return self.forward(meta, parents)[0]
