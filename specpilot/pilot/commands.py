@@ -1,4 +1,4 @@
-"""`specpilot profile`: its flags and its command (the CLI entry of profile.py)."""
+"""The pilot's commands: `specpilot profile` (the CLI entry of profile.py) and `specpilot tune` (of tune.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", default="profile.json", help="JSON report path")
     p.add_argument("--plot", default=None, help="PNG plot path (default: next to the JSON)")
     p.set_defaults(func=cmd_profile)
+    _add_tune_parser(sub)
 
 
 def check_flags(args):
@@ -63,14 +64,7 @@ def check_flags(args):
         raise ValueError("--drafter none: profile measures a speculative step; name a drafter (e.g. ngram)")
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
         if path:
-            p = Path(path).expanduser()
-            if p.is_dir():
-                raise ValueError(f"{flag} {path}: is a directory; give a file path in it")
-            folder = next(f for f in (p.parent, *p.parent.parents) if f.exists())
-            if not folder.is_dir():
-                raise ValueError(f"{flag} {path}: {folder} is not a directory")
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise ValueError(f"{flag} {path}: cannot write in {folder} (permission denied)")
+            _check_out(flag, path)
     return target, (AcceptanceProfile.load(name) if kind == "synthetic" else None), drafter
 
 
@@ -175,3 +169,143 @@ def _dtype(name: str, device: str):
     from specpilot.models.loader import resolve_dtype
 
     return resolve_dtype(name, torch.device(device))
+
+
+def _add_tune_parser(sub) -> None:
+    from specpilot.pilot.tune import TREES
+
+    t = sub.add_parser("tune", help="search tree shapes, node budget and weight format per batch size; keep a change "
+                                    "only if faster on held-out prompts and exact; write a recipe")
+    t.add_argument("--target", required=True, help="model directory or Hub repo id")
+    t.add_argument("--drafter", required=True, help="drafter directory or Hub id, or ngram")
+    t.add_argument("--workloads", nargs="+", default=["humaneval"],
+                   help="bench workloads, shipped prompt sets or prompt files; their prompts are pooled and split")
+    t.add_argument("--data-dir", default=None, help="folder holding the named prompt sets")
+    t.add_argument("--limit", type=int, default=16, help="first N prompts of each workload")
+    t.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    t.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request (EOS ignored)")
+    t.add_argument("--trees", nargs="+", default=list(TREES), help="the tree specs searched")
+    t.add_argument("--no-adaptive", action="store_true", help="leave the adaptive node budget out of the search")
+    t.add_argument("--weight-formats", nargs="+", default=["bf16"], help="bf16, w12n, w12n_only (w12n: --dtype "
+                                                                           "bfloat16)")
+    t.add_argument("--measure", type=int, default=3, help="best-ranked candidates measured per batch size")
+    t.add_argument("--repeats", type=int, default=3, help="interleaved stock/candidate pairs on the held-out prompts")
+    t.add_argument("--held-out", type=float, default=0.5, help="share of the prompts held out")
+    t.add_argument("--seed", type=int, default=0, help="the tuning / held-out split")
+    t.add_argument("--rank", choices=["calibrated", "ceilings"], default="calibrated",
+                   help="the cost model's inputs: the calibration cached per GPU and model (measured when missing), "
+                        "or the device's ceilings alone (seconds; a coarser ranking)")
+    t.add_argument("--recalibrate", action="store_true", help="measure the calibration again even if cached")
+    t.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    t.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
+    t.add_argument("--out", default="recipe.json", help="the recipe (JSON)")
+    t.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args) -> int:
+    import statistics
+
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specpilot.bench.harness import encode_turn, load_workloads
+    from specpilot.bench.shapes import RandomTarget
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.pilot import calibration, ceilings
+    from specpilot.pilot.controller import Controller, ControllerConfig
+    from specpilot.pilot.cost_model import CostModel, DrafterShape, ModelShape
+    from specpilot.pilot.recipe import Recipe, drafter_fingerprint, target_fingerprint, versions
+    from specpilot.pilot.trial import Trial
+    from specpilot.pilot.tune import TunePlan, acceptance_of, report, space, stock, tune_batch
+    from specpilot.spec_decode.drafters.registry import build_drafter
+    from specpilot.spec_decode.tree import TreeSpec
+
+    plan = TunePlan(tuple(args.batch_sizes), tuple(args.trees), (False,) if args.no_adaptive else (False, True),
+                    tuple(args.weight_formats), args.measure, args.repeats, args.held_out, args.seed)
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: must be >= 1")
+    if args.drafter == "none":
+        raise ValueError("--drafter none: tune searches speculative configurations; name a drafter (e.g. ngram)")
+    if RandomTarget.parse(args.target, "margin") is not None or args.drafter.startswith("random-"):
+        raise ValueError(f"--target {args.target}: tune runs checkpoints (random targets' synthetic acceptance is "
+                         f"not wired into tune yet)")
+    _check_out("--out", args.out)
+    workloads = load_workloads(args.workloads, args.data_dir, args.limit)
+    device = pick_device(args.device)
+    dtype = _dtype(args.dtype, device)
+    if any(f != "bf16" for f in plan.weight_formats) and dtype != torch.bfloat16:
+        raise ValueError(f"--weight-formats w12n needs --dtype bfloat16 (--dtype {args.dtype} on {device} is "
+                         f"{str(dtype).removeprefix('torch.')})")
+    tokenizer = load_tokenizer(args.target)
+    model = load_model(args.target, device, args.dtype)
+    prompts = [encode_turn(tokenizer, [c.turns[0]], [], not args.no_chat) for ws in workloads.values() for c in ws]
+    make_drafter = lambda runtime: build_drafter(args.drafter, model, tokenizer, runtime=runtime)  # noqa: E731
+    probe = make_drafter(None)
+    depth = getattr(probe, "max_depth", None)
+    base, candidates = stock(depth), space(plan, depth)
+    trees = [base.tree] + [c.tree for c in candidates]
+    console = Console(highlight=False)
+    err.print(f"[dim]tune: {len(prompts)} prompts ({', '.join(workloads)}), batch sizes "
+              f"{', '.join(map(str, plan.batch_sizes))}, {len(candidates)} candidates each, the best "
+              f"{plan.measure} measured ({plan.repeats} held-out pairs), stock {base.label}[/]")
+    results = []
+    bar = Progress(TextColumn("tune"), BarColumn(), MofNCompleteColumn(), TextColumn("candidates"),
+                   TimeElapsedColumn(), TextColumn("{task.description}"), console=err)
+    task = bar.add_task("", total=len(plan.batch_sizes) * min(plan.measure, len(candidates)))
+
+    def on_verdict(v) -> None:
+        bar.advance(task)
+        err.print(f"[{'green' if v.kept else 'dim'}]b{v.batch} {v.candidate.label}: "
+                  f"{'KEPT' if v.kept else 'rejected'}, {v.reason}[/]")
+
+    def model_for(trial, batch):
+        """The cost model, stock's acceptance and the mean context for the ranking at this batch size."""
+        def read(run):
+            runner, drafter = trial.pair(base)
+            shape = ModelShape.from_model(model)
+            dshape = DrafterShape.from_drafter(drafter, shape, TreeSpec.parse(base.tree).depth)
+            if args.rank == "ceilings":
+                cost = CostModel(shape, ceilings.measure(runner.device, runner.dtype), dshape)
+            else:
+                cal_plan = calibration.CalibrationPlan(batches=(batch,)) if device == "cuda" else replace(
+                    calibration.CalibrationPlan.tiny(), batches=(batch,))
+                cost = calibration.cached(runner, drafter, cal_plan, refresh=args.recalibrate,
+                                          log=lambda m: err.print(f"[dim]{m}[/]")).cost_model(shape, dshape)
+            return cost, acceptance_of(run), statistics.fmean(map(len, prompts)) + args.max_new_tokens / 2
+        return read
+
+    with bar:
+        for batch in plan.batch_sizes:
+            trial = Trial(model, make_drafter, batch, args.max_new_tokens, max(map(len, prompts)), trees)
+            controller = Controller(trial.measure, trial.force, ControllerConfig(plan.repeats),
+                                    on_event=lambda m: bar.update(task, description=m), on_verdict=on_verdict)
+            bar.update(task, description=f"b{batch}: stock on the tuning prompts, then the ranking")
+            results.append(tune_batch(controller, plan, batch, prompts, candidates, base, model_for(trial, batch)))
+    recipe = Recipe(target_fingerprint(model, args.target), drafter_fingerprint(probe, args.drafter),
+                    calibration.device_name(next(model.parameters()).device), versions(),
+                    {r.batch: r.choice for r in results}, {r.batch: r.evidence() for r in results},
+                    [entry for r in results for entry in r.log()],
+                    {"workloads": args.workloads, "limit": args.limit, "prompts": len(prompts),
+                     "max_new_tokens": args.max_new_tokens, "seed": plan.seed, "held_out_share": plan.held_out_share,
+                     "repeats": plan.repeats, "measure": plan.measure, "rank": args.rank,
+                     "dtype": str(dtype).removeprefix("torch."), "stock": base.to_dict()})
+    recipe.save(Path(args.out).expanduser())
+    console.print(report(results))
+    kept = sum(len(r.evidence()) for r in results)
+    tried = sum(len(r.verdicts) for r in results)
+    err.print(f"tune: {tried} candidates measured, {kept} kept; wrote {args.out}")
+    return 0
+
+
+def _check_out(flag: str, path: str) -> None:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory; give a file path in it")
+    folder = next(f for f in (p.parent, *p.parent.parents) if f.exists())
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {folder} (permission denied)")

@@ -33,6 +33,7 @@ class Run:
 
     tok_s: float
     outputs: list[list[int]] = field(default_factory=list, compare=False)
+    extra: dict = field(default_factory=dict, compare=False)  # what else the run measured (acceptance counts)
 
 
 Measure = Callable[[Choice, Sequence[list[int]]], Run]  # (configuration, prompts) -> Run
@@ -114,8 +115,11 @@ class Controller:
     """Judges candidates against an incumbent with `measure` and `force` (see the module docstring)."""
 
     def __init__(self, measure: Measure, force: Force, config: ControllerConfig = ControllerConfig(),
-                 on_event: Callable[[str], None] = lambda msg: None):
-        self.measure, self.force, self.config, self.on_event = measure, force, config, on_event
+                 on_event: Callable[[str], None] = lambda msg: None,
+                 on_verdict: Callable[[Verdict], None] = lambda v: None):
+        """on_event(message): what is being measured; on_verdict(verdict): each candidate's, as it is judged."""
+        self.measure, self.force, self.config = measure, force, config
+        self.on_event, self.on_verdict = on_event, on_verdict
         self._tuning: dict[tuple[str, int], Run] = {}  # (configuration, batch) -> its tuning run
 
     def tuning_run(self, choice: Choice, batch: int, prompts: Sequence[list[int]]) -> Run:
@@ -166,7 +170,7 @@ class Controller:
         for candidate, predicted in ranked:
             v = self.judge(batch, incumbent, candidate, tuning, held_out, predicted)
             verdicts.append(v)
-            self.on_event(f"b{batch} {candidate.label}: {'KEPT' if v.kept else 'rejected'}, {v.reason}")
+            self.on_verdict(v)
             if v.kept:
                 incumbent = candidate
         return incumbent, verdicts

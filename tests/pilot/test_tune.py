@@ -1,0 +1,140 @@
+"""`specpilot tune`: the candidate space and its ranking, a batch size's search with stand-in measurements, a trial's
+forcing on the zoo (a corrupted output fails it), a tiny tune on the zoo end to end, and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from specpilot.cli import main
+from specpilot.demo import zoo_dir
+from specpilot.pilot.controller import Controller, ControllerConfig, Run
+from specpilot.pilot.recipe import Choice, Recipe, target_fingerprint
+from specpilot.pilot.tune import TunePlan, rank, space, stock, tune_batch
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    root = zoo_dir()
+    if root is None:
+        pytest.skip("no trained zoo in this checkout")
+    return root
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("def add(a, b):\nclass Stack:\nimport os\nfor i in range(10):\ndef main():\nwhile True:\n")
+    return path
+
+
+def test_space_cuts_trees_to_the_drafters_depth_and_leaves_stock_out():
+    plan = TunePlan(trees=("chain:3", "chain:5", "chain:7", "static:2,2,2"))
+    assert stock(None) == Choice("chain:7") and stock(4) == Choice("chain:4")
+    full = space(plan, None)
+    assert Choice("chain:7") not in full and Choice("chain:7", adaptive=True) in full and len(full) == 7
+    cut = space(plan, 3)  # chain:5 and chain:7 become chain:3 (one candidate); chain:3 is stock's own tree now
+    assert [c.label for c in cut] == ["chain:3 adaptive", "static:2,2,2", "static:2,2,2 adaptive"]
+    assert all(not c.adaptive for c in space(TunePlan(adaptive=(False,)), None))
+
+
+@dataclass
+class Predicts:
+    """A stand-in cost model: tok/s per tree."""
+
+    rates: dict
+
+    def predict(self, config):
+        return type("P", (), {"tok_s": self.rates[config.tree_spec]})()
+
+
+def test_rank_orders_by_predicted_tok_s_over_stock():
+    cands = [Choice("chain:3"), Choice("static:2,2,2"), Choice("chain:5", adaptive=True)]
+    model = Predicts({"chain:7": 100.0, "chain:3": 90.0, "static:2,2,2": 150.0, "chain:5": 120.0})
+    got = rank(model, cands, stock(None), 1, 64.0, acceptance=object())
+    assert [(c.tree, round(p, 2)) for c, p in got] == [("static:2,2,2", 1.5), ("chain:5", 1.2), ("chain:3", 0.9)]
+    assert rank(None, cands, stock(None), 1, 64.0, None) == [(c, None) for c in cands]
+
+
+def test_tune_batch_measures_the_best_few_and_logs_the_rest():
+    calls = []
+
+    def measure(choice, prompts):
+        calls.append(choice.tree)
+        return Run(140.0 if choice.tree == "static:2,2,2" else 100.0, [list(p) for p in prompts])
+
+    controller = Controller(measure, lambda p, o: {"passed": True}, ControllerConfig(repeats=2))
+    model = Predicts({"chain:7": 100.0, "chain:3": 90.0, "static:2,2,2": 150.0, "chain:5": 120.0})
+    cands = [Choice("chain:3"), Choice("static:2,2,2"), Choice("chain:5")]
+    plan = TunePlan(measure=2, repeats=2)
+    prompts = [[i, i + 1] for i in range(6)]
+    r = tune_batch(controller, plan, 1, prompts, cands, stock(None), lambda run: (model, object(), 10.0))
+    assert r.choice == Choice("static:2,2,2") and [v.kept for v in r.verdicts] == [True, False]
+    assert [s["candidate"] for s in r.skipped] == ["chain:3"] and "ranked 3 of 3" in r.skipped[0]["reason"]
+    assert len(r.log()) == 3 and len(r.evidence()) == 1 and "chain:3" not in calls  # never measured
+    with pytest.raises(ValueError, match=r"--batch-sizes 4: only 3 tuning prompts \(of 6\); raise --limit"):
+        tune_batch(controller, plan, 4, prompts, cands, stock(None), lambda run: (model, object(), 10.0))
+
+
+def test_trial_forcing_passes_on_real_output_and_fails_on_a_corrupted_one(zoo):
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.pilot.trial import Trial
+    from specpilot.spec_decode.drafters.registry import build_drafter
+
+    model, tok = load_model(str(zoo / "dense"), "cpu", "auto"), load_tokenizer(str(zoo / "dense"))
+    prompts = [tok.encode("def add(a, b):\n"), tok.encode("class Stack:\n")]
+    trial = Trial(model, lambda rt: build_drafter("ngram", model, tok, runtime=rt), 2, 12, 8, ["chain:3"])
+    run = trial.measure(Choice("chain:3"), prompts)
+    assert run.tok_s > 0 and [len(o) for o in run.outputs] == [12, 12] and run.extra["rows"] > 0
+    assert trial.force(prompts, run.outputs)["passed"]
+    broken = [list(o) for o in run.outputs]
+    broken[1][5] = (broken[1][5] + 1) % model.config.vocab_size
+    verdict = trial.force(prompts, broken)
+    assert not verdict["passed"] and verdict["failures"] >= 1
+
+
+def test_a_tiny_tune_on_the_zoo_runs_end_to_end(zoo, tmp_path, prompts, monkeypatch, capsys):
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "r.json"
+    argv = ["tune", "--target", str(zoo / "dense"), "--drafter", "ngram", "--workloads", str(prompts),
+            "--batch-sizes", "1", "--max-new-tokens", "8", "--trees", "chain:3", "static:2,2,2", "--measure", "2",
+            "--repeats", "2", "--rank", "ceilings", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    recipe = Recipe.load(out)
+    assert set(recipe.choices) == {1} and recipe.settings["prompts"] == 6 and recipe.device == "cpu"
+    assert len(recipe.candidates) == 4  # chain:3, static:2,2,2 and chain:7, each with and without the budget
+    assert sum(1 for c in recipe.candidates if not c["reason"].startswith("not measured")) == 2
+    assert all(c["predicted_vs_stock"] is not None for c in recipe.candidates)
+    assert recipe.evidence[1] == [c for c in recipe.candidates if c["kept"]]
+    from specpilot.models.loader import load_model
+
+    assert recipe.target.same_model(target_fingerprint(load_model(str(zoo / "dense"), "cpu", "auto"), "x"))
+    captured = capsys.readouterr()
+    assert "every candidate, in the order judged" in captured.out and "wrote" in captured.err
+    assert json.loads(out.read_text())["version"] == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--repeats", "1"], "error: --repeats 1: must be >= 2 (one pair gives no interval)"),
+    (["--batch-sizes", "0"], "error: --batch-sizes 0: must be >= 1"),
+    (["--held-out", "1.5"], "error: --held-out 1.5: the share of prompts held out, in (0, 1)"),
+    (["--trees", "ring:3"], "ring:3"),
+    (["--limit", "0"], "error: --limit 0: must be >= 1"),
+    (["--drafter", "none"], "error: --drafter none: tune searches speculative configurations"),
+    (["--target", "random:tiny-dense"], "tune runs checkpoints"),
+    (["--weight-formats", "w12n"], "--weight-formats w12n needs --dtype bfloat16"),
+    (["--out", "{tmp}"], "is a directory; give a file path in it"),
+    (["--workloads", "{tmp}/missing.txt"], "no such prompt file"),
+])
+def test_bad_input_is_one_line_and_status_2(zoo, tmp_path, prompts, capsys, args, message):
+    base = {"--target": str(zoo / "dense"), "--drafter": "ngram", "--workloads": str(prompts),
+            "--out": str(tmp_path / "r.json")}
+    flags = dict(zip(args[::2], args[1::2]))
+    argv = ["tune", "--device", "cpu"] + [x for k, v in {**base, **flags}.items() for x in (k, v)]
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r.json").exists()
