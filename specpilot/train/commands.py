@@ -41,6 +41,15 @@ def add_parsers(sub) -> None:
     td.add_argument("--rollout-prompt-len", type=int, default=None,
                     help="dflash: corpus tokens before each rollout's continuation (default: seq_len / 4, at most 32); "
                          "anchors are drawn in the continuation")
+    td.add_argument("--rollout-temperature", type=float, nargs="+", default=[0.0], metavar="T",
+                    help="dflash: sample the rollouts at T instead of greedily (0: greedy); several values: N "
+                         "rollouts at each, joined")
+    td.add_argument("--loss", choices=["ce", "kl"], default="ce",
+                    help="dflash: ce, cross-entropy on the target's greedy token; kl, KL divergence from the "
+                         "target's next-token distribution (soft labels: the draft follows the target at every "
+                         "temperature)")
+    td.add_argument("--init-from", default=None, metavar="DIR",
+                    help="dflash: start from this DFlash drafter's weights (same shape) instead of a random init")
     td.add_argument("--anchors", type=int, default=16, 
                     help="dflash, dflash2, dspark: draft blocks drawn per training sequence")
     td.add_argument("--target-layers", default=None,
@@ -117,6 +126,11 @@ def cmd_train_drafter(args) -> int:
     from specpilot.train.corpus import load_corpus
     from specpilot.train.lm import train_lm
 
+    dflash_only = [f for f, on in (("--loss", args.loss != "ce"),
+                                   ("--rollout-temperature", args.rollout_temperature != [0.0]),
+                                   ("--init-from", args.init_from is not None)) if on]
+    if dflash_only and args.kind != "dflash":
+        raise ValueError(f"{', '.join(dflash_only)}: only --kind dflash takes it (got --kind {args.kind})")
     corpus = load_corpus(args.corpus, max_files=args.max_files)
     if args.kind == "eagle3":
         from specpilot.train.eagle3 import train_eagle3
@@ -131,7 +145,8 @@ def cmd_train_drafter(args) -> int:
                               greedy_path_labels=args.greedy_path_labels,
                               target_layers=_int_list(args.target_layers, "--target-layers"),
                               rollout_prompt_len=args.rollout_prompt_len,
-                              intermediate_size=args.draft_intermediate_size)
+                              intermediate_size=args.draft_intermediate_size, loss=args.loss,
+                              rollout_temperatures=tuple(args.rollout_temperature), init_from=args.init_from)
     elif args.kind in ("dflash2", "dspark"):
         report = _train_block_drafter(args, corpus)
     elif args.kind == "mtp":
