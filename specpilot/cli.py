@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("--cache-dir", default=None, help="Hugging Face cache directory (default: HF_HOME)")
     _add_spec_flags(g)
+    g.add_argument("--recipe", default=None,
+                   help="a recipe from `specpilot tune`: its batch-1 tree, weight format and node budget replace --tree "
+                        "and --weight-format (a target or drafter other than the recipe's is refused)")
     g.set_defaults(func=cmd_generate)
     v = sub.add_parser("verify", help="speculative generation checked token by token against the stock model")
     v.add_argument("--target", required=True, help="model directory or Hub repo id (org/name)")
@@ -140,6 +143,8 @@ def cmd_generate(args) -> int:
     from specpilot.models.loader import load_model, load_tokenizer
 
     device = pick_device(args.device)
+    if args.recipe:
+        pilot_commands.apply_recipe(args, batch=1)
     _check_generation_flags(args, device)
     _check_spec_flags(args.tree)
     _set_threads(args.threads, device)
@@ -284,8 +289,9 @@ def engine_config(args) -> EngineConfig:
     """generate's and demo's flags as an EngineConfig: --eager turns off every CUDA graph (decode, verify, DFlash
     proposals), torch.compile, the Triton GEMVs and the fused q/k norm + RoPE + K/V store; --weight-format."""
     fast = not args.eager
-    return EngineConfig(cuda_graphs=fast, verify_graphs=fast, weight_format=args.weight_format,
-                        ablations=Ablations(compile_pointwise=fast, decode_gemv=fast, fused_qk_rope_store=fast))
+    config = EngineConfig(cuda_graphs=fast, verify_graphs=fast, weight_format=args.weight_format,
+                          ablations=Ablations(compile_pointwise=fast, decode_gemv=fast, fused_qk_rope_store=fast))
+    return config.replace(**getattr(args, "recipe_engine", {}))  # --recipe's engine fields
 
 
 def engine_runtime(args, model):
@@ -307,7 +313,9 @@ def _generator(args, runner, tokenizer):
 
     if args.drafter == "none":
         return Generator(runner, _eos(runner.model, tokenizer), tokenizer)
-    return spec_engine(args, runner, tokenizer)
+    engine = spec_engine(args, runner, tokenizer, getattr(args, "recipe_scheduler", None))
+    pilot_commands.check_recipe_models(args, runner.model, engine.drafter)  # --recipe: its target and drafter only
+    return engine
 
 
 def spec_engine(args, runner, tokenizer, scheduler=None):

@@ -309,3 +309,34 @@ def _check_out(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: {folder} is not a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: cannot write in {folder} (permission denied)")
+
+
+def apply_recipe(args, batch: int):
+    """--recipe on generate (and any command with --tree, --weight-format and --drafter): the recipe's entry for
+    the batch size replaces --tree and --weight-format; its node budget setting and other engine / scheduler fields
+    ride on args (recipe_scheduler, recipe_engine) for the engine to read; the recipe itself (recipe_doc) for the
+    fingerprint checks once the models are built. Returns the recipe."""
+    from specpilot.pilot.recipe import Recipe
+
+    recipe = Recipe.load(args.recipe)
+    if args.drafter == "none":
+        raise ValueError(f"--recipe {args.recipe}: tuned with the drafter {recipe.drafter.name}; pass --drafter "
+                         f"{recipe.drafter.name}")
+    size, choice = recipe.choice_for(batch)
+    args.tree, args.weight_format = choice.tree, choice.weight_format
+    args.recipe_scheduler = choice.scheduler_config(max(batch, size))
+    args.recipe_engine = dict(choice.engine)
+    args.recipe_doc = recipe
+    err.print(f"[dim]recipe {args.recipe}: the batch-{size} entry, {choice.label}[/]")
+    return recipe
+
+
+def check_recipe_models(args, model, drafter) -> None:
+    """The fingerprint checks of --recipe: a target or drafter other than the recipe's is refused."""
+    from specpilot.pilot.recipe import drafter_fingerprint, target_fingerprint
+
+    recipe = getattr(args, "recipe_doc", None)
+    if recipe is None:
+        return
+    recipe.check_target(target_fingerprint(model, args.target))
+    recipe.check_drafter(drafter_fingerprint(drafter, args.drafter))

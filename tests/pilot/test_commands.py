@@ -1,0 +1,84 @@
+"""`--recipe` on `specpilot generate` (pilot/commands.py: apply_recipe, check_recipe_models): the recipe's batch-1
+entry replaces --tree and --weight-format and reaches the engine; a recipe of another target or drafter, a missing
+file and --drafter none are one-line errors with status 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specpilot.cli import main
+from specpilot.demo import zoo_dir
+from specpilot.pilot.recipe import Choice, Fingerprint, Recipe, target_fingerprint, versions
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    root = zoo_dir()
+    if root is None:
+        pytest.skip("no trained zoo in this checkout")
+    return root
+
+
+@pytest.fixture(scope="module")
+def dense_fp(zoo):
+    from specpilot.models.loader import load_model
+
+    return target_fingerprint(load_model(str(zoo / "dense"), "cpu", "auto"), str(zoo / "dense"))
+
+
+def _write(tmp_path, target: Fingerprint, drafter: Fingerprint, choice: Choice) -> str:
+    path = tmp_path / "recipe.json"
+    Recipe(target, drafter, "cpu", versions(), {1: choice, 8: Choice("chain:7")}).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ngram(zoo) -> Fingerprint:
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.pilot.recipe import drafter_fingerprint
+    from specpilot.spec_decode.drafters.registry import build_drafter
+
+    model = load_model(str(zoo / "dense"), "cpu", "auto")
+    return drafter_fingerprint(build_drafter("ngram", model, load_tokenizer(str(zoo / "dense"))), "ngram")
+
+
+def _generate(zoo, recipe: str, drafter: str = "ngram") -> list[str]:
+    return ["generate", "--target", str(zoo / "dense"), "--prompt", "def add(a, b):\n", "--drafter", drafter,
+            "--max-new-tokens", "6", "--device", "cpu", "--json", "--recipe", recipe]
+
+
+def test_generate_runs_the_recipes_configuration(zoo, dense_fp, ngram, tmp_path, capsys, monkeypatch):
+    from specpilot import cli
+
+    seen = []
+    real = cli.spec_engine
+    monkeypatch.setattr(cli, "spec_engine", lambda *a, **k: seen.append(a[3]) or real(*a, **k))
+    path = _write(tmp_path, dense_fp, ngram, Choice("static:2,1", adaptive=False))
+    assert main(_generate(zoo, path) + ["--tree", "chain:9"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["stats"]["tree"] == "static:2,1"  # the recipe's, not --tree's
+    assert "the batch-1 entry, static:2,1" in out.err
+    assert seen and seen[0].adaptive is False and seen[0].max_num_seqs == 1
+
+
+@pytest.mark.parametrize("case", ["target", "drafter"])
+def test_a_recipe_of_another_model_is_refused(zoo, dense_fp, ngram, tmp_path, capsys, case):
+    other = Fingerprint("zoo/hybrid", "0" * 16, "1" * 16)
+    target, drafter = (other, ngram) if case == "target" else (dense_fp, other)
+    assert main(_generate(zoo, _write(tmp_path, target, drafter, Choice("chain:3")))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("recipe ")  # the dim line naming the entry, then the error
+    want = "error: recipe tuned on target zoo/hybrid" if case == "target" else "error: recipe tuned with drafter zoo/hy"
+    assert err[1].startswith(want)
+
+
+def test_bad_recipe_flags_fail_before_any_model_loads(zoo, tmp_path, capsys):
+    missing = str(tmp_path / "nope.json")
+    assert main(_generate(zoo, missing)) == 2
+    assert capsys.readouterr().err.strip() == f"error: recipe {missing}: no such file"
+    path = _write(tmp_path, Fingerprint("t", "c", "w"), Fingerprint("ngram", "d", "none"), Choice("chain:3"))
+    assert main(_generate(zoo, path, drafter="none")) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --recipe {path}: tuned with the drafter ngram; pass --drafter "
+                                               f"ngram")
