@@ -74,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--cache-dir", default=None, help="Hugging Face cache directory (default: HF_HOME)")
     _add_spec_flags(g)
     g.add_argument("--recipe", default=None,
-                   help="a recipe from `specpilot tune`: its batch-1 tree, weight format and node budget replace --tree "
-                        "and --weight-format (a target or drafter other than the recipe's is refused)")
+                   help="a recipe from `specpilot tune`: its batch-1 tree, weight format and node budget replace "
+                        "--tree and --weight-format (a target or drafter other than the recipe's is refused)")
     g.set_defaults(func=cmd_generate)
     v = sub.add_parser("verify", help="speculative generation checked token by token against the stock model")
     v.add_argument("--target", required=True, help="model directory or Hub repo id (org/name)")
@@ -97,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     bench_commands.add_parsers(sub)
     train_commands.add_parsers(sub)
     pilot_commands.add_parsers(sub)
+    pilot_commands.add_bench_recipe(sub.choices["bench"])  # bench --recipe (bench/ cannot import the pilot)
     d = sub.add_parser("demo", help="code completion on the bundled trained zoo (CPU), plain and speculative")
     # the zoo's ~6M-parameter models decode fastest on one thread: 12.9 s against 73 s for the whole demo on the
     # shared 2-core machine (docs/decisions/2026-12-02-cpu-threads.md)

@@ -85,7 +85,9 @@ def cmd_bench(args) -> int:
         EngineConfig.from_dict({**dict(base.engine), **dict(c.engine)})
     device = pick_device(args.device)
     model, tokenizer, make_drafter = _bench_models(args, device, profile)
-    make_drafter(None)  # fail fast on a bad drafter, before any timing
+    drafter = make_drafter(None)  # fail fast on a bad drafter, before any timing
+    if getattr(args, "check_models", None) is not None:  # e.g. --recipe's fingerprints (set by pilot/commands.py)
+        args.check_models(model, drafter)
     for path in (args.out, args.plot):  # checked writable up front; created only once a row can be measured
         if path:
             Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)

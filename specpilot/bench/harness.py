@@ -53,11 +53,13 @@ class BenchConfig:
     name: str
     tree: str
     engine: tuple[tuple[str, object], ...] = ()
+    adaptive: bool = False  # the engine's node budget instead of every request's full tree
+    batches: tuple[int, ...] = ()  # the batch sizes it runs at (empty: every one)
 
     @staticmethod
     def parse(text: str, default_tree: str) -> BenchConfig:
         name, _, body = text.partition("=")
-        tree, engine = default_tree, []
+        tree, engine, adaptive, batches = default_tree, [], False, ()
         fields = EngineConfig.field_names()
         for item in filter(None, body.split(";")):
             key, sep, value = item.partition(":")
@@ -66,12 +68,20 @@ class BenchConfig:
             if key == "tree":
                 TreeSpec.parse(value)
                 tree = value
+            elif key == "adaptive":
+                if value not in ("true", "false"):
+                    raise ValueError(f"config {text!r}: adaptive:{value}: use adaptive:true or adaptive:false")
+                adaptive = value == "true"
+            elif key == "batches":
+                if not all(v.isdigit() and int(v) >= 1 for v in value.split(",")):
+                    raise ValueError(f"config {text!r}: batches:{value}: use batch sizes >= 1, e.g. batches:1,8")
+                batches = tuple(int(v) for v in value.split(","))
             elif key in fields:
                 engine.append((key, _coerce(value)))
             else:
-                raise ValueError(f"config {text!r}: unknown key {key!r} (tree or an EngineConfig field: "
-                                 f"{', '.join(fields)})")
-        return BenchConfig(name, tree, tuple(engine))
+                raise ValueError(f"config {text!r}: unknown key {key!r} (tree, adaptive, batches or an EngineConfig "
+                                 f"field: {', '.join(fields)})")
+        return BenchConfig(name, tree, tuple(engine), adaptive, batches)
 
 
 def _coerce(value: str):
@@ -336,8 +346,8 @@ def _bench_one(model, tokenizer, eos, make_drafter, workload, conversations, bat
     rows = [{**base, "config": "ar", **summarize(ar_out, ar_stats, ar_s), "speedup_vs_ar": 1.0}]
     if progress is not None:
         progress(rows[0])
-    for cfg in [stock] + list(configs):
-        row = {**base, "config": cfg.name, "tree": cfg.tree, "engine": dict(cfg.engine)}
+    for cfg in [stock] + [c for c in configs if not c.batches or batch in c.batches]:
+        row = {**base, "config": cfg.name, "tree": cfg.tree, "engine": dict(cfg.engine), "adaptive": cfg.adaptive}
         try:  # one failing configuration (a kernel, a graph capture) is recorded; the others still run
             row.update(_run_config(model, make_drafter, cfg, prompts, truth, batch, params, profile, eos,
                                    stock_runner, tolerance, device))
@@ -363,16 +373,17 @@ def _run_config(model, make_drafter, cfg: BenchConfig, prompts, truth, batch, pa
     base_drafter = make_drafter(runner.runtime)
     clock = OracleClock(device) if profile is not None else None
     seeds, oracles = itertools.count(), []
+    scheduler = SchedulerConfig(adaptive=True) if cfg.adaptive else FIXED_TREE
 
     def make(group_truth):
         if profile is None:
-            return SpecEngine(runner, base_drafter, TreeSpec.parse(cfg.tree), eos, scheduler=FIXED_TREE)
+            return SpecEngine(runner, base_drafter, TreeSpec.parse(cfg.tree), eos, scheduler=scheduler)
         # a seed per group: with one seed every group would draw the same acceptance pattern
         drafter = SyntheticDrafter(base_drafter, group_truth, profile, model.config.vocab_size, seed=next(seeds),
                                    untimed=clock)
         oracles.append(drafter)
         # hands the drafter its probe
-        return ProbingEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos, scheduler=FIXED_TREE)
+        return ProbingEngine(runner, drafter, TreeSpec.parse(cfg.tree), eos, scheduler=scheduler)
 
     synthetic_truth = truth if profile is not None else None
     try:

@@ -340,3 +340,42 @@ def check_recipe_models(args, model, drafter) -> None:
         return
     recipe.check_target(target_fingerprint(model, args.target))
     recipe.check_drafter(drafter_fingerprint(drafter, args.drafter))
+
+
+def add_bench_recipe(bench) -> None:
+    """`specpilot bench --recipe FILE` on the bench's parser: each batch size's recipe entry becomes one more
+    configuration (recipe-bN, run at the batch sizes that take that entry), and the bench refuses a target or drafter
+    whose fingerprint differs from the recipe's."""
+    bench.add_argument("--recipe", default=None,
+                       help="a recipe from `specpilot tune`: a recipe-bN row per entry, at the batch sizes that take "
+                            "it (a target or drafter other than the recipe's is refused)")
+    run = bench.get_default("func")
+    bench.set_defaults(func=lambda args: run(_with_recipe(args) if args.recipe else args))
+
+
+def _with_recipe(args):
+    from specpilot.pilot.recipe import Recipe, drafter_fingerprint, target_fingerprint
+
+    recipe = Recipe.load(args.recipe)
+    groups: dict[int, list[int]] = {}
+    for b in args.batch_sizes:
+        groups.setdefault(recipe.choice_for(b)[0], []).append(b)
+    configs = []
+    for size, batches in sorted(groups.items()):
+        choice = recipe.choices[size]
+        if choice.scheduler:
+            raise ValueError(f"--recipe {args.recipe}: the batch-{size} entry sets scheduler fields "
+                             f"({', '.join(choice.scheduler)}) that bench rows do not take")
+        items = [f"tree:{choice.tree}", f"weight_format:{choice.weight_format}",
+                 f"adaptive:{'true' if choice.adaptive else 'false'}", f"batches:{','.join(map(str, batches))}"]
+        items += [f"{k}:{str(v).lower() if isinstance(v, bool) else v}" for k, v in choice.engine.items()]
+        configs.append(f"recipe-b{size}=" + ";".join(items))
+    args.configs = list(args.configs) + configs
+
+    def check(model, drafter):
+        recipe.check_target(target_fingerprint(model, args.target))
+        recipe.check_drafter(drafter_fingerprint(drafter, args.drafter))
+
+    args.check_models = check
+    err.print(f"[dim]recipe {args.recipe}: {', '.join(configs)}[/]")
+    return args

@@ -635,3 +635,14 @@ def test_bench_rows_name_their_target_kind_and_force_margin_targets_at_the_state
             assert {(f["tolerance"], f["tolerance_source"]) for f in forced} == {(1e-3, "stated")}
         else:
             assert all(f["tolerance_source"].startswith("calibrated") for f in forced)
+
+
+def test_config_parsing_takes_the_node_budget_and_batch_sizes():
+    cfg = BenchConfig.parse("r=tree:chain:3;adaptive:true;batches:1,8", "chain:7")
+    assert cfg.adaptive and cfg.batches == (1, 8) and cfg.tree == "chain:3" and cfg.engine == ()
+    plain = BenchConfig.parse("r=tree:chain:3", "chain:7")
+    assert plain.batches == () and not plain.adaptive
+    with pytest.raises(ValueError, match="adaptive:yes: use adaptive:true or adaptive:false"):
+        BenchConfig.parse("r=adaptive:yes", "chain:7")
+    with pytest.raises(ValueError, match="batches:0: use batch sizes >= 1"):
+        BenchConfig.parse("r=batches:0", "chain:7")

@@ -82,3 +82,29 @@ def test_bad_recipe_flags_fail_before_any_model_loads(zoo, tmp_path, capsys):
     assert main(_generate(zoo, path, drafter="none")) == 2
     assert capsys.readouterr().err.strip() == (f"error: --recipe {path}: tuned with the drafter ngram; pass --drafter "
                                                f"ngram")
+
+
+def test_bench_runs_each_recipe_entry_at_its_batch_sizes(zoo, dense_fp, ngram, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\nclass Stack:\n")
+    path = tmp_path / "recipe.json"
+    Recipe(dense_fp, ngram, "cpu", versions(), {1: Choice("chain:3"), 2: Choice("static:2,1", adaptive=True)}).save(
+        path)
+    out = tmp_path / "b.json"
+    argv = ["bench", "--target", str(zoo / "dense"), "--drafter", "ngram", "--workloads", str(prompts),
+            "--batch-sizes", "1", "2", "--max-new-tokens", "6", "--device", "cpu", "--out", str(out), "--recipe",
+            str(path)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["results"]
+    got = {(r["batch"], r["config"]): r for r in rows}
+    assert sorted(got) == [(1, "ar"), (1, "recipe-b1"), (1, "stock"), (2, "ar"), (2, "recipe-b2"), (2, "stock")]
+    assert got[1, "recipe-b1"]["tree"] == "chain:3" and not got[1, "recipe-b1"]["adaptive"]
+    assert got[2, "recipe-b2"]["tree"] == "static:2,1" and got[2, "recipe-b2"]["adaptive"]
+    assert all(r["forcing"]["passed"] for r in rows if "forcing" in r)
+    capsys.readouterr()
+    other = tmp_path / "other.json"
+    Recipe(Fingerprint("zoo/hybrid", "0" * 16, "1" * 16), ngram, "cpu", {}, {1: Choice("chain:3")}).save(other)
+    out.unlink()
+    assert main(argv[:-1] + [str(other)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: recipe tuned on target zoo/hybrid")
+    assert not out.exists()
