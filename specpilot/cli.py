@@ -153,6 +153,7 @@ def cmd_generate(args) -> int:
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
     load_s = time.perf_counter() - t0
+    pilot_commands.check_recipe_models(args, model=model)  # --recipe: its target only (before W12N drops weights)
     return run_generation(args, model, tokenizer, load_s)
 
 
@@ -315,7 +316,7 @@ def _generator(args, runner, tokenizer):
     if args.drafter == "none":
         return Generator(runner, _eos(runner.model, tokenizer), tokenizer)
     engine = spec_engine(args, runner, tokenizer, getattr(args, "recipe_scheduler", None))
-    pilot_commands.check_recipe_models(args, runner.model, engine.drafter)  # --recipe: its target and drafter only
+    pilot_commands.check_recipe_models(args, drafter=engine.drafter)  # --recipe: its drafter only
     return engine
 
 

@@ -42,7 +42,8 @@ def add_parsers(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="every request's sampling seed")
     b.add_argument("--stock-tree", default="chain:7", help="the stock configuration's fixed chain")
     b.add_argument("--configs", nargs="*", default=[],
-                   help="NAME=tree:SPEC;ENGINE_FIELD:VALUE... e.g. 'tree16=tree:dynamic:4,5,16'")
+                   help="NAME=tree:SPEC;ENGINE_FIELD:VALUE... e.g. 'tree16=tree:dynamic:4,5,16'; also adaptive:true "
+                        "(the node budget) and batches:1,8 (run only at these batch sizes)")
     b.add_argument("--engine", default="",
                    help="EngineConfig fields under AR, stock and every configuration, FIELD:VALUE;... (a "
                         "configuration's own fields win), e.g. 'fused_qk_rope_store:false'")

@@ -3,7 +3,8 @@ side in one process, on the same prompts, after a warm-up; every output is token
 model; results carry tok/s, speedups, tau, per-depth acceptance and the step-time split.
 
 "stock" is the published baseline's setting: chain verification, bf16, fixed block, no tuning. A
-configuration is `name=key:value;key:value`, keys: tree (chain:D | static:... | dynamic:...) and any
+configuration is `name=key:value;key:value`, keys: tree (chain:D | static:... | dynamic:...), adaptive (true: the
+engine's node budget instead of every request's full tree), batches (B1,B2,...: the batch sizes it runs at) and any
 EngineConfig field or ablation switch (weight_format, block_attention, decode_gemv, ...).
 
 Forcing is the gate: on checkpoints in fp32 and on margin targets (random weights in a real shape with a

@@ -241,6 +241,7 @@ def cmd_tune(args) -> int:
                          f"{str(dtype).removeprefix('torch.')})")
     tokenizer = load_tokenizer(args.target)
     model = load_model(args.target, device, args.dtype)
+    target_fp = target_fingerprint(model, args.target)  # as loaded: a w12n_only runner drops the bf16 weights
     prompts = [encode_turn(tokenizer, [c.turns[0]], [], not args.no_chat) for ws in workloads.values() for c in ws]
     make_drafter = lambda runtime: build_drafter(args.drafter, model, tokenizer, runtime=runtime)  # noqa: E731
     probe = make_drafter(None)
@@ -283,8 +284,11 @@ def cmd_tune(args) -> int:
             controller = Controller(trial.measure, trial.force, ControllerConfig(plan.repeats),
                                     on_event=lambda m: bar.update(task, description=m), on_verdict=on_verdict)
             bar.update(task, description=f"b{batch}: stock on the tuning prompts, then the ranking")
-            results.append(tune_batch(controller, plan, batch, prompts, candidates, base, model_for(trial, batch)))
-    recipe = Recipe(target_fingerprint(model, args.target), drafter_fingerprint(probe, args.drafter),
+            try:
+                results.append(tune_batch(controller, plan, batch, prompts, candidates, base, model_for(trial, batch)))
+            finally:
+                trial.close()
+    recipe = Recipe(target_fp, drafter_fingerprint(probe, args.drafter),
                     calibration.device_name(next(model.parameters()).device), versions(),
                     {r.batch: r.choice for r in results}, {r.batch: r.evidence() for r in results},
                     [entry for r in results for entry in r.log()],
@@ -331,15 +335,18 @@ def apply_recipe(args, batch: int):
     return recipe
 
 
-def check_recipe_models(args, model, drafter) -> None:
-    """The fingerprint checks of --recipe: a target or drafter other than the recipe's is refused."""
+def check_recipe_models(args, model=None, drafter=None) -> None:
+    """The fingerprint checks of --recipe: a target or drafter other than the recipe's is refused. The target is
+    checked as loaded, before a runner is built (weight format w12n_only drops its bf16 weights)."""
     from specpilot.pilot.recipe import drafter_fingerprint, target_fingerprint
 
     recipe = getattr(args, "recipe_doc", None)
     if recipe is None:
         return
-    recipe.check_target(target_fingerprint(model, args.target))
-    recipe.check_drafter(drafter_fingerprint(drafter, args.drafter))
+    if model is not None:
+        recipe.check_target(target_fingerprint(model, args.target))
+    if drafter is not None:
+        recipe.check_drafter(drafter_fingerprint(drafter, args.drafter))
 
 
 def add_bench_recipe(bench) -> None:

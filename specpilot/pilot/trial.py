@@ -79,6 +79,17 @@ class Trial:
                  "seconds": seconds, "tokens": tokens}
         return Run(tokens / seconds if seconds > 0 else 0.0, outputs, extra)
 
+    def close(self) -> None:
+        """Frees the runners' caches and graphs now (graphs reference their runner: a cycle the next gc would break)."""
+        for runner, _ in self._runners.values():
+            runner.graphs.clear()
+            runner.verify_graphs.clear()
+            runner.cache = None
+        self._runners.clear()
+        self._stock = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def force(self, prompts: Sequence[list[int]], outputs: Sequence[list[int]]) -> dict:
         """The bench's forcing check against the plain model (fp32 targets at the stated tie tolerance; half-precision
         ones at one calibrated on the target's own path noise, set at the first check)."""
