@@ -182,7 +182,10 @@ def _add_tune_parser(sub) -> None:
                    help="bench workloads, shipped prompt sets or prompt files; their prompts are pooled and split")
     t.add_argument("--data-dir", default=None, help="folder holding the named prompt sets")
     t.add_argument("--limit", type=int, default=16, help="first N prompts of each workload")
-    t.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    t.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="(default: 1, or the replayed recipe's)")
+    t.add_argument("--replay", default=None,
+                   help="a recipe to re-validate here: each of its kept changes judged again on this target, drafter "
+                        "and device, in the order kept; only those that still win are kept")
     t.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request (EOS ignored)")
     t.add_argument("--trees", nargs="+", default=list(TREES), help="the tree specs searched")
     t.add_argument("--no-adaptive", action="store_true", help="leave the adaptive node budget out of the search")
@@ -218,11 +221,13 @@ def cmd_tune(args) -> int:
     from specpilot.pilot.cost_model import CostModel, DrafterShape, ModelShape
     from specpilot.pilot.recipe import Recipe, drafter_fingerprint, target_fingerprint, versions
     from specpilot.pilot.trial import Trial
-    from specpilot.pilot.tune import TunePlan, acceptance_of, report, space, stock, tune_batch
+    from specpilot.pilot.tune import TunePlan, acceptance_of, replayed, report, space, stock, tune_batch
     from specpilot.spec_decode.drafters.registry import build_drafter
     from specpilot.spec_decode.tree import TreeSpec
 
-    plan = TunePlan(tuple(args.batch_sizes), tuple(args.trees), (False,) if args.no_adaptive else (False, True),
+    replay = Recipe.load(args.replay) if args.replay else None
+    batch_sizes = args.batch_sizes or (sorted(replay.choices) if replay is not None else [1])
+    plan = TunePlan(tuple(batch_sizes), tuple(args.trees), (False,) if args.no_adaptive else (False, True),
                     tuple(args.weight_formats), args.measure, args.repeats, args.held_out, args.seed)
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
@@ -236,7 +241,9 @@ def cmd_tune(args) -> int:
     workloads = load_workloads(args.workloads, args.data_dir, args.limit)
     device = pick_device(args.device)
     dtype = _dtype(args.dtype, device)
-    if any(f != "bf16" for f in plan.weight_formats) and dtype != torch.bfloat16:
+    formats = set(plan.weight_formats) | {c.weight_format for b in plan.batch_sizes if replay is not None
+                                          for c in replayed(replay, b, None)}
+    if any(f != "bf16" for f in formats) and dtype != torch.bfloat16:
         raise ValueError(f"--weight-formats w12n needs --dtype bfloat16 (--dtype {args.dtype} on {device} is "
                          f"{str(dtype).removeprefix('torch.')})")
     tokenizer = load_tokenizer(args.target)
@@ -247,15 +254,20 @@ def cmd_tune(args) -> int:
     probe = make_drafter(None)
     depth = getattr(probe, "max_depth", None)
     base, candidates = stock(depth), space(plan, depth)
-    trees = [base.tree] + [c.tree for c in candidates]
+    per_batch = {b: replayed(replay, b, depth) if replay is not None else candidates for b in plan.batch_sizes}
+    trees = [base.tree] + [c.tree for cs in per_batch.values() for c in cs]
     console = Console(highlight=False)
+    if replay is not None:
+        err.print(f"[dim]replay of {args.replay} (tuned on {replay.target.name} with {replay.drafter.name}, "
+                  f"{replay.device}): {sum(map(len, per_batch.values()))} kept changes to judge again[/]")
     err.print(f"[dim]tune: {len(prompts)} prompts ({', '.join(workloads)}), batch sizes "
               f"{', '.join(map(str, plan.batch_sizes))}, {len(candidates)} candidates each, the best "
               f"{plan.measure} measured ({plan.repeats} held-out pairs), stock {base.label}[/]")
     results = []
     bar = Progress(TextColumn("tune"), BarColumn(), MofNCompleteColumn(), TextColumn("candidates"),
                    TimeElapsedColumn(), TextColumn("{task.description}"), console=err)
-    task = bar.add_task("", total=len(plan.batch_sizes) * min(plan.measure, len(candidates)))
+    measured = {b: len(cs) if replay is not None else min(plan.measure, len(cs)) for b, cs in per_batch.items()}
+    task = bar.add_task("", total=sum(measured.values()))
 
     def on_verdict(v) -> None:
         bar.advance(task)
@@ -265,6 +277,8 @@ def cmd_tune(args) -> int:
     def model_for(trial, batch):
         """The cost model, stock's acceptance and the mean context for the ranking at this batch size."""
         def read(run):
+            if replay is not None:  # a replay judges the kept changes in their order: no ranking
+                return None, None, 0.0
             runner, drafter = trial.pair(base)
             shape = ModelShape.from_model(model)
             dshape = DrafterShape.from_drafter(drafter, shape, TreeSpec.parse(base.tree).depth)
@@ -285,7 +299,8 @@ def cmd_tune(args) -> int:
                                     on_event=lambda m: bar.update(task, description=m), on_verdict=on_verdict)
             bar.update(task, description=f"b{batch}: stock on the tuning prompts, then the ranking")
             try:
-                results.append(tune_batch(controller, plan, batch, prompts, candidates, base, model_for(trial, batch)))
+                results.append(tune_batch(controller, replace(plan, measure=max(measured[batch], 1)), batch, prompts,
+                                          per_batch[batch], base, model_for(trial, batch)))
             finally:
                 trial.close()
     recipe = Recipe(target_fp, drafter_fingerprint(probe, args.drafter),
@@ -295,11 +310,16 @@ def cmd_tune(args) -> int:
                     {"workloads": args.workloads, "limit": args.limit, "prompts": len(prompts),
                      "max_new_tokens": args.max_new_tokens, "seed": plan.seed, "held_out_share": plan.held_out_share,
                      "repeats": plan.repeats, "measure": plan.measure, "rank": args.rank,
-                     "dtype": str(dtype).removeprefix("torch."), "stock": base.to_dict()})
+                     "dtype": str(dtype).removeprefix("torch."), "stock": base.to_dict(),
+                     "replay_of": None if replay is None else {
+                         "path": str(args.replay), "target": replay.target.to_dict(),
+                         "drafter": replay.drafter.to_dict(), "device": replay.device}})
     recipe.save(Path(args.out).expanduser())
     console.print(report(results))
     kept = sum(len(r.evidence()) for r in results)
     tried = sum(len(r.verdicts) for r in results)
+    if replay is not None:
+        err.print(f"replay: {kept} of {sum(map(len, per_batch.values()))} kept changes still win here")
     err.print(f"tune: {tried} candidates measured, {kept} kept; wrote {args.out}")
     return 0
 

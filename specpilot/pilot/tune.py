@@ -68,6 +68,21 @@ def space(plan: TunePlan, max_depth: int | None) -> list[Choice]:
     return out
 
 
+def replayed(recipe, batch: int, max_depth: int | None) -> list[Choice]:
+    """A recipe's kept changes for the entry that `batch` takes, in the order they were kept (trees cut to this
+    drafter's depth): the candidates of a replay, each judged again where it runs now."""
+    size, _ = recipe.choice_for(batch)
+    out = []
+    for entry in recipe.evidence.get(size, []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
+            raise ValueError(f"recipe evidence of batch {size}: an entry without its 'config' object")
+        c = Choice.from_dict(entry["config"])
+        c = Choice(_capped(c.tree, max_depth), c.adaptive, c.weight_format, c.engine, c.scheduler)
+        if c not in out:
+            out.append(c)
+    return out
+
+
 def _capped(tree: str, max_depth: int | None) -> str:
     spec = TreeSpec.parse(tree)
     return str(spec.capped(max_depth) if max_depth else spec)

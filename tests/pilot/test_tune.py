@@ -116,6 +116,26 @@ def test_a_tiny_tune_on_the_zoo_runs_end_to_end(zoo, tmp_path, prompts, monkeypa
     assert json.loads(out.read_text())["version"] == 1
 
 
+def test_a_replay_judges_the_recipes_kept_changes_again_here(zoo, tmp_path, prompts, capsys):
+    from specpilot.pilot.recipe import Fingerprint, versions
+
+    kept = [{"config": Choice("chain:3").to_dict(), "kept": True}, {"config": Choice("static:2,2,2").to_dict(),
+                                                                     "kept": True}]
+    old = tmp_path / "old.json"
+    Recipe(Fingerprint("elsewhere", "a" * 16, "b" * 16), Fingerprint("other", "c", "d"), "NVIDIA H200", versions(),
+           {1: Choice("static:2,2,2")}, {1: kept}, kept).save(old)
+    out = tmp_path / "new.json"
+    argv = ["tune", "--target", str(zoo / "dense"), "--drafter", "ngram", "--workloads", str(prompts),
+            "--max-new-tokens", "8", "--repeats", "2", "--device", "cpu", "--replay", str(old), "--out", str(out)]
+    assert main(argv) == 0
+    new = Recipe.load(out)
+    assert set(new.choices) == {1}  # the replayed recipe's batch sizes
+    assert [c["candidate"] for c in new.candidates] == ["chain:3", "static:2,2,2"]  # in the order kept, all measured
+    assert new.choices[1] in (Choice("chain:7"), Choice("chain:3"), Choice("static:2,2,2"))
+    assert new.settings["replay_of"]["target"]["name"] == "elsewhere" and new.target.name == str(zoo / "dense")
+    assert "kept changes still win here" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--repeats", "1"], "error: --repeats 1: must be >= 2 (one pair gives no interval)"),
     (["--batch-sizes", "0"], "error: --batch-sizes 0: must be >= 1"),
@@ -127,6 +147,7 @@ def test_a_tiny_tune_on_the_zoo_runs_end_to_end(zoo, tmp_path, prompts, monkeypa
     (["--weight-formats", "w12n"], "--weight-formats w12n needs --dtype bfloat16"),
     (["--out", "{tmp}"], "is a directory; give a file path in it"),
     (["--workloads", "{tmp}/missing.txt"], "no such prompt file"),
+    (["--replay", "{tmp}/none.json"], "error: recipe {tmp}/none.json: no such file"),
 ])
 def test_bad_input_is_one_line_and_status_2(zoo, tmp_path, prompts, capsys, args, message):
     base = {"--target": str(zoo / "dense"), "--drafter": "ngram", "--workloads": str(prompts),
@@ -136,5 +157,5 @@ def test_bad_input_is_one_line_and_status_2(zoo, tmp_path, prompts, capsys, args
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
+    assert message.replace("{tmp}", str(tmp_path)) in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r.json").exists()
