@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specpilot.models.random_checkpoint import write_tokenizer
 from specpilot.train.corpus import Corpus
+from specpilot.train.output_dir import output_dir
 
 # <|mask|> fills DFlash draft blocks; a trained zoo keeps it in the vocabulary from the start
 SPECIAL_TOKENS = ("<|endoftext|>", "<|mask|>")
@@ -16,11 +17,11 @@ def train_tokenizer(corpus: Corpus, out: str | Path, vocab_size: int = 4096, max
     """BPE merges are learned from an evenly strided subset of at most max_chars characters (more text barely
     changes a small vocabulary, and the trainer's time grows with it)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     stride = max(1, -(-corpus.train_chars // max_chars))
     docs = list(corpus.train[::stride])
-    write_tokenizer(out, vocab_size, docs, SPECIAL_TOKENS)
     meta = {"vocab_size": vocab_size, "corpus": corpus.source, "corpus_files_hash": corpus.files_hash,
             "train_documents": len(docs), "train_chars": sum(map(len, docs))}
-    (out / "tokenizer_training.json").write_text(json.dumps(meta, indent=1))
+    with output_dir(out) as tmp:  # whole or not at all (train/output_dir.py)
+        write_tokenizer(tmp, vocab_size, docs, SPECIAL_TOKENS)
+        (tmp / "tokenizer_training.json").write_text(json.dumps(meta, indent=1))
     return out

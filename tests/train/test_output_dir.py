@@ -1,7 +1,7 @@
-"""Every trainer's output directory (train/output_dir.py) is written whole or not at all: a save that fails
-part-way leaves no --out (or the previous one as it was, its resume checkpoint included) and no staging directory;
-a save over an earlier output replaces its files and keeps the checkpoint; SIGTERM mid-save exits 143 leaving the
-previous output as it was."""
+"""Every trainer's output directory (train/output_dir.py: targets, drafters, tokenizers) is written whole or not at
+all: a save that fails part-way leaves no --out (or the previous one as it was, its resume checkpoint included) and
+no staging directory; a save over an earlier output replaces its files and keeps the checkpoint; SIGTERM mid-save
+exits 143 leaving the previous output as it was."""
 
 import copy
 import signal
@@ -18,7 +18,7 @@ from specpilot.train import output_dir as output_module
 from specpilot.train.output_dir import output_dir, save_drafter
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = ["dflash", "dflash2", "dspark", "eagle3", "mtp", "lm"]
+KINDS = ["dflash", "dflash2", "dspark", "eagle3", "mtp", "lm", "tokenizer"]
 
 
 def _fill(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -31,9 +31,19 @@ def _fill(module: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 @pytest.fixture
-def saver(request, checkpoint_factory):
-    """save(out, seed): the trainer's own save function for the kind, on a tiny model with weights from `seed`."""
+def saver(request, checkpoint_factory, tmp_path):
+    """save(out, seed): the trainer's own save function for the kind, on a tiny model with weights from `seed`
+    (the tokenizer: trained on a tiny corpus, `seed` more tokens)."""
     kind = request.param
+    if kind == "tokenizer":
+        from specpilot.train.corpus import load_corpus
+        from specpilot.train.tokenizer import train_tokenizer
+
+        for i in range(20):
+            (tmp_path / "corpus" / f"m{i}.py").parent.mkdir(exist_ok=True)
+            (tmp_path / "corpus" / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 4)
+        corpus = load_corpus(str(tmp_path / "corpus"), held_out_percent=20)
+        return lambda out, seed: train_tokenizer(corpus, out, 270 + seed)
     path, hf = checkpoint_factory("qwen3_5" if kind == "mtp" else "qwen3")
     target = load_model(str(path), "cpu", "float32")
     from specpilot.train.dflash import draft_config
@@ -70,10 +80,11 @@ def saver(request, checkpoint_factory):
 
         return save
     if kind == "mtp":
-        from specpilot.models.mtp import MTPModel, head_config
+        from specpilot.models.mtp import MTPModel
+        from specpilot.models.mtp import head_config as mtp_config
         from specpilot.train.mtp import save_mtp
 
-        return lambda out, seed: save_mtp(_fill(MTPModel(head_config(target.config)), seed), path, out,
+        return lambda out, seed: save_mtp(_fill(MTPModel(mtp_config(target.config)), seed), path, out,
                                           {"seed": seed})
     from specpilot.train.lm import _save_final
 
@@ -81,11 +92,12 @@ def saver(request, checkpoint_factory):
 
 
 def _fail_at_training_json(monkeypatch) -> None:
-    """Every save writes training.json last: failing there leaves the weights and config already written."""
+    """Every save writes training.json (the tokenizer: tokenizer_training.json) last: failing there leaves the
+    weights and config already written."""
     real = Path.write_text
 
     def write_text(self, *args, **kwargs):
-        if self.name == "training.json":
+        if self.name.endswith("training.json"):
             raise OSError(28, "No space left on device")
         return real(self, *args, **kwargs)
 
