@@ -176,8 +176,18 @@ def _add_tune_parser(sub) -> None:
 
     t = sub.add_parser("tune", help="search tree shapes, node budget and weight format per batch size; keep a change "
                                     "only if faster on held-out prompts and exact; write a recipe")
-    t.add_argument("--target", required=True, help="model directory or Hub repo id")
-    t.add_argument("--drafter", required=True, help="drafter directory or Hub id, or ngram")
+    t.add_argument("--target", required=True,
+                   help="model directory or Hub repo id, or random:SHAPE[:layers=N] (random weights in a real shape, "
+                        "under --acceptance synthetic:PROFILE)")
+    t.add_argument("--target-kind", choices=["margin", "flat"], default="margin", help="random:SHAPE weights")
+    t.add_argument("--drafter", required=True,
+                   help="drafter directory or Hub id, ngram, or random-dflash / random-dflash2 / random-dspark / "
+                        "random-mtp on random targets")
+    t.add_argument("--acceptance", default=None,
+                   help="real, or synthetic:PROFILE (default: synthetic:dflash2-gsm8k on random targets, else real)")
+    t.add_argument("--tie-tolerance", type=float, default=1e-3,
+                   help="forcing's tie tolerance (logits) on margin targets and fp32 checkpoints; flat random targets "
+                        "and half-precision checkpoints use at least 2 x their measured path noise")
     t.add_argument("--workloads", nargs="+", default=["humaneval"],
                    help="bench workloads, shipped prompt sets or prompt files; their prompts are pooled and split")
     t.add_argument("--data-dir", default=None, help="folder holding the named prompt sets")
@@ -215,14 +225,13 @@ def cmd_tune(args) -> int:
 
     from specpilot.bench.harness import encode_turn, load_workloads
     from specpilot.bench.shapes import RandomTarget
-    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.bench.synthetic import AcceptanceProfile
     from specpilot.pilot import calibration, ceilings
     from specpilot.pilot.controller import Controller, ControllerConfig
     from specpilot.pilot.cost_model import CostModel, DrafterShape, ModelShape
     from specpilot.pilot.recipe import Recipe, drafter_fingerprint, target_fingerprint, versions
     from specpilot.pilot.trial import Trial
     from specpilot.pilot.tune import TunePlan, acceptance_of, replayed, report, space, stock, tune_batch
-    from specpilot.spec_decode.drafters.registry import build_drafter
     from specpilot.spec_decode.tree import TreeSpec
 
     replay = Recipe.load(args.replay) if args.replay else None
@@ -234,9 +243,16 @@ def cmd_tune(args) -> int:
             raise ValueError(f"{flag} {value}: must be >= 1")
     if args.drafter == "none":
         raise ValueError("--drafter none: tune searches speculative configurations; name a drafter (e.g. ngram)")
-    if RandomTarget.parse(args.target, "margin") is not None or args.drafter.startswith("random-"):
-        raise ValueError(f"--target {args.target}: tune runs checkpoints (random targets' synthetic acceptance is "
-                         f"not wired into tune yet)")
+    target = RandomTarget.parse(args.target, args.target_kind)
+    acceptance = args.acceptance or ("synthetic:dflash2-gsm8k" if target is not None else "real")
+    kind, _, name = acceptance.partition(":")
+    if kind not in ("real", "synthetic") or (kind == "synthetic" and not name):
+        raise ValueError(f"--acceptance {acceptance!r}: use real or synthetic:PROFILE")
+    if target is not None and kind == "real":
+        raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
+    if args.drafter.startswith("random-") and target is None:
+        raise ValueError(f"--drafter {args.drafter} goes with a random:SHAPE target")
+    profile = AcceptanceProfile.load(name) if kind == "synthetic" else None
     _check_out("--out", args.out)
     workloads = load_workloads(args.workloads, args.data_dir, args.limit)
     device = pick_device(args.device)
@@ -246,12 +262,12 @@ def cmd_tune(args) -> int:
     if any(f != "bf16" for f in formats) and dtype != torch.bfloat16:
         raise ValueError(f"--weight-formats w12n needs --dtype bfloat16 (--dtype {args.dtype} on {device} is "
                          f"{str(dtype).removeprefix('torch.')})")
-    tokenizer = load_tokenizer(args.target)
-    model = load_model(args.target, device, args.dtype)
+    model, tokenizer, make_drafter = _models(args, target, args.drafter, device)
     target_fp = target_fingerprint(model, args.target)  # as loaded: a w12n_only runner drops the bf16 weights
     prompts = [encode_turn(tokenizer, [c.turns[0]], [], not args.no_chat) for ws in workloads.values() for c in ws]
-    make_drafter = lambda runtime: build_drafter(args.drafter, model, tokenizer, runtime=runtime)  # noqa: E731
     probe = make_drafter(None)
+    target_kind = target.kind if target is not None else "checkpoint"
+    calibrate_tolerance = target_kind == "flat" or (target_kind == "checkpoint" and dtype != torch.float32)
     depth = getattr(probe, "max_depth", None)
     base, candidates = stock(depth), space(plan, depth)
     per_batch = {b: replayed(replay, b, depth) if replay is not None else candidates for b in plan.batch_sizes}
@@ -260,6 +276,8 @@ def cmd_tune(args) -> int:
     if replay is not None:
         err.print(f"[dim]replay of {args.replay} (tuned on {replay.target.name} with {replay.drafter.name}, "
                   f"{replay.device}): {sum(map(len, per_batch.values()))} kept changes to judge again[/]")
+    if profile is not None:
+        err.print(f"[yellow]SYNTHETIC acceptance: {profile.label}[/]")
     err.print(f"[dim]tune: {len(prompts)} prompts ({', '.join(workloads)}), batch sizes "
               f"{', '.join(map(str, plan.batch_sizes))}, {len(candidates)} candidates each, the best "
               f"{plan.measure} measured ({plan.repeats} held-out pairs), stock {base.label}[/]")
@@ -294,7 +312,8 @@ def cmd_tune(args) -> int:
 
     with bar:
         for batch in plan.batch_sizes:
-            trial = Trial(model, make_drafter, batch, args.max_new_tokens, max(map(len, prompts)), trees)
+            trial = Trial(model, make_drafter, batch, args.max_new_tokens, max(map(len, prompts)), trees,
+                          args.tie_tolerance, calibrate_tolerance, profile)
             controller = Controller(trial.measure, trial.force, ControllerConfig(plan.repeats),
                                     on_event=lambda m: bar.update(task, description=m), on_verdict=on_verdict)
             bar.update(task, description=f"b{batch}: stock on the tuning prompts, then the ranking")
@@ -311,6 +330,8 @@ def cmd_tune(args) -> int:
                      "max_new_tokens": args.max_new_tokens, "seed": plan.seed, "held_out_share": plan.held_out_share,
                      "repeats": plan.repeats, "measure": plan.measure, "rank": args.rank,
                      "dtype": str(dtype).removeprefix("torch."), "stock": base.to_dict(),
+                     "acceptance": f"synthetic:{profile.name}" if profile is not None else "real",
+                     "acceptance_label": profile.label if profile is not None else "real", "target_kind": target_kind,
                      "replay_of": None if replay is None else {
                          "path": str(args.replay), "target": replay.target.to_dict(),
                          "drafter": replay.drafter.to_dict(), "device": replay.device}})

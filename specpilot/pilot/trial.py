@@ -4,24 +4,31 @@ timed, and its outputs checked by exact token forcing (the bench's check, bench/
 One runner per engine configuration (weight format and EngineConfig fields), built on first use with its own drafter
 and caches sized for the largest tree to come; the first run of each configuration at a batch size is an untimed
 warm-up (graph captures, compiles). Greedy decoding, EOS ignored: every run emits the same token count, so tok/s
-compares configurations on equal work. Checkpoint targets only (synthetic acceptance on random targets is not wired
-in yet).
+compares configurations on equal work.
+
+Under synthetic acceptance (random-weight targets, bench/synthetic.py) the engine is a ProbingEngine around a
+SyntheticDrafter of the trial's drafter: the oracle follows each prompt's stock continuation (workload.truth_for,
+computed once per prompt) at the profile's rates, its seconds are taken out of the timing (OracleClock), and the
+n-th group of every run draws the oracle seed n, so that the two sides of a pair see the same acceptance pattern.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Callable, Sequence
 
 import torch
 
-from specpilot.bench.harness import Tolerance, calibrate, forcing, run_generation
+from specpilot.bench.harness import OracleClock, Tolerance, calibrate, forcing, run_generation
+from specpilot.bench.probing import ProbingEngine
+from specpilot.bench.synthetic import AcceptanceProfile, SyntheticDrafter
 from specpilot.config import EngineConfig
 from specpilot.engine.engine import SpecEngine
 from specpilot.pilot.controller import Run
 from specpilot.pilot.recipe import Choice
-from specpilot.pilot.workload import reserve
+from specpilot.pilot.workload import reserve, truth_for
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.runtime.settings import Runtime
@@ -30,15 +37,20 @@ from specpilot.spec_decode.tree import TreeSpec
 
 class Trial:
     def __init__(self, model, make_drafter: Callable, batch: int, max_new_tokens: int, longest_prompt: int,
-                 trees: Sequence[str], tie_tolerance: float = 1e-3):
+                 trees: Sequence[str], tie_tolerance: float = 1e-3, calibrate_tolerance: bool = False,
+                 profile: AcceptanceProfile | None = None):
         """make_drafter(runtime): the drafter for a runner's runtime. trees: every tree spec that will run (the caches
-        are sized once for the largest)."""
+        are sized once for the largest). calibrate_tolerance (flat random targets, half-precision checkpoints):
+        forcing's tie tolerance from the target's own path noise. profile: synthetic acceptance (random targets)."""
         self.model, self.make_drafter, self.batch = model, make_drafter, batch
         self.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
         self.max_len = longest_prompt + max_new_tokens + 1
         self.trees = list(trees)
         self.device = next(model.parameters()).device
-        self.stated = tie_tolerance
+        self.stated, self.calibrate_tolerance, self.profile = tie_tolerance, calibrate_tolerance, profile
+        self.clock = OracleClock(self.device) if profile is not None else None
+        self._truth: dict[tuple[int, ...], list[int]] = {}
+        self._groups = itertools.count()
         self.tolerance: Tolerance | None = None
         self._runners: dict[str, tuple[ModelRunner, object]] = {}
         self._warm: set[str] = set()
@@ -57,17 +69,27 @@ class Trial:
     def engine(self, choice: Choice) -> SpecEngine:
         runner, drafter = self.pair(choice)
         sched = choice.scheduler_config(self.batch, max_model_len=self.max_len)
-        return SpecEngine(runner, drafter, TreeSpec.parse(choice.tree), scheduler=sched)
+        if self.profile is None:
+            return SpecEngine(runner, drafter, TreeSpec.parse(choice.tree), scheduler=sched)
+        synthetic = SyntheticDrafter(drafter, self._truth, self.profile, self.model.config.vocab_size,
+                                     seed=next(self._groups), untimed=self.clock)
+        return ProbingEngine(runner, synthetic, TreeSpec.parse(choice.tree), scheduler=sched)
 
     def measure(self, choice: Choice, prompts: Sequence[list[int]]) -> Run:
         """tok/s of the choice over the prompts in groups of the batch size, with its per-depth acceptance counts."""
         label = repr(choice.to_dict())
         make = lambda _truth: self.engine(choice)  # noqa: E731
+        if self.profile is not None:
+            missing = [list(p) for p in dict.fromkeys(map(tuple, prompts)) if p not in self._truth]
+            if missing:
+                self._truth.update(truth_for(self.model, self._stock_runner(), missing, self.params.max_new_tokens + 1))
         if label not in self._warm:
             warm = SamplingParams(max_new_tokens=min(16, self.params.max_new_tokens), ignore_eos=True)
-            run_generation(make, list(prompts[:self.batch]), self.batch, warm, self.device)
+            run_generation(make, list(prompts[:self.batch]), self.batch, warm, self.device, clock=self.clock)
             self._warm.add(label)
-        outputs, stats, seconds = run_generation(make, list(prompts), self.batch, self.params, self.device)
+        self._groups = itertools.count()  # group n of every run draws oracle seed n: paired runs, paired patterns
+        outputs, stats, seconds = run_generation(make, list(prompts), self.batch, self.params, self.device,
+                                                 clock=self.clock)
         tokens = sum(map(len, outputs))
         real = [s for s in stats if s is not None]
         depth = max((len(s.drafted_per_depth) for s in real), default=0)
@@ -78,6 +100,13 @@ class Trial:
                  "rows": sum(s.steps for s in real), "tau": statistics.fmean(s.tau for s in real) if real else 1.0,
                  "seconds": seconds, "tokens": tokens}
         return Run(tokens / seconds if seconds > 0 else 0.0, outputs, extra)
+
+    def _stock_runner(self) -> ModelRunner:
+        """The plain model on its own runner: forcing's (and the oracle's truth's) allocations leave the engines'
+        caches and graphs alone."""
+        if self._stock is None:
+            self._stock = ModelRunner(self.model, Runtime.build(EngineConfig(), self.device))
+        return self._stock
 
     def close(self) -> None:
         """Frees the runners' caches and graphs now (graphs reference their runner: a cycle the next gc would break)."""
@@ -93,11 +122,8 @@ class Trial:
     def force(self, prompts: Sequence[list[int]], outputs: Sequence[list[int]]) -> dict:
         """The bench's forcing check against the plain model (fp32 targets at the stated tie tolerance; half-precision
         ones at one calibrated on the target's own path noise, set at the first check)."""
-        if self._stock is None:  # its own runner: forcing's allocations leave the engines' caches and graphs alone
-            self._stock = ModelRunner(self.model, Runtime.build(EngineConfig(), self.device))
-        stock = self._stock
+        stock = self._stock_runner()
         if self.tolerance is None:
-            half = next(self.model.parameters()).dtype != torch.float32
-            self.tolerance = (calibrate(stock, list(prompts), list(outputs), self.stated) if half
+            self.tolerance = (calibrate(stock, list(prompts), list(outputs), self.stated) if self.calibrate_tolerance
                               else Tolerance(self.stated, "stated", self.stated))
         return forcing(stock, list(prompts), list(outputs), self.tolerance)

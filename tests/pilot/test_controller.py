@@ -83,13 +83,14 @@ def test_a_gain_within_the_incumbents_noise_is_rejected():
 
 def test_search_makes_a_kept_candidate_the_incumbent():
     s = StandIn({"chain:3": (1.4, 1.4), "chain:5": (1.2, 1.2), "static:2,2,2": (1.3, 1.0)})
-    events = []
-    c = Controller(s.measure, s.force, ControllerConfig(repeats=2), on_event=events.append)
+    events, seen = [], []
+    c = Controller(s.measure, s.force, ControllerConfig(repeats=2), on_event=events.append, on_verdict=seen.append)
     ranked = [(Choice("chain:3"), 1.5), (Choice("chain:5"), 1.3), (Choice("static:2,2,2"), 1.1)]
     best, verdicts = c.search(1, STOCK, ranked, TUNING, HELD_OUT)
     assert best == Choice("chain:3") and [v.kept for v in verdicts] == [True, False, False]
     assert verdicts[1].incumbent == Choice("chain:3")  # judged against the kept one, not stock
-    assert verdicts[0].to_dict()["predicted_vs_stock"] == 1.5 and any("KEPT" in e for e in events)
+    assert verdicts[0].to_dict()["predicted_vs_stock"] == 1.5 and seen == verdicts
+    assert any("held-out pair" in e for e in events)
     # each configuration's tuning run is measured once per batch size
     assert sum(1 for tree, tuning in s.calls if tuning and tree == "chain:3") == 1
 

@@ -116,6 +116,41 @@ def test_a_tiny_tune_on_the_zoo_runs_end_to_end(zoo, tmp_path, prompts, monkeypa
     assert json.loads(out.read_text())["version"] == 1
 
 
+def test_a_tiny_tune_of_a_random_target_under_synthetic_acceptance(tmp_path, prompts, capsys):
+    out = tmp_path / "r.json"
+    argv = ["tune", "--target", "random:tiny-dense", "--drafter", "random-dflash", "--workloads", str(prompts),
+            "--max-new-tokens", "8", "--trees", "chain:3", "--no-adaptive", "--measure", "1", "--repeats", "2",
+            "--rank", "ceilings", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    recipe = Recipe.load(out)
+    assert recipe.settings["acceptance"] == "synthetic:dflash2-gsm8k" and recipe.settings["target_kind"] == "margin"
+    (verdict,) = recipe.candidates
+    assert verdict["candidate"] == "chain:3" and verdict["predicted_vs_stock"] is not None
+    assert verdict["forcing"] is None or verdict["forcing"]["passed"]  # exact: the oracle only picks the drafts
+    assert "SYNTHETIC acceptance" in capsys.readouterr().err
+
+
+def test_a_synthetic_trial_follows_the_oracle_and_passes_forcing():
+    import torch
+
+    from specpilot.bench.shapes import RANDOM_DRAFTERS, RandomTarget
+    from specpilot.bench.synthetic import AcceptanceProfile
+    from specpilot.pilot.trial import Trial
+
+    target = RandomTarget.parse("random:tiny-dense", "margin")
+    model = target.build("cpu", torch.float32)
+    make = lambda rt: RANDOM_DRAFTERS["random-dflash"](model, target.shape, rt)  # noqa: E731
+    trial = Trial(model, make, 2, 10, 6, ["chain:3"], profile=AcceptanceProfile.load("dflash2-gsm8k"))
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    run = trial.measure(Choice("chain:3"), prompts)
+    assert [len(o) for o in run.outputs] == [10, 10] and sum(run.extra["accepted"]) > 0
+    assert trial.force(prompts, run.outputs)["passed"]
+    assert trial.clock.seconds > 0  # the oracle's time was taken out of the timing
+    again = trial.measure(Choice("chain:3"), prompts)
+    assert again.extra["accepted"] == run.extra["accepted"]  # group n draws seed n: runs see the same pattern
+    trial.close()
+
+
 def test_a_replay_judges_the_recipes_kept_changes_again_here(zoo, tmp_path, prompts, capsys):
     from specpilot.pilot.recipe import Fingerprint, versions
 
@@ -143,7 +178,9 @@ def test_a_replay_judges_the_recipes_kept_changes_again_here(zoo, tmp_path, prom
     (["--trees", "ring:3"], "ring:3"),
     (["--limit", "0"], "error: --limit 0: must be >= 1"),
     (["--drafter", "none"], "error: --drafter none: tune searches speculative configurations"),
-    (["--target", "random:tiny-dense"], "tune runs checkpoints"),
+    (["--target", "random:tiny-dense", "--acceptance", "real"], "acceptance on random weights means nothing"),
+    (["--acceptance", "synthetic:nope"], "acceptance profile 'nope'"),
+    (["--drafter", "random-dflash"], "error: --drafter random-dflash goes with a random:SHAPE target"),
     (["--weight-formats", "w12n"], "--weight-formats w12n needs --dtype bfloat16"),
     (["--out", "{tmp}"], "is a directory; give a file path in it"),
     (["--workloads", "{tmp}/missing.txt"], "no such prompt file"),
