@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import sys
@@ -359,6 +360,9 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
     s.add_argument("--eager", action="store_true", help="no CUDA graphs, torch.compile or Triton GEMV (debugging)")
     s.add_argument("--cache-dir", default=None, help="Hugging Face cache directory (default: HF_HOME)")
+    s.add_argument("--recipe", default=None,
+                   help="a recipe from `specpilot tune`: the entry for --max-num-seqs (tree, weight format, node "
+                        "budget, engine fields) replaces --tree; another target or drafter is refused")
     s.set_defaults(func=cmd_serve, weight_format="bf16")
 
 
@@ -383,8 +387,13 @@ def serve_app(args):
     from specpilot.server.app import create_app
     from specpilot.server.config import ServerConfig
 
+    if args.recipe:
+        pilot_commands.apply_recipe(args, batch=args.max_num_seqs)
     _check_spec_flags(args.tree)
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    if getattr(args, "recipe_scheduler", None) is not None:  # --recipe: its node budget setting and fields
+        scheduler = dataclasses.replace(args.recipe_scheduler, max_num_seqs=args.max_num_seqs,
+                                        max_model_len=args.max_model_len)
     template = None
     if args.chat_template:
         if not Path(args.chat_template).is_file():
@@ -394,7 +403,9 @@ def serve_app(args):
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
+    pilot_commands.check_recipe_models(args, model=model)
     engine = spec_engine(args, ModelRunner(model, engine_runtime(args, model)), tokenizer, scheduler)
+    pilot_commands.check_recipe_models(args, drafter=engine.drafter)
     return create_app(engine, tokenizer, config)
 
 

@@ -108,3 +108,23 @@ def test_bench_runs_each_recipe_entry_at_its_batch_sizes(zoo, dense_fp, ngram, t
     assert main(argv[:-1] + [str(other)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: recipe tuned on target zoo/hybrid")
     assert not out.exists()
+
+
+def test_serve_builds_the_recipes_entry_for_its_slots(zoo, dense_fp, ngram, tmp_path):
+    import dataclasses
+
+    from specpilot.cli import _parser, serve_app
+
+    def app(recipe: Recipe):
+        path = tmp_path / "recipe.json"
+        recipe.save(path)
+        args = _parser().parse_args(["serve", "--target", str(zoo / "dense"), "--drafter", "ngram", "--device", "cpu",
+                                     "--max-num-seqs", "4", "--tree", "chain:9", "--recipe", str(path)])
+        return serve_app(args)
+
+    choices = {1: Choice("chain:3"), 4: Choice("static:2,1", adaptive=False)}
+    engine = app(Recipe(dense_fp, ngram, "cpu", versions(), choices)).state.engine_loop.engine
+    assert str(engine.tree) == "static:2,1" and engine.config.adaptive is False and engine.config.max_num_seqs == 4
+    other = dataclasses.replace(dense_fp, weight_hash="0" * 16)
+    with pytest.raises(ValueError, match="recipe tuned on target"):
+        app(Recipe(other, ngram, "cpu", versions(), choices))
