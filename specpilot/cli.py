@@ -227,6 +227,10 @@ def cmd_demo(args) -> int:
     err.print(f"speculative ({spec['drafter']}, {spec['tree']}): tau {spec['tau']:.2f} · {spec['speedup_vs_ar']:.2f}x "
               f"AR · same tokens as AR: {'yes' if spec['identical'] else 'NO'} · token forcing {verdict} "
               f"({spec['forcing']['tokens']} tokens, {spec['forcing']['mismatches']} mismatches)")
+    if device == "cpu" and spec["speedup_vs_ar"] < 1:
+        err.print("[dim]below 1x here: on a CPU the zoo's tiny models spend a step in host work, not in reading "
+                  "weights, so drafting and verifying several tokens costs more than decoding one; speculation pays "
+                  "where a step is bound by its weight reads, as on a GPU (README: Performance)[/]")
     return 0 if ok else 1
 
 
