@@ -100,8 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     pilot_commands.add_parsers(sub)
     pilot_commands.add_bench_recipe(sub.choices["bench"])  # bench --recipe (bench/ cannot import the pilot)
     d = sub.add_parser("demo", help="code completion on the bundled trained zoo (CPU), plain and speculative")
-    # the zoo's ~6M-parameter models decode fastest on one thread: 8.4 s against 73.5 s for the whole demo on a
-    # 2-core machine shared with other processes (docs/decisions/2026-12-02-cpu-threads.md)
+    # the zoo's ~6M-parameter models decode fastest on one thread (docs/decisions/2026-12-02-cpu-threads.md)
     _add_generation_flags(d, max_new_tokens=96, threads=1)
     d.add_argument("--prompt", default=DEMO_PROMPT,
                    help="prompt text, echoed dimmed before the completion (default: a Python function to complete)")

@@ -12,9 +12,8 @@ import torch  # noqa: E402
 
 from tests.checkpoints import write_checkpoint  # noqa: E402
 
-# the tests' models are tiny: a second intra-op thread only adds wake-ups, and in the main thread on a 2-core
-# machine shared with other processes it made tests/engine/test_engine.py take 430 s instead of 25 s
-# (docs/decisions/2026-12-02-cpu-threads.md)
+# the tests' models are tiny: a second intra-op thread only adds wake-ups, and on a busy 2-core machine it slows
+# the main thread's engine many times over (docs/decisions/2026-12-02-cpu-threads.md)
 torch.set_num_threads(1)
 
 

@@ -126,7 +126,7 @@ def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Ten
     # grouped-query attention without repeating K/V: the G query heads of a KV head become G*T query rows
     qg = q.reshape(B, T, KVH, G, D).permute(0, 2, 3, 1, 4).reshape(B, KVH, G * T, D)
     mask = mask[:, None, None].expand(B, 1, G, T, P + T).reshape(B, 1, G * T, P + T)
-    # cuDNN's SDPA builds an execution plan per new shape (about 80 ms on the H200), and P grows every step
+    # cuDNN's SDPA builds an execution plan per new shape, and P grows every step (docs/drafters.md)
     with sdpa_kernel(SDPA_BACKENDS):
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return out.view(B, KVH, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H, D)
