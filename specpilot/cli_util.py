@@ -1,6 +1,10 @@
-"""What every `specpilot` subcommand shares: the stderr console and the --device choice."""
+"""What every `specpilot` subcommand shares: the stderr console, the --device choice and the check of an output
+file's path."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from rich.console import Console
 
@@ -15,3 +19,15 @@ def pick_device(name: str) -> str:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available on this machine; use --device cpu")
     return name
+
+
+def check_writable(flag: str, text: str) -> None:
+    """The file can be written: not a directory, and its nearest existing folder takes new entries."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{flag} {text}: is a directory; give a file path in it")
+    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {text}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {text}: cannot write in {folder} (permission denied)")

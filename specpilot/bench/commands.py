@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specpilot.cli_util import err, pick_device
+from specpilot.cli_util import check_writable, err, pick_device
 
 
 def add_parsers(sub) -> None:
@@ -174,21 +174,9 @@ def _check_flags(args) -> None:
             raise ValueError(f"--configs {text!r}: the name {name!r} is "
                              f"{'a built-in row' if name in ('ar', 'stock') else 'given twice'}; pick another NAME")
         names.append(name)
-    _check_writable("--out", args.out)
+    check_writable("--out", args.out)
     if args.plot:
-        _check_writable("--plot", args.plot)
-
-
-def _check_writable(flag: str, text: str) -> None:
-    """The file can be written: not a directory, and its nearest existing folder takes new entries."""
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise ValueError(f"{flag} {text}: is a directory; give a file path in it")
-    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
-    if not folder.is_dir():
-        raise ValueError(f"{flag} {text}: {folder} is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {text}: cannot write in {folder} (permission denied)")
+        check_writable("--plot", args.plot)
 
 
 def _target_kind(args) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specpilot.checkpoint.json_file import write_json
 from specpilot.config import ModelConfig
 from specpilot.spec_decode.tree import DraftTree
 from specpilot.spec_decode.verify import host_tree_metadata
@@ -199,15 +200,7 @@ class VerifyCostCurve:
     def save(self, path: str | Path, **record) -> None:
         """Atomic: a temp file beside the target, then a rename. `record` (GPU, commit, command) goes beside the
         curve, which is then under "curve"."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**record, "curve": self.to_dict()} if record else self.to_dict()
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_json(path, {**record, "curve": self.to_dict()} if record else self.to_dict())
 
     @staticmethod
     def load(path: str | Path) -> VerifyCostCurve:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.checkpoint.json_file import write_json
 from specpilot.engine.cost_curve import VerifyCostCurve, measure as measure_curve, model_fingerprint
 from specpilot.pilot import ceilings as ceiling_bench
 from specpilot.pilot.ceilings import Ceilings
@@ -98,14 +99,7 @@ class Calibration:
 
     def save(self, path: str | Path) -> None:
         """Atomic: a temp file beside the target, then a rename."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=1))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_json(path, self.to_dict())
 
     @staticmethod
     def load(path: str | Path) -> Calibration:

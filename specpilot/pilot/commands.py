@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from specpilot.cli_util import err, pick_device
+from specpilot.cli_util import check_writable, err, pick_device
 
 
 def add_parsers(sub) -> None:
@@ -64,7 +63,7 @@ def check_flags(args):
         raise ValueError("--drafter none: profile measures a speculative step; name a drafter (e.g. ngram)")
     for flag, path in (("--out", args.out), ("--plot", args.plot)):
         if path:
-            _check_out(flag, path)
+            check_writable(flag, path)
     return target, (AcceptanceProfile.load(name) if kind == "synthetic" else None), drafter
 
 
@@ -253,7 +252,7 @@ def cmd_tune(args) -> int:
     if args.drafter.startswith("random-") and target is None:
         raise ValueError(f"--drafter {args.drafter} goes with a random:SHAPE target")
     profile = AcceptanceProfile.load(name) if kind == "synthetic" else None
-    _check_out("--out", args.out)
+    check_writable("--out", args.out)
     workloads = load_workloads(args.workloads, args.data_dir, args.limit)
     device = pick_device(args.device)
     dtype = _dtype(args.dtype, device)
@@ -343,17 +342,6 @@ def cmd_tune(args) -> int:
         err.print(f"replay: {kept} of {sum(map(len, per_batch.values()))} kept changes still win here")
     err.print(f"tune: {tried} candidates measured, {kept} kept; wrote {args.out}")
     return 0
-
-
-def _check_out(flag: str, path: str) -> None:
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise ValueError(f"{flag} {path}: is a directory; give a file path in it")
-    folder = next(f for f in (p.parent, *p.parent.parents) if f.exists())
-    if not folder.is_dir():
-        raise ValueError(f"{flag} {path}: {folder} is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: cannot write in {folder} (permission denied)")
 
 
 def apply_recipe(args, batch: int):

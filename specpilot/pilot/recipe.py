@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from specpilot.checkpoint.json_file import write_json
 
 VERSION = 1
 SAMPLE = 1024  # elements hashed at each end of every parameter
@@ -173,14 +174,7 @@ class Recipe:
 
     def save(self, path: str | Path) -> None:
         """Atomic: a temp file beside the target, then a rename; nothing is left behind on failure."""
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=1, default=str))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_json(Path(path).expanduser(), self.to_dict())
 
     @staticmethod
     def load(path: str | Path) -> Recipe:
