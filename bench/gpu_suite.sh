@@ -58,7 +58,7 @@ DRY=${SUITE_DRY:-0}
 BUDGET=${SUITE_BUDGET_S:-540}
 DATA=${SUITE_DATA_DIR:-.data/prompts}
 if [ ! -f "$DATA/eagle/gsm8k_question.jsonl" ]; then  # the bench's gsm8k set: try the usual other homes
-    for d in shared/data/prompts ../shared/data/prompts; do
+    for d in specpilot/data/prompts shared/data/prompts ../shared/data/prompts; do
         [ -f "$d/eagle/gsm8k_question.jsonl" ] && DATA=$d && break
     done
 fi
