@@ -8,7 +8,8 @@ checkpoints in OUT/checkpoint) and the held-out batches; `BlockRun.report` is tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -72,9 +73,9 @@ class BlockRun:
         prev = torch.cat((tokens[seq, a.reshape(-1)][:, None], labels[:, :-1]), dim=1)
         return Blocks(tokens, features, a, labels, prev)
 
-    def fit(self, kind: str, model: torch.nn.Module, step_fn) -> tuple[float, list]:
-        """(the last training loss, each held-out batch's step_fn outputs); step_fn(tokens, step, seed) -> (loss,
-        stats...)."""
+    def fit(self, kind: str, model: torch.nn.Module, step_fn) -> tuple[float, list, float]:
+        """(the last training loss, each held-out batch's step_fn outputs, the seconds the optimisation took);
+        step_fn(tokens, step, seed) -> (loss, stats...)."""
         cfg = self.cfg
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         train_ids, held_ids = corpus_tokens(self.corpus, self.tokenizer)
@@ -83,16 +84,19 @@ class BlockRun:
                                             self.prompt_len)
         ckpt = self.out / "checkpoint"
         start = checkpoint_io.load(model, opt, ckpt) if self.resume and checkpoint_io.exists(ckpt) else 0
+        t0 = time.perf_counter()
         loss = optimize(model.parameters(), opt, lambda step: step_fn(train_ids, step, cfg.seed)[0], cfg, self.console,
                         kind, start, checkpoint_io.every(model, opt, ckpt, cfg.save_every, cfg.steps))
+        seconds = time.perf_counter() - t0
         with torch.no_grad():
             held = [step_fn(held_ids, i, HELD_OUT_SEED) for i in range(cfg.eval_batches)]
-        return loss, held
+        return loss, held, seconds
 
-    def report(self, kind: str, model: torch.nn.Module, options: dict, loss: float, held: list,
+    def report(self, kind: str, model: torch.nn.Module, options: dict, loss: float, held: list, seconds: float,
                stats: tuple[str, ...]) -> dict:
-        """training.json: the run, the drafter's `options`, the losses and the held-out means of `stats` (each
-        held-out batch's step outputs after the loss, in order)."""
+        """training.json: the run (its TrainConfig with the device it ran on, the optimisation's seconds), the
+        drafter's `options`, the losses and the held-out means of `stats` (each held-out batch's step outputs after
+        the loss, in order)."""
         means = {name: float(sum(h[i] for h in held) / len(held)) for i, name in enumerate(stats, start=1)}
         return {"kind": kind, "block_size": self.block, "layers": self.num_layers,
                 "target_layer_ids": list(self.layers), "intermediate_size": model.config.intermediate_size, **options,
@@ -100,7 +104,8 @@ class BlockRun:
                 "final_loss": loss, "held_out_loss": sum(float(h[0]) for h in held) / len(held), **means,
                 "corpus_files_hash": self.corpus.files_hash, "rollouts": self.rollouts,
                 "rollout_prompt_len": self.prompt_len, "anchors": self.anchors,
-                "parameters": sum(p.numel() for p in model.parameters())}
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "config": asdict(self.cfg) | {"device": self.device.type}, "train_seconds": round(seconds, 1)}
 
 
 def prepare(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, block: int, num_layers: int,

@@ -36,9 +36,9 @@ def train_dflash2(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: 
     model = DFlash2Model(draft_config(run.target.config, num_layers, intermediate_size), len(run.layers), opts)
     model = model.to(run.device)
     init(model)
-    loss, held = run.fit("dflash2", model, _step(model, run, position_weights(block, gamma, run.device)))
+    loss, held, seconds = run.fit("dflash2", model, _step(model, run, position_weights(block, gamma, run.device)))
     report = run.report("dflash2", model, {"conv_kernel_size": taps, "conv_group_size": group_size,
-                                           "selector_rank": rank, "selector_top_k": top_k}, loss, held,
+                                           "selector_rank": rank, "selector_top_k": top_k}, loss, held, seconds,
                         ("held_out_first_token_accuracy", "held_out_selector_chain_tau"))
     save_dflash2(model, run.target.config, run.out, report, cfg.save_dtype)
     return report

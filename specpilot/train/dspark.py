@@ -41,8 +41,8 @@ def train_dspark(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: T
     model = DSparkModel(draft_config(run.target.config, num_layers, intermediate_size), opts).to(run.device)
     _init(model)
     w = torch.exp(-torch.arange(block, device=run.device, dtype=torch.float32) / gamma)
-    loss, held = run.fit("dspark", model, _step(model, run, w / w.sum()))
-    report = run.report("dspark", model, {"markov_rank": markov_rank}, loss, held,
+    loss, held, seconds = run.fit("dspark", model, _step(model, run, w / w.sum()))
+    report = run.report("dspark", model, {"markov_rank": markov_rank}, loss, held, seconds,
                         ("held_out_first_token_accuracy", "held_out_chain_tau", "held_out_confidence_brier"))
     save_dspark(model, run.target.config, run.out, report, cfg.save_dtype)
     return report

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -51,14 +53,17 @@ def train_mtp(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: Trai
     step_fn = _step(model, target, cfg, device)
     ckpt = out / "checkpoint"
     start = checkpoint_io.load(model, opt, ckpt) if resume and checkpoint_io.exists(ckpt) else 0
+    t0 = time.perf_counter()
     loss = optimize(params, opt, lambda step: step_fn(train_ids, step, cfg.seed)[0], cfg, console, "mtp", start,
                     checkpoint_io.every(model, opt, ckpt, cfg.save_every, cfg.steps))
+    seconds = time.perf_counter() - t0
     with torch.no_grad():
         held = [step_fn(held_ids, i, 12345) for i in range(cfg.eval_batches)]
     report = {"kind": "mtp", "steps": cfg.steps, "final_loss": loss,
               "held_out_loss": sum(float(h[0]) for h in held) / len(held),
               "held_out_first_token_accuracy": float(sum(h[1] for h in held) / len(held)),
-              "corpus_files_hash": corpus.files_hash, "parameters": sum(p.numel() for p in params)}
+              "corpus_files_hash": corpus.files_hash, "parameters": sum(p.numel() for p in params),
+              "config": asdict(cfg) | {"device": device.type}, "train_seconds": round(seconds, 1)}
     save_mtp(model, target_dir, out, report, cfg.save_dtype)
     return report
 

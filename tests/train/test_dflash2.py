@@ -21,6 +21,12 @@ def train(kind: str, target, corpus_dir, out, steps: int, *extra: str) -> dict:
     return json.loads((out / "training.json").read_text())
 
 
+def check_run_recorded(report: dict, steps: int) -> None:
+    """training.json says how the drafter was trained: the run's config with the device it ran on, and for how long."""
+    assert report["config"]["device"] == "cpu" and report["config"]["steps"] == steps == report["steps"]
+    assert report["config"]["batch_size"] == 2 and report["train_seconds"] > 0
+
+
 def check_trained(out, target_dir, name: str) -> None:
     """build_drafter reads back the saved weights; speculative greedy output equals AR output."""
     from safetensors.torch import load_file
@@ -40,6 +46,7 @@ def test_train_dflash2(drafter_corpus, mask_target, tmp_path):
     first = train("dflash2", mask_target, drafter_corpus, tmp_path / "d0", 1, "--selector-top-k", "4")
     report = train("dflash2", mask_target, drafter_corpus, tmp_path / "d", 15, "--selector-top-k", "4")
     assert report["held_out_loss"] < first["held_out_loss"] and report["selector_top_k"] == 4
+    check_run_recorded(report, 15)
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["block_size"] == 4
     check_trained(tmp_path / "d", mask_target, "dflash2")

@@ -9,6 +9,7 @@ import torch
 from specpilot.cli import main
 from specpilot.models.loader import load_model, unpacked_state_dict
 from specpilot.spec_decode.drafters.registry import build_drafter
+from tests.train.test_dflash2 import check_run_recorded
 
 TRAIN = ["--batch-size", "2", "--seq-len", "32", "--lr", "3e-3", "--warmup", "2", "--eval-batches", "1",
          "--device", "cpu"]
@@ -26,6 +27,7 @@ def test_train_mtp(drafter_corpus, checkpoint_factory, tmp_path, capsys):
                      "--corpus", str(drafter_corpus), "--steps", steps, *TRAIN]) == 0
         reports.append(json.loads((tmp_path / name / "training.json").read_text()))
     assert reports[1]["held_out_loss"] < reports[0]["held_out_loss"]
+    check_run_recorded(reports[1], 15)
     target = load_model(str(tmp_path / "m"), "cpu", "float32")
     drafter = build_drafter("mtp", target)
     saved = load_file(str(tmp_path / "m" / "model-mtp.safetensors"))
