@@ -7,11 +7,19 @@ stock teacher-forced pass) so a reported tau is a tau of lossless output. The JS
 acceptance profiles (specpilot/bench/synthetic.py).
 
     python3 -m bench zoo_acceptance --out bench/results/zoo_acceptance.json
+
+Drafters trained elsewhere are measured against the zoo's targets with `--drafter-dir NAME=PATH` (NAME in --pairs
+is read from PATH): their rows go under `candidates`, not `rows` (the zoo's own drafters, the synthetic profiles'
+source), each with the drafter's training.json as `training`. A directory that is a target checkpoint with its MTP
+layer (what `specpilot train drafter --kind mtp` writes) drafts with `--drafter mtp`, the target loaded from it
+once its weights are checked to be the zoo target's. `--merge` adds this run's rows to the --out file, keeping
+every row it has for other (target, drafter, tree) triples.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import subprocess
@@ -20,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.checkpoint.json_file import write_json
 from specpilot.engine.engine import SpecEngine
 from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.runtime.runner import ModelRunner
@@ -35,11 +44,13 @@ PAIRS = (("dense", "dense-dflash"), ("dense", "dense-eagle3"), ("dense", "draft-
 
 
 def measure(zoo: Path, target: str, drafter: str, tree: str, prompts: list[list[int]], new_tokens: int,
-            batch: int, device: str) -> dict:
-    model = load_model(str(zoo / target), device, "float32")
-    tok = load_tokenizer(str(zoo / target))
+            batch: int, device: str, drafter_dir: Path | None = None) -> dict:
+    """drafter_dir: where `drafter` is read from (default zoo / drafter; `mtp`: the target's own MTP layer)."""
+    target_dir, source = drafter_source(zoo, target, drafter, drafter_dir)
+    model = load_model(str(target_dir), device, "float32")
+    tok = load_tokenizer(str(target_dir))
     runner = ModelRunner(model)
-    draft = build_drafter(str(zoo / drafter), model, tok, runtime=runner.runtime)
+    draft = build_drafter(source, model, tok, runtime=runner.runtime)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     engine = SpecEngine(runner, draft, TreeSpec.parse(tree), scheduler=SchedulerConfig(adaptive=False))
     steps = emitted = 0
@@ -64,6 +75,33 @@ def measure(zoo: Path, target: str, drafter: str, tree: str, prompts: list[list[
             "drafted_per_depth": drafted, "accepted_per_depth": accepted, "seconds": round(seconds, 2),
             "forcing": {"tokens": report.tokens, "mismatches": len(report.mismatches),
                         "max_margin": report.max_margin, "passed": not report.failures(1e-3)}}
+
+
+def drafter_source(zoo: Path, target: str, drafter: str, drafter_dir: Path | None) -> tuple[Path, str]:
+    """(the directory the target is loaded from, the drafter's name for build_drafter). A drafter directory that is
+    the target's checkpoint with an MTP layer is both, once its target weights are byte for byte the zoo target's."""
+    if drafter == "mtp":
+        return zoo / target, "mtp"
+    path = drafter_dir if drafter_dir is not None else zoo / drafter
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
+    if "mtp_num_hidden_layers" not in config.get("text_config", config):
+        return zoo / target, str(path)
+    differ = [f.name for f in (zoo / target).glob("*.safetensors")
+              if not (path / f.name).exists() or _digest(path / f.name) != _digest(f)]
+    if differ:
+        raise ValueError(f"{path}: its target weights ({', '.join(differ)}) are not those of {zoo / target}; an MTP "
+                         f"layer is measured on the target it was trained for (train it with --target {zoo / target})")
+    return path, "mtp"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def merge_rows(doc: dict, key: str, rows: list[dict]) -> None:
+    """doc[key] with `rows` added: a row for the same (target, drafter, tree) is replaced, every other kept."""
+    new = {(r["target"], r["drafter"], r["tree"]) for r in rows}
+    doc[key] = [r for r in doc.get(key, []) if (r["target"], r["drafter"], r["tree"]) not in new] + rows
 
 
 def chain_profile(row: dict) -> dict:
@@ -93,29 +131,64 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pairs", nargs="+", default=[f"{t}:{d}" for t, d in PAIRS], help="TARGET:DRAFTER names")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--profiles", default=None, help="also write each chain row as a synthetic profile here")
+    p.add_argument("--profiles", default=None, help="also write each zoo chain row as a synthetic profile here")
+    p.add_argument("--drafter-dir", nargs="+", default=[], metavar="NAME=PATH",
+                   help="read drafter NAME of --pairs from PATH (a drafter trained elsewhere): its rows go under "
+                        "`candidates` with its training.json")
+    p.add_argument("--merge", action="store_true",
+                   help="add this run's rows to the --out file, keeping its other rows (default: write it anew)")
     args = p.parse_args(argv)
+    zoo, out = Path(args.zoo), Path(args.out)
+    try:
+        dirs = _drafter_dirs(args.drafter_dir)
+        for pair in args.pairs:
+            target, _, drafter = pair.partition(":")
+            drafter_source(zoo, target, drafter, dirs.get(drafter))
+    except (ValueError, FileNotFoundError) as e:
+        p.error(str(e))
+    if args.merge and not out.exists():
+        p.error(f"--merge: {out} does not exist; run without --merge to write it")
     torch.set_grad_enabled(False)
-    zoo = Path(args.zoo)
     tok = load_tokenizer(str(zoo / "dense"))
     texts = [q.text for q in load_prompts(resolve_prompt_set(args.prompts), args.limit)]
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    doc = {"command": "python3 -m bench zoo_acceptance " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
-                                                                    vars(args).items() if k != "out"),
-           "commit": commit, "device": args.device, "cpu": platform.processor() or platform.machine(),
-           "zoo": json.loads((zoo / "zoo.json").read_text()).get("built_at_commit"), "dtype": "float32",
-           "prompts": args.prompts, "greedy": True, "rows": []}
+    command = "python3 -m bench zoo_acceptance " + " ".join(
+        f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}" for k, v in vars(args).items()
+        if k not in ("out", "merge") and v not in (None, [])) + (" --merge" if args.merge else "")
+    doc = json.loads(out.read_text()) if args.merge else {
+        "command": command, "commit": commit, "device": args.device, "cpu": platform.processor() or platform.machine(),
+        "zoo": json.loads((zoo / "zoo.json").read_text()).get("built_at_commit"), "dtype": "float32",
+        "prompts": args.prompts, "greedy": True, "rows": []}
     for pair in args.pairs:
         target, drafter = pair.split(":")
         for tree in args.trees:
-            row = measure(zoo, target, drafter, tree, prompts, args.max_new_tokens, args.batch, args.device)
-            doc["rows"].append(row)
-            Path(args.out).write_text(json.dumps(doc, indent=1))
-            if args.profiles and row["tree"].startswith("chain"):
+            row = measure(zoo, target, drafter, tree, prompts, args.max_new_tokens, args.batch, args.device,
+                          dirs.get(drafter))
+            key = "rows"
+            if drafter in dirs:
+                key, row["drafter_dir"] = "candidates", str(dirs[drafter])
+                row["training"] = json.loads((dirs[drafter] / "training.json").read_text())
+            if args.merge:
+                row |= {"command": command, "commit": commit}
+            merge_rows(doc, key, [row])
+            write_json(out, doc)
+            if args.profiles and key == "rows" and row["tree"].startswith("chain"):
                 prof = chain_profile(row)
                 Path(args.profiles).mkdir(parents=True, exist_ok=True)
                 Path(args.profiles, f"{prof['name']}.json").write_text(json.dumps(prof, indent=1) + "\n")
             print(f"{target:7s} {drafter:14s} {tree:16s} tau {row['tau']:.2f} per depth {row['acceptance_per_depth']}"
                   f" forcing {'pass' if row['forcing']['passed'] else 'FAIL'} ({row['seconds']:.0f} s)", flush=True)
 
+
+def _drafter_dirs(specs: list[str]) -> dict[str, Path]:
+    dirs = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--drafter-dir {spec!r}: give NAME=PATH (the drafter's name in --pairs, its directory)")
+        if not Path(path, "training.json").exists():
+            raise ValueError(f"--drafter-dir {spec!r}: {path}/training.json not found; give a directory that "
+                             "`specpilot train drafter` wrote")
+        dirs[name] = Path(path)
+    return dirs

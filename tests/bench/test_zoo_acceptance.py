@@ -1,6 +1,9 @@
-"""The zoo_acceptance benchmark: per-depth counts add up over requests whose lists have different lengths, and a
-chain row becomes a synthetic profile of conditional acceptance."""
+"""The zoo_acceptance benchmark: per-depth counts add up over requests whose lists have different lengths, a
+chain row becomes a synthetic profile of conditional acceptance, drafters trained elsewhere are measured into
+`candidates` with their training report, --merge keeps the file's other rows, and an MTP directory is measured on
+its own target only when that target is the zoo's."""
 
+import json
 import shutil
 
 import pytest
@@ -36,3 +39,55 @@ def test_chain_profile_is_conditional_acceptance():
     prof = za.chain_profile(row)
     assert prof["name"] == "zoo-dense-dflash"
     assert prof["per_depth"] == pytest.approx([0.5, 0.4, 0.0])
+
+
+def test_merge_replaces_the_same_triple_and_keeps_the_rest():
+    doc = {"rows": [{"target": "t", "drafter": "a", "tree": "chain:7", "tau": 2.0},
+                    {"target": "t", "drafter": "b", "tree": "chain:7", "tau": 3.0}]}
+    za.merge_rows(doc, "rows", [{"target": "t", "drafter": "b", "tree": "chain:7", "tau": 3.5}])
+    za.merge_rows(doc, "candidates", [{"target": "t", "drafter": "c", "tree": "chain:3", "tau": 1.5}])
+    assert [(r["drafter"], r["tau"]) for r in doc["rows"]] == [("a", 2.0), ("b", 3.5)]
+    assert doc["candidates"] == [{"target": "t", "drafter": "c", "tree": "chain:3", "tau": 1.5}]
+
+
+def test_a_drafter_dir_is_merged_into_candidates_with_its_training(checkpoint_factory, tmp_path, capsys):
+    path, _ = checkpoint_factory("qwen3")
+    zoo = tmp_path / "zoo"
+    shutil.copytree(path, zoo / "dense")
+    (zoo / "zoo.json").write_text(json.dumps({"built_at_commit": "abc"}))
+    shutil.copytree(path, tmp_path / "d")
+    (tmp_path / "d" / "training.json").write_text(json.dumps({"kind": "x", "config": {"device": "cpu"}}))
+    (tmp_path / "p.txt").write_text("def add(a, b):\n")
+    out = tmp_path / "acc.json"
+    old = {"command": "old", "rows": [{"target": "dense", "drafter": "z", "tree": "chain:3", "tau": 9.0}]}
+    out.write_text(json.dumps(old))
+    args = ["--out", str(out), "--zoo", str(zoo), "--prompts", str(tmp_path / "p.txt"), "--max-new-tokens", "6",
+            "--trees", "chain:3", "--pairs", "dense:new", "--drafter-dir", f"new={tmp_path / 'd'}"]
+    za.main(args + ["--merge"])
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "old" and doc["rows"] == old["rows"]
+    (row,) = doc["candidates"]
+    assert row["drafter"] == "new" and row["training"] == {"kind": "x", "config": {"device": "cpu"}}
+    assert row["forcing"]["passed"] and "--drafter-dir new=" in row["command"] and row["command"].endswith("--merge")
+    with pytest.raises(SystemExit) as e:
+        za.main(args[:-2] + ["--drafter-dir", "new"])
+    assert e.value.code == 2 and "give NAME=PATH" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        za.main(["--out", str(tmp_path / "none.json"), "--zoo", str(zoo), "--merge", "--pairs", "dense:dense"])
+    assert "--merge: " in capsys.readouterr().err
+
+
+def test_an_mtp_dir_is_measured_on_its_own_target_only_if_that_is_the_zoos(tmp_path):
+    zoo = tmp_path / "zoo"
+    (zoo / "hybrid").mkdir(parents=True)
+    (zoo / "hybrid" / "model.safetensors").write_bytes(b"target")
+    mtp = tmp_path / "mtp"
+    mtp.mkdir()
+    (mtp / "config.json").write_text(json.dumps({"mtp_num_hidden_layers": 1}))
+    (mtp / "model.safetensors").write_bytes(b"target")
+    (mtp / "model-mtp.safetensors").write_bytes(b"layer")
+    assert za.drafter_source(zoo, "hybrid", "hybrid-mtp", mtp) == (mtp, "mtp")
+    assert za.drafter_source(zoo, "hybrid", "mtp", None) == (zoo / "hybrid", "mtp")
+    (mtp / "model.safetensors").write_bytes(b"another target")
+    with pytest.raises(ValueError, match="not those of"):
+        za.drafter_source(zoo, "hybrid", "hybrid-mtp", mtp)
