@@ -9,11 +9,14 @@ read the noise.
 
 A node's children and their scores: the draft's race in order (its winner, the coupled draw, first; then the
 race's next draws without replacement, i.e. the top of log q + g, g = -log E the race's Gumbel noise), scored
-log softmax(log q + g). That score is the chance that the token wins the target's race if the target's log-probs
-are the draft's plus an independent Gumbel error (the Gumbel-max identity: argmax(log q + g + g') for a fresh
-Gumbel row g' picks c with probability softmax(log q + g)[c]). So the dynamic tree grows deep where the coupled
-race is clear and spends siblings where it is close; the scores are log-probabilities (<= 0, summing to one), as
-the tree's growth and pruning assume.
+log softmax((log q + g) / s). That score is the chance that the token wins the target's race if the target's
+log-probs are the draft's plus an independent Gumbel error of scale s (the Gumbel-max identity: argmax(log q + g +
+s g') for a fresh Gumbel row g' picks c with probability softmax((log q + g) / s)[c]). s is 1 by default; a
+drafter that knows its logits' error scale e (in logits, before the temperature) passes it as logit_error, and
+then s = e / temperature: the same logit error weighs more against the race the lower the temperature. So the
+dynamic tree grows deep where the coupled race is clear and spends siblings where it is close; the scores are
+log-probabilities (<= 0, summing to one), as the tree's growth and pruning assume. The scale changes the scores
+only, never the order: the proposals of a fixed shape are the race's draws whatever it is.
 
 Per request the noise is None (greedy: the drafter's log-probs, as before) or (SamplingParams, rows [depth,
 vocab]): row d - 1 is the noise of the token at depth d.
@@ -28,18 +31,25 @@ from specpilot.runtime.sampling import SamplingParams, race_scores
 Noise = tuple[SamplingParams, torch.Tensor] | None
 
 
-def coupled_row_scores(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor) -> torch.Tensor:
-    """logits [..., vocab], noise [..., vocab] -> fp32 log-probabilities log softmax(log q + g) of the filtered draft
-    distribution q's race with this noise (g = -log noise): their argmax is the race's draw, their top-k its first
-    k draws without replacement (-inf where q is 0)."""
-    return torch.log_softmax(race_scores(logits, params, noise), dim=-1)
+def coupled_row_scores(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor,
+                       logit_error: float | None = None) -> torch.Tensor:
+    """logits [..., vocab], noise [..., vocab] -> fp32 log-probabilities log softmax((log q + g) / s) of the filtered
+    draft distribution q's race with this noise (g = -log noise; s = logit_error / temperature, or 1 when
+    logit_error is None): their argmax is the race's draw, their top-k its first k draws without replacement (-inf
+    where q is 0)."""
+    race = race_scores(logits, params, noise)
+    if logit_error is not None:
+        race = race * (params.temperature / logit_error)
+    return torch.log_softmax(race, dim=-1)
 
 
-def coupled_scores(logits: torch.Tensor, noise: list[Noise], vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+def coupled_scores(logits: torch.Tensor, noise: list[Noise], vocab_ids: torch.Tensor | None = None,
+                   logit_error: float | None = None) -> torch.Tensor:
     """logits [n, depth, draft vocab] -> fp32 scores of the same shape whose argmax / top-k are the proposals: per
     request, coupled_row_scores of its filtered draft distribution with its noise rows (depth of them), or the
     log-softmax for a greedy request. vocab_ids [draft vocab]: the target token of each draft token, when the
-    drafter's vocabulary is a subset of the target's (its noise is the target's rows at those tokens)."""
+    drafter's vocabulary is a subset of the target's (its noise is the target's rows at those tokens).
+    logit_error: the drafter's logit error scale (coupled_row_scores)."""
     out = []
     for b, e in enumerate(noise):
         rows = logits[b]
@@ -50,5 +60,5 @@ def coupled_scores(logits: torch.Tensor, noise: list[Noise], vocab_ids: torch.Te
         rows_noise = rows_noise[:rows.shape[0]]
         if vocab_ids is not None:
             rows_noise = rows_noise[:, vocab_ids]
-        out.append(coupled_row_scores(rows, params, rows_noise))
+        out.append(coupled_row_scores(rows, params, rows_noise, logit_error))
     return torch.stack(out)

@@ -1,6 +1,9 @@
 """Coupled drafting (spec_decode/coupling.py): given a sampling request's race noise, a drafter proposes the tokens
 its own filtered distribution draws with that noise; a greedy request's proposals do not change."""
 
+import inspect
+from types import SimpleNamespace
+
 import torch
 
 from specpilot.engine.generator import Generator
@@ -49,18 +52,23 @@ def _started(target, prompt):
 
 
 def test_dflash_picks_race_draws_per_position():
+    """A sampling request's block: the race's draws in order, scored at the drafter's logit error scale."""
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(2, 3, 11, generator=gen) * 2  # [requests, depth, vocab]
     rows = torch.empty(3, 11).exponential_(generator=gen)
     noise = [(PARAMS, rows), None]
-    chain = DFlashDrafter._pick(None, logits, 0, noise)
+    drafter = SimpleNamespace(logit_error=inspect.signature(DFlashDrafter).parameters["logit_error"].default)
+    assert drafter.logit_error == 1.2
+    chain = DFlashDrafter._pick(drafter, logits, 0, noise)
     assert chain[0].tolist() == [int((filtered_probs(logits[0, d], PARAMS) / rows[d]).argmax()) for d in range(3)]
     assert chain[1].tolist() == logits[1].argmax(-1).tolist()
-    top = DFlashDrafter._pick(None, logits, 3, noise)
-    scores = coupled_scores(logits, noise)
+    top = DFlashDrafter._pick(drafter, logits, 3, noise)
+    scores = coupled_scores(logits, noise, logit_error=1.2)
     assert top[0].tolist() == scores.topk(3, dim=-1).indices.tolist()
+    assert top[1].view(torch.float32).equal(scores.topk(3, dim=-1).values)  # the scaled scores, not the unit ones
+    assert not top[1].view(torch.float32).equal(coupled_scores(logits, noise).topk(3, dim=-1).values)
     assert top[0][:, :, 0].tolist() == chain.tolist()  # each position's best race score is its chain draw
-    assert (DFlashDrafter._pick(None, logits, 3, [None, None]) == DFlashDrafter._pick(None, logits, 3)).all()
+    assert (DFlashDrafter._pick(drafter, logits, 3, [None, None]) == DFlashDrafter._pick(drafter, logits, 3)).all()
 
 
 def test_eagle3_draws_over_its_draft_vocabulary_with_the_target_tokens_noise(checkpoint_factory, tmp_path):

@@ -22,10 +22,11 @@ from functools import lru_cache
 import pytest
 import torch
 
-from specpilot.runtime.sampling import SamplingParams, filtered_probs, race
+from specpilot.runtime.sampling import SamplingParams, filtered_probs, race, race_scores
+from specpilot.spec_decode.coupling import coupled_row_scores
 from specpilot.spec_decode.rejection import (acceptance_probability, accept_raced, accept_recursive, point_mass,
                                              race_tokens, residual)
-from specpilot.spec_decode.tree import DraftTree
+from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 V = 5
 CTX = (1, 3)
@@ -257,3 +258,61 @@ def test_raced_rule_emits_what_plain_sampling_draws_with_the_same_noise():
             raced = race_tokens(tree, node_probs(world, tree).float(), noise)
             (acc,) = accept_raced([tree], [raced.tolist()])
             assert acc.tokens == plain[:len(acc.tokens)]
+
+
+# ---- coupled proposals scored at a logit error scale, grown into a wide dynamic tree ----------------------------
+
+WIDE = TreeSpec.parse("dynamic:4,2,6")  # more nodes at depth 1 than below: where a sampled target diverges
+
+
+def coupled_tree(world: World, noise: torch.Tensor, score=coupled_row_scores) -> DraftTree:
+    """A drafter coupled to the request's noise (spec_decode/coupling.py): at each node its race over q(. | context)
+    with the noise row of the node's output position, scored at logit error 1.2, grown into WIDE."""
+    params = world.params
+
+    def children(tree, frontier):
+        out = []
+        for f in frontier:
+            q = world.q(CTX + path_tokens(tree.parents, tree.tokens, f)).float()
+            top = score(params.temperature * q.log(), params, noise[tree.depths[f]], logit_error=1.2).topk(V)
+            out.append((top.indices.tolist(), top.values.tolist()))
+        return out
+
+    return grow(WIDE, 0, children)
+
+
+def coupled_pvalue(world: World, draws: int, seed: int, score=coupled_row_scores) -> float:
+    """accept_raced over coupled wide trees (the first 3 tokens, continued by the plain race with the next rows)
+    against plain sampling; each draw also emits the plain race's tokens with the same noise."""
+    gen, counts, widths = torch.Generator().manual_seed(seed), defaultdict(int), 0
+    for _ in range(draws):
+        noise = torch.empty(3, V).exponential_(generator=gen)
+        plain = ()
+        for d in range(3):
+            plain += (int(race(world.p(CTX + plain).float(), None, noise[d])),)
+        tree = coupled_tree(world, noise, score)
+        widths += len(tree.children(0)) > 1
+        (acc,) = accept_raced([tree], [race_tokens(tree, node_probs(world, tree).float(), noise).tolist()])
+        seq = acc.tokens[:3]
+        while len(seq) < 3:
+            seq += (int(race(world.p(CTX + seq).float(), None, noise[len(seq)])),)
+        if score is coupled_row_scores:
+            assert seq == plain
+        counts[seq] += 1
+    assert widths > draws // 2  # siblings at depth 1 in most trees
+    return chi_square_pvalue(counts, {s: plain_joint(world, s) for s in itertools.product(range(V), repeat=3)}, draws)
+
+
+def _scales_the_shared_noise(logits, params, noise, logit_error=None):
+    """The scale moved onto the race's noise (log q / s - log(E^(1/s)) = (log q + g) / s), in place: the rows are
+    the target's too."""
+    noise.pow_(params.temperature / logit_error)
+    return torch.log_softmax(race_scores(logits, params, noise) * params.temperature / logit_error, dim=-1)
+
+
+def test_coupled_wide_tree_with_logit_error_draws_match_plain_sampling():
+    assert coupled_pvalue(World(PARAMS["T0.7"]), 3000, seed=13) > 1e-3
+
+
+def test_chi_square_rejects_coupled_scores_that_rescale_the_shared_noise():
+    assert coupled_pvalue(World(PARAMS["T0.7"]), 3000, seed=13, score=_scales_the_shared_noise) < 1e-3

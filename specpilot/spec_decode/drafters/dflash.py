@@ -75,10 +75,16 @@ class DFlashDrafter:
     coupled = True  # propose takes the sampling requests' race noise
 
     def __init__(self, model: DFlashModel, target: CausalLM, target_layers: tuple[int, ...], block_size: int,
-                 mask_token_id: int, use_graphs: bool | None = None, runtime: Runtime | None = None):
+                 mask_token_id: int, use_graphs: bool | None = None, runtime: Runtime | None = None,
+                 logit_error: float = 1.2):
         """runtime: the target runner's (default: Runtime.build(EngineConfig(), the model's device)); its draft
         paths are the proposal forward's kernels, its cuda_graphs whether proposals are captured (unless
-        use_graphs says otherwise)."""
+        use_graphs says otherwise). logit_error: the scale, in logits, of the draft logits' error against the
+        target's, which a sampling request's tree scores assume (spec_decode/coupling.py); it changes which nodes a
+        dynamic tree keeps, never the output."""
+        # 1.2: the maximum-likelihood scale of the zoo's hybrid DFlash on sampled HumanEval text at T 0.7 and 1.0
+        # (docs/decisions/2026-12-02-sampled-tree-proposals.md)
+        self.logit_error = logit_error
         self.model, self.target = model, target
         self.target_layers, self.block_size, self.mask_token_id = tuple(target_layers), block_size, mask_token_id
         self.max_depth = block_size - 1  # a block is the root and the positions it predicts
@@ -233,9 +239,9 @@ class DFlashDrafter:
         """logits [n, depth, vocab] in the LM head's dtype -> chain argmax [n, depth] int64 (widening to fp32 is
         exact and keeps the order and the first of equal maxima, so the argmax needs no fp32 copy), or the top
         `width` ids and log-prob bits [2, n, depth, width] int32 of the fp32 log-softmax; with noise, of the coupled
-        scores instead (spec_decode/coupling.py)."""
+        scores at the drafter's logit_error instead (spec_decode/coupling.py)."""
         if noise is not None:
-            logits = coupled_scores(logits, noise)
+            logits = coupled_scores(logits, noise, logit_error=self.logit_error)
         if width == 0:
             return logits.argmax(-1)
         top = (logits if noise is not None else torch.log_softmax(logits.float(), dim=-1)).topk(width, dim=-1)
