@@ -41,13 +41,15 @@ def _self_drafter(kind, target, checkpoint_factory, tmp_path):
     """draft-lm: the target drafting for itself (its proposals are often right, so the rule really accepts)."""
     if kind == "draft-lm":
         return DraftLMDrafter(target), "static:2,2,1"
+    if kind == "dflash-wide":  # coupled siblings scored at its logit error, kept by a wide dynamic tree
+        return _drafter("dflash", target, checkpoint_factory, tmp_path)[0], "dynamic:8,5,8"
     return _drafter(kind, target, checkpoint_factory, tmp_path)
 
 
 # EAGLE-3 (an 8-layer target, slow on the CPU) is left to the drafter-level coupling test: DFlash covers a
 # feature drafter here
 @pytest.mark.parametrize("name,kind", [("qwen3", "ngram"), ("qwen3", "draft-lm"), ("qwen3_5", "draft-lm"),
-                                       ("qwen3_5", "dflash")])
+                                       ("qwen3_5", "dflash"), ("qwen3_5", "dflash-wide")])
 def test_sampled_output_is_plain_sampling_with_the_same_seed(name, kind, checkpoint_factory, tmp_path):
     target = _target(checkpoint_factory, name)
     drafter, tree = _self_drafter(kind, target, checkpoint_factory, tmp_path)
