@@ -240,17 +240,17 @@ class SpecEngine:
     @inference
     def verify(self, active: list[Request], trees: list[DraftTree], chunks: list[Chunk] = ()) -> torch.Tensor:
         """One target forward over all trees and prefill chunks -> greedy tokens on device: [rows, T] for a pure
-        verify step, else flat (runner.mixed); its logits instead (eagerly) when a request of the step samples
-        (accept races them); keeps the drafter's features."""
+        verify step, else flat (runner.mixed); its logits instead when a request of the step samples (accept races
+        them); keeps the drafter's features."""
         runner, layers = self.runner, tuple(self.drafter.target_layers) if self.drafter is not None else ()
         hybrid = runner.config.is_hybrid
         logits = _sampling(active) or _sampling([c.request for c in chunks if c.last])
         host, self._snapshot, self._tree_commit = None, None, False
         if trees:
             host = self._host_block(trees, [r.slot for r in active], [r.committed for r in active],
-                                    runner.runtime.verify_graphs and not chunks and not logits)
+                                    runner.runtime.verify_graphs and not chunks)
         if host is not None and not chunks:
-            meta = host.to(runner.device, runner.runtime.verify) if logits else runner.verify_inputs(host, layers)
+            meta = runner.verify_inputs(host, layers, logits)
             self._before_verify(meta, hybrid)
             out, self._features = runner.verify(meta, layers, logits)
             return out

@@ -143,34 +143,34 @@ class ModelRunner:
     @inference
     def verify(self, meta: BatchMetadata, layers: tuple[int, ...] = (), logits: bool = False):
         """One verify block, under runtime.verify's paths whatever meta carries -> (greedy tokens [B, T] on device,
-        captured features [B, T, F] or None); replayed from a CUDA graph per (batch, width, chain) when
-        runtime.verify_graphs is on. logits: the logits [B, T, vocab] instead of the greedy tokens, eagerly (what a
-        sampling request's acceptance reads)."""
+        captured features [B, T, F] or None); replayed from a CUDA graph per (batch, width, chain, logits) when
+        runtime.verify_graphs is on. logits: the logits [B, T, vocab] instead of the greedy tokens (what a sampling
+        request's acceptance reads); a graph's are its static output, which its next replay overwrites."""
         if meta.paths is not self.runtime.verify:
             meta = dataclasses.replace(meta, paths=self.runtime.verify)
-        if logits or not self.runtime.verify_graphs:
+        if not self.runtime.verify_graphs:
             return self._verify_eager(meta, layers, logits)
         B, T = meta.input_ids.shape
-        key = (B, T, meta.block_mask is not None, layers)
+        key = (B, T, meta.block_mask is not None, layers, logits)
         graph = self.verify_graphs.get(key)
         if graph is None:
             # capture runs the step for real: put back recurrent state a chain pass advanced in place
             saved = self.cache.snapshot(meta.slots) if self.config.is_hybrid else None
-            graph = self.verify_graphs[key] = VerifyGraph(lambda m: self._verify_eager(m, layers), meta, self.cache,
-                                                          model=self.model,
+            graph = self.verify_graphs[key] = VerifyGraph(lambda m: self._verify_eager(m, layers, logits), meta,
+                                                          self.cache, model=self.model,
                                                           layers_per_graph=self.runtime.verify_layers_per_graph)
             if saved is not None:
                 self.cache.restore(saved)
         return graph.replay(meta)
 
     @inference
-    def verify_inputs(self, host: HostMetadata, layers: tuple[int, ...] = ()) -> BatchMetadata:
+    def verify_inputs(self, host: HostMetadata, layers: tuple[int, ...] = (), logits: bool = False) -> BatchMetadata:
         """The step's verify metadata on the device, for verify(): where a graph of this shape was captured, its
         static inputs after one copy from the host buffer (no device staging buffer, no unpack); else a fresh
         device copy (eager, or the capture)."""
         graph = None
         if self.runtime.verify_graphs:
-            graph = self.verify_graphs.get((host.batch, host.width, host.tree, layers))
+            graph = self.verify_graphs.get((host.batch, host.width, host.tree, layers, logits))
         return graph.load(host) if graph is not None else host.to(self.device, self.runtime.verify)
 
     @inference
