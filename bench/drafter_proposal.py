@@ -5,7 +5,7 @@ The drafters users bring for a Qwen3.5 / Qwen3.8-27B target, with random weights
 random target of the shape cut to --target-layers layers (the drafters read only its embedding, LM head and config;
 the verify pass is not timed here). Per (drafter, batch): the requests start with --context random context features,
 then every step commits --accepted random feature rows per request (an accepted path: the root and accepted - 1
-drafts) and proposes the drafter's chain (--depth, capped at its block). Correctness first: two drafters of the same
+drafts) and proposes the drafter's chain (--depth, capped at its block; the MTP chain at each of --mtp-depths). Correctness first: two drafters of the same
 weights, one stepped and one started on the whole committed context, propose the same tokens (the cache
 bookkeeping): the fraction of equal draft tokens is recorded (1.0 on the CPU in fp32; in bf16 on a GPU the stepped
 drafter's in-graph context extension and the whole one's eager pass take different kernels, and near-ties of random
@@ -55,7 +55,7 @@ def build(kind: str, target, shape: str, runtime):
         return random_dflash2(target, shape, runtime=runtime)
     if kind == "dspark":
         return random_dspark(target, shape, runtime=runtime)
-    return random_mtp(target)
+    return random_mtp(target, runtime=runtime)
 
 
 def feature_width(drafter) -> int:
@@ -180,16 +180,17 @@ def run(args, report: Report) -> None:
             rows.append({"drafter": kind, **drafter})
             report.save()
             continue
-        spec = TreeSpec.parse(f"chain:{min(args.depth[kind], drafter.max_depth or args.depth[kind])}")
+        specs = [TreeSpec.parse(f"chain:{min(d, drafter.max_depth or d)}") for d in args.depth[kind]]
         checked = attempt(f"{kind} check", check, kind, target, args.target, runtime, min(args.batches), Workload(
-            drafter, min(args.batches), args.context, args.accepted, target.config.vocab_size, device), spec,
+            drafter, min(args.batches), args.context, args.accepted, target.config.vocab_size, device), specs[-1],
             args.context + 64)
         report["checks"][kind] = checked
-        for n in args.batches:
-            row = attempt(f"{kind} batch {n}", measure, kind, drafter, target, n, args, spec, bandwidth, curve)
-            rows.append(row if "drafter" in row else {"drafter": kind, "batch": n, **row})
-            _print(rows[-1], time.perf_counter() - t0)
-            report.save()
+        for spec in specs:
+            for n in args.batches:
+                row = attempt(f"{kind} batch {n}", measure, kind, drafter, target, n, args, spec, bandwidth, curve)
+                rows.append(row if "drafter" in row else {"drafter": kind, "batch": n, "depth": spec.depth, **row})
+                _print(rows[-1], time.perf_counter() - t0)
+                report.save()
         del drafter
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -214,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--context", type=int, default=512, help="context tokens per request at the first timed step")
     p.add_argument("--accepted", type=int, default=4, help="rows committed per request per step (root + drafts)")
-    p.add_argument("--depth", type=int, default=None, help="chain depth (default: each block drafter's block, MTP 3)")
+    p.add_argument("--depth", type=int, default=None, help="chain depth (default: each block drafter's block)")
+    p.add_argument("--mtp-depths", type=int, nargs="+", default=[1, 2, 3],
+                   help="the MTP chain's depths, a row each (each level reads the layer and the LM head once)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
@@ -230,13 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--drafters {bad}: use some of {', '.join(DRAFTERS)}")
     if min(args.batches) < 1 or args.context < 1 or args.accepted < 1 or args.reps < 1 or args.target_layers < 1:
         p.error("--batches, --context, --accepted, --reps and --target-layers must be >= 1")
-    if args.depth is not None and args.depth < 1:
-        p.error("--depth must be >= 1")
+    if (args.depth is not None and args.depth < 1) or min(args.mtp_depths) < 1:
+        p.error("--depth and --mtp-depths must be >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no GPU here; use --device cpu for the smoke run")
     if args.verify_curve is None and args.device == "cuda" and args.target == "Qwen3.5-27B" and CURVE.exists():
         args.verify_curve = CURVE
-    args.depth = {k: args.depth or (3 if k == "mtp" else 32) for k in DRAFTERS}
+    args.depth = {k: [args.depth or 32] if k != "mtp" else args.mtp_depths for k in DRAFTERS}
     report = Report(args.out, {**run_record(args.device), "target": args.target, "target_layers": args.target_layers,
                                "context": args.context, "accepted": args.accepted, "rows": [], "checks": {}})
     run(args, report)

@@ -622,8 +622,8 @@ def random_dspark(target, shape: str, seed: int = 3, runtime=None):
     return DSparkDrafter(model.eval().requires_grad_(False), target, runtime=runtime)
 
 
-def random_mtp(target, seed: int = 4):
-    """The target's MTP layer (a Qwen3.5 target) with random weights."""
+def random_mtp(target, seed: int = 4, runtime=None):
+    """The target's MTP layer (a Qwen3.5 target) with random weights; runtime as MTPDrafter takes it."""
     from specpilot.models.mtp import MTPModel, head_config
     from specpilot.spec_decode.drafters.mtp import MTPDrafter
 
@@ -631,7 +631,7 @@ def random_mtp(target, seed: int = 4):
         model = MTPModel(head_config(target.config))
     model = _randomize(model, target, seed, zero_centred=True)
     model.rotary.reset_buffers()
-    return MTPDrafter(model.eval().requires_grad_(False), target)
+    return MTPDrafter(model.eval().requires_grad_(False), target, runtime)
 
 
 # `--drafter` names of the random drafters above, for benchmarks on random:SHAPE targets: name -> (target, shape,
@@ -640,5 +640,5 @@ RANDOM_DRAFTERS = {
     "random-dflash": lambda target, shape, runtime: random_dflash(target, shape, runtime=runtime),
     "random-dflash2": lambda target, shape, runtime: random_dflash2(target, shape, runtime=runtime),
     "random-dspark": lambda target, shape, runtime: random_dspark(target, shape, runtime=runtime),
-    "random-mtp": lambda target, shape, runtime: random_mtp(target),
+    "random-mtp": lambda target, shape, runtime: random_mtp(target, runtime=runtime),
 }

@@ -11,24 +11,47 @@ predicts the first draft token. Chained for depth > 1 as the public engines do: 
 parent's MTP output with its own token at position seen - 1 + d, stored as scratch after the committed pairs; a
 chain runs one batched step per level, a tree re-runs its nodes per level under the ancestor mask (top-k children
 per node by the MTP's log-probabilities).
+A chain whose pending blocks are all short (a step's accepted path, not a prompt) runs feed and levels as one
+device-only call on the runtime's draft kernels (`_chain_block`), replayed from a CUDA graph per (batch, depth,
+block width) where the runtime captures graphs; a prompt's first feed and trees run eagerly.
 The bookkeeping and the tree nodes' step are feature_pairs.py's (shared with the EAGLE-3 head).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
+from specpilot.config import EngineConfig
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.mtp import MTPModel, load_mtp
 from specpilot.runtime.cache import ModelCache
+from specpilot.runtime.graphs import capture
+from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.feature_pairs import FeaturePairs
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
 FEED_CHUNK = 2048
+CHAIN_BLOCK = 16  # pending blocks up to this long join a chain's one-call step (padded to a power of two)
+
+
+class ChainGraph:
+    """`_chain_block` of a fixed (batch, depth, block width), captured once: it reads one static int64 input
+    [n, W + 3] (each request's block tokens, then seen, block length, slot) and static features [n, W, H]."""
+
+    def __init__(self, run, inputs: torch.Tensor, feats: torch.Tensor):
+        self.inputs, self.feats = inputs.clone(), feats.clone()
+        self.graph, self.output = capture(run, self.inputs, self.feats)
+
+    def replay(self, inputs: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        self.inputs.copy_(inputs, non_blocking=True)
+        self.feats.copy_(feats)
+        self.graph.replay()
+        return self.output
 
 
 class MTPDrafter(FeaturePairs):
@@ -36,28 +59,42 @@ class MTPDrafter(FeaturePairs):
     max_depth = None
     features_needed = "MTP needs the target's last-layer outputs [{n}, {width}], got {got}"
 
-    def __init__(self, model: MTPModel, target: CausalLM):
+    def __init__(self, model: MTPModel, target: CausalLM, runtime: Runtime | None = None,
+                 use_graphs: bool | None = None):
+        """runtime: the target runner's (default: Runtime.build(EngineConfig(), the model's device)); its draft
+        paths are the chain step's kernels, its cuda_graphs whether chain steps are captured (unless use_graphs
+        says otherwise)."""
         super().__init__(model.config.hidden_size)
         self.model, self.target = model, target
         self.config = model.config
         self.target_layers = (target.config.num_hidden_layers - 1,)
         param = model.mtp.fc.weight
         self.device, self.dtype = param.device, param.dtype
+        self.on_gpu = self.device.type == "cuda"
+        runtime = runtime if runtime is not None else Runtime.build(EngineConfig(), self.device)
+        self.use_graphs = runtime.cuda_graphs if use_graphs is None else use_graphs
+        # the pointwise helpers compile only where a graph fixes the shapes
+        self.paths = runtime.draft if self.use_graphs else dataclasses.replace(runtime.draft, compiled=False)
+        self.graphs: dict[tuple[int, int, int], ChainGraph] = {}
         self.cache: ModelCache | None = None
 
     @classmethod
-    def from_target(cls, model_dir, target: CausalLM, dtype="auto") -> MTPDrafter:
-        return cls(load_mtp(Path(model_dir), target, dtype), target)
+    def from_target(cls, model_dir, target: CausalLM, dtype="auto", runtime: Runtime | None = None) -> MTPDrafter:
+        return cls(load_mtp(Path(model_dir), target, dtype), target, runtime)
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         size = max_seq_len + FEED_BATCH  # a padded feed writes up to FEED_BATCH - 1 pads past the pairs
         c = self.cache
         if c is None or c.num_slots < num_slots or c.max_seq_len < size:
+            self.graphs.clear()
             self.cache = None
             self.cache = ModelCache(self.config, num_slots, size, self.device, self.dtype)
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+        if spec.kind == "chain" and all(len(self.pending_tokens[s]) < CHAIN_BLOCK for s in slots):
+            rows = self._chain_step(slots, roots, spec.depth)
+            return [DraftTree.chain([root] + row) for root, row in zip(roots, rows)]
         h = self.feed(slots, roots)  # [n, H]: the MTP output at each root's pair
         if spec.kind == "chain":
             return [DraftTree.chain([root] + row) for root, row in zip(roots, self._chain(slots, h, spec.depth))]
@@ -114,6 +151,55 @@ class MTPDrafter(FeaturePairs):
         for s, t in zip(slots, tokens):
             self.seen[s] += len(t)
         return h[torch.arange(n, device=dev), last]
+
+    def _chain_step(self, slots: list[int], roots: list[int], depth: int) -> list[list[int]]:
+        """Feed and chain of every request in one device-only call (a graph replay where graphs are on): each
+        request's pending block with its root, padded to a power of two W; one device-to-host copy back."""
+        tokens = [self.pending_tokens[s] + [root] for s, root in zip(slots, roots)]
+        n, W = len(slots), 1 << (max(map(len, tokens)) - 1).bit_length()
+        host = torch.zeros(n, W + 3, dtype=torch.long, pin_memory=self.on_gpu)
+        feats = torch.zeros(n, W, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        for i, (s, t) in enumerate(zip(slots, tokens)):
+            f = self.pending_feats[s]
+            assert f is not None and f.shape[0] == len(t), "MTP feature/token bookkeeping out of step"
+            host[i, :len(t)] = torch.tensor(t)
+            host[i, W:] = torch.tensor([self.seen[s], len(t), s])
+            feats[i, :len(t)] = f
+        if self.use_graphs:
+            key = (n, depth, W)
+            graph = self.graphs.get(key)
+            if graph is None:
+                # capture runs the step for real: its K/V writes are the ones the replay then repeats
+                max_len = self.cache.max_seq_len  # a replay cannot follow a host bound
+                graph = self.graphs[key] = ChainGraph(lambda x, f: self._chain_block(x, f, depth, max_len),
+                                                      host.to(self.device), feats)
+            out = graph.replay(host, feats)
+        else:
+            out = self._chain_block(host.to(self.device), feats, depth, max(self.seen[s] for s in slots) + W + depth)
+        for s, t in zip(slots, tokens):
+            self.seen[s] += len(t)
+            self.pending_tokens[s], self.pending_feats[s] = [], None
+        return out.tolist()
+
+    def _chain_block(self, inputs: torch.Tensor, feats: torch.Tensor, depth: int, max_len: int) -> torch.Tensor:
+        """Device only (capturable): inputs [n, W + 3] (block tokens, seen, block length, slot) and the blocks'
+        last-layer features [n, W, H] -> the greedy chains [n, depth]. The block sits at positions seen ..
+        seen + W - 1 (its pads past the length are scratch the levels and the next feed overwrite); level d >= 1
+        pairs the previous level's output with its token at seen + length - 1 + d."""
+        n, W = feats.shape[:2]
+        ids, seen, length, slots = inputs[:, :W], inputs[:, W], inputs[:, W + 1], inputs[:, W + 2]
+        # the MTP pairs the target's FINAL-normed hidden state: the last layer's output through the final norm
+        hidden = self.target.model.norm(feats, self.paths)
+        h = self.forward(BatchMetadata.contiguous(ids, seen, slots, max_len, self.paths), hidden)
+        h = h[torch.arange(n, device=h.device), length - 1]
+        tok = self.target.logits(h, self.paths).argmax(-1)
+        out = [tok]
+        for level in range(1, depth):
+            meta = BatchMetadata.contiguous(tok[:, None], seen + length - 1 + level, slots, max_len, self.paths)
+            h = self.forward(meta, h[:, None])[:, 0]
+            tok = self.target.logits(h, self.paths).argmax(-1)
+            out.append(tok)
+        return torch.stack(out, dim=1)
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.target.logits(h).float()

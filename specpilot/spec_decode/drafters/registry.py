@@ -41,13 +41,13 @@ CHECKPOINT_DRAFTERS = {"DFlashDraftModel": load_dflash,
                        "Eagle3LlamaForCausalLM": _eagle3}
 
 
-def _mtp(target, dtype):
+def _mtp(target, dtype, runtime):
     # the MTP layer lives in the target's own checkpoint (mtp.* keys), found where the target was loaded from
     model_dir = getattr(target, "checkpoint_dir", None)
     if model_dir is None:
         raise ConfigError("--drafter mtp reads the MTP layer from the target's checkpoint directory; this target "
                           "was not loaded from one (load it with models.loader.load_model)")
-    return MTPDrafter.from_target(model_dir, target, dtype)
+    return MTPDrafter.from_target(model_dir, target, dtype, runtime)
 
 
 def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None,
@@ -60,7 +60,7 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
     if name in NAMED:
         return NAMED[name]()
     if name == "mtp":
-        return _mtp(target, dtype)
+        return _mtp(target, dtype, runtime)
     model_dir = resolve_model_dir(name, cache_dir)
     archs = _architectures(model_dir)
     own = [a for a in archs if a in CHECKPOINT_DRAFTERS]

@@ -135,3 +135,32 @@ def test_generate_with_drafter_mtp(target, checkpoint_factory, capsys):
     assert main(["generate", "--target", str(dense), "--prompt", "x", "--drafter", "mtp"]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Qwen3ForCausalLM has none" in err and err.count("\n") == 1
+
+
+def test_one_call_chain_step_equals_feed_then_levels(target, monkeypatch):
+    """_chain_step (a chain's feed and levels in one device-only call, what a CUDA graph captures) proposes what
+    the eager feed followed by one batched step per level proposes, on the same pending blocks."""
+    from specpilot.spec_decode.drafters import mtp
+
+    runner = ModelRunner(target)
+    runner.allocate(2, 64)
+    seqs = [torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 27)]
+    spec = TreeSpec.parse("chain:4")
+    out, kv = [], []
+    for block in (mtp.CHAIN_BLOCK, 64):  # 20- and 27-token blocks: fed eagerly, then in one call (W = 32)
+        monkeypatch.setattr(mtp, "CHAIN_BLOCK", block)
+        d = build_drafter("mtp", target)
+        d.allocate(2, 64)
+        with torch.no_grad():
+            for slot, seq in enumerate(seqs):
+                _, feats = runner.prefill_features(slot, seq[:-1], (3,))
+                d.start(slot, seq[:-1], feats)
+        calls = []
+        monkeypatch.setattr(d, "_chain_block", lambda *a, d=d, f=d._chain_block: calls.append(1) or f(*a))
+        out.append(d.propose([0, 1], [s[-1] for s in seqs], spec))
+        assert bool(calls) == (block == 64)
+        # the pairs and the chain's levels (the last level's K/V is never written) at the same positions
+        kv.append([d.cache.k[0, slot, :, :d.seen[slot] + spec.depth - 2].clone() for slot in (0, 1)])
+    assert out[0] == out[1]
+    for a, b in zip(*kv):
+        torch.testing.assert_close(a, b)
