@@ -82,8 +82,8 @@ class DFlashDrafter:
         use_graphs says otherwise). logit_error: the scale, in logits, of the draft logits' error against the
         target's, which a sampling request's tree scores assume (spec_decode/coupling.py); it changes which nodes a
         dynamic tree keeps, never the output."""
-        # 1.2: the maximum-likelihood scale of the zoo's hybrid DFlash on sampled HumanEval text at T 0.7 and 1.0
-        # (docs/decisions/2026-12-02-sampled-tree-proposals.md)
+        # 1.2: the zoo's hybrid DFlash on sampled HumanEval text (maximum likelihood 1.05-1.25 at T 0.7 and 1.0, and
+        # the best tau of 1.0 / 1.2 / 1.4: docs/decisions/2026-12-02-sampled-tree-proposals.md)
         self.logit_error = logit_error
         self.model, self.target = model, target
         self.target_layers, self.block_size, self.mask_token_id = tuple(target_layers), block_size, mask_token_id
