@@ -7,9 +7,12 @@ open_loop_http in a process of its own, so the client never competes with the se
 speculation off (AR) and on (a random:SHAPE target, a random drafter in its published shape, SYNTHETIC acceptance
 from --profile). Every HTTP answer must equal the direct run's tokens (AR's are the truth).
 
-The synthetic oracle's probes run inside the server's steps, where a client cannot take them out, so the direct
-run is timed on the plain clock as well: both sides pay the same probes and the comparison is like for like. The
-direct row also records the oracle's seconds, and `spec_vs_ar` the speedups with them taken out.
+On a margin target (random:SHAPE) the synthetic drafter takes AR's tokens as the truth without probing the
+verify (the verify answers what AR decode did), so the compared steps are the engine's own; a flat target
+(flat:SHAPE) needs the probes, which run inside the server's steps where a client cannot take them out, so the
+direct run is timed on the plain clock as well: both sides pay the same oracle work. The direct row records the
+oracle's seconds, and `spec_vs_ar` the speedups with them taken out. The first engine of each kind is warmed at
+every concurrency up to --batch (a drafter's proposal graphs are per batch size; later engines share them).
 
 overhead_per_token: (HTTP mean request latency per generated token) / (direct) - 1, where a request's latency runs
 from its arrival to its last token; tpot_ratio and ttft_ratio: HTTP / direct medians.
@@ -117,8 +120,10 @@ def _engines(args, target: RandomTarget) -> Engines:
     make = RANDOM_DRAFTERS[args.drafter]
     cfg = ServeConfig("open", (args.batch,), args.max_tokens, tree=args.tree, per_client=1, requests=args.requests,
                       seed=args.seed)
+    # a margin target's verify answers what AR decode did: the truth needs no probe, and the steps that the
+    # direct and HTTP runs compare are the engine's own
     return Engines(model, lambda runtime: make(model, target.shape, runtime), tuple(model.config.eos_token_ids),
-                   cfg, AcceptanceProfile.load(args.profile))
+                   cfg, AcceptanceProfile.load(args.profile), probe=target.kind != "margin")
 
 
 def run(args, engines, tokenizer, prompts, report: Report) -> None:
@@ -133,7 +138,7 @@ def run(args, engines, tokenizer, prompts, report: Report) -> None:
     for kind in args.engines:
         for repeat in range(args.repeats):
             if kind == "spec" or repeat:
-                engine = warmed(build(engines, kind, args, truth), prompts, args.batch)
+                engine = warmed(build(engines, kind, args, truth), prompts, args.batch, sweep=not repeat)
             oracle = engines.oracle.seconds if engines.oracle is not None else 0.0
             direct = in_thread(open_loop, engine, prompts, arrivals, params, time.perf_counter)
             oracle = engines.oracle.seconds - oracle if engines.oracle is not None else 0.0
@@ -246,10 +251,13 @@ def in_thread(fn, *args):
     return out[0]
 
 
-def warmed(engine, prompts, batch: int):
-    """Verify graphs captured, then one short untimed request per slot (drafter graphs, compiled kernels)."""
+def warmed(engine, prompts, batch: int, sweep: bool = False):
+    """Verify graphs captured, then one short untimed request per slot (compiled kernels); sweep: at every
+    concurrency up to the slots instead, for the first engine of a kind (a drafter's proposal graphs are per
+    batch size, an open loop passes through them all, and the drafter and runner keep them for later engines)."""
     engine.warmup()
-    closed_loop(engine, prompts, batch, 1, SamplingParams(max_new_tokens=16, ignore_eos=True))
+    for clients in range(batch, 0 if sweep else batch - 1, -1):
+        closed_loop(engine, prompts, clients, 1, SamplingParams(max_new_tokens=16, ignore_eos=True))
     return engine
 
 

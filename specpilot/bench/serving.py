@@ -351,12 +351,14 @@ def scheduler_config(fields: dict, max_num_seqs: int):
 class Engines:
     """Builds the run's engines on one runner: AR (no drafter) and speculative (the drafter, or under synthetic
     acceptance a SyntheticDrafter around it in a ProbingEngine), each with a SchedulerConfig for its concurrency.
-    clock(): the driver's clock, the oracle's seconds taken out."""
+    clock(): the driver's clock, the oracle's seconds taken out. probe=False: the synthetic drafter takes the truth
+    as given, in a plain SpecEngine (on a margin target the verify answers what AR decode did, so a probe only
+    confirms the truth; without one the step is the engine's alone)."""
 
     def __init__(self, model, make_drafter, eos: tuple[int, ...], cfg: ServeConfig,
-                 profile: AcceptanceProfile | None):
+                 profile: AcceptanceProfile | None, probe: bool = True):
         device = next(model.parameters()).device
-        self.model, self.eos, self.cfg, self.profile = model, eos, cfg, profile
+        self.model, self.eos, self.cfg, self.profile, self.probe = model, eos, cfg, profile, probe
         self.runner = ModelRunner(model, Runtime.build(EngineConfig.from_dict(dict(cfg.engine)), device))
         self.make_drafter, self._drafter = make_drafter, None
         self.oracle = OracleClock(device) if profile is not None else None
@@ -379,7 +381,7 @@ class Engines:
         drafter = SyntheticDrafter(self._drafter, dict(truth), self.profile, self.model.config.vocab_size,
                                    seed=next(self.seeds), untimed=self.oracle)
         self.drafters.append(drafter)
-        return ProbingEngine(self.runner, drafter, tree, self.eos, scheduler=sched)
+        return (ProbingEngine if self.probe else SpecEngine)(self.runner, drafter, tree, self.eos, scheduler=sched)
 
     def oracle_mark(self) -> tuple[float, int]:
         if self.oracle is None:

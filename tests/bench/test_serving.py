@@ -501,3 +501,29 @@ def test_serve_takes_the_published_random_drafters(drafter, tmp_path, capsys):
 def test_a_random_drafter_needs_a_random_target(tmp_path, capsys):
     rc = main(["bench", "serve", "--target", str(tmp_path), "--drafter", "random-dspark", "--out", str(tmp_path / "o")])
     assert rc == 2 and "--drafter random-dspark goes with a random:SHAPE target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_engines_probe_only_when_asked(probe):
+    """probe=False (a margin target, bench/server_load.py): the synthetic drafter takes the truth as given in a
+    plain SpecEngine, and its output still equals AR's (the truth)."""
+    import torch
+
+    from specpilot.bench.probing import ProbingEngine
+    from specpilot.bench.shapes import RANDOM_DRAFTERS, RandomTarget
+    from specpilot.bench.synthetic import AcceptanceProfile
+
+    target = RandomTarget.parse("random:tiny-dense")
+    model = target.build("cpu", torch.float32)
+    cfg = serving.ServeConfig("closed", (2,), max_new_tokens=12, per_client=1)
+    engines = serving.Engines(model, lambda rt: RANDOM_DRAFTERS["random-dflash"](model, target.shape, rt),
+                              tuple(model.config.eos_token_ids), cfg, AcceptanceProfile.load("dflash2-gsm8k"),
+                              probe=probe)
+    prompts = [[5, 9, 13, 2], [7, 1, 4]]
+    params = serving.SamplingParams(max_new_tokens=12, ignore_eos=True)
+    truth = {tuple(p): r.token_ids for p, (r, _) in zip(prompts, engines.ar(2).generate(prompts, params))}
+    engine = engines.spec(2, truth)
+    assert isinstance(engine, ProbingEngine) == probe
+    out = [r.token_ids for r, _ in engine.generate(prompts, params)]
+    assert out == [truth[tuple(p)] for p in prompts]
+    assert (engines.drafters[-1].probes > 0) == probe
