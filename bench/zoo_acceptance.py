@@ -169,8 +169,9 @@ def main(argv: list[str] | None = None) -> None:
             if drafter in dirs:
                 key, row["drafter_dir"] = "candidates", str(dirs[drafter])
                 row["training"] = json.loads((dirs[drafter] / "training.json").read_text())
-            if args.merge:
+            if args.merge:  # read again: another run may have merged its rows meanwhile
                 row |= {"command": command, "commit": commit}
+                doc = json.loads(out.read_text())
             merge_rows(doc, key, [row])
             write_json(out, doc)
             if args.profiles and key == "rows" and row["tree"].startswith("chain"):

@@ -65,6 +65,7 @@ def test_a_drafter_dir_is_merged_into_candidates_with_its_training(checkpoint_fa
             "--trees", "chain:3", "--pairs", "dense:new", "--drafter-dir", f"new={tmp_path / 'd'}"]
     za.main(args + ["--merge"])
     doc = json.loads(out.read_text())
+
     assert doc["command"] == "old" and doc["rows"] == old["rows"]
     (row,) = doc["candidates"]
     assert row["drafter"] == "new" and row["training"] == {"kind": "x", "config": {"device": "cpu"}}
@@ -91,3 +92,25 @@ def test_an_mtp_dir_is_measured_on_its_own_target_only_if_that_is_the_zoos(tmp_p
     (mtp / "model.safetensors").write_bytes(b"another target")
     with pytest.raises(ValueError, match="not those of"):
         za.drafter_source(zoo, "hybrid", "hybrid-mtp", mtp)
+
+
+def test_merge_keeps_rows_another_run_merged_meanwhile(checkpoint_factory, tmp_path, monkeypatch):
+    path, _ = checkpoint_factory("qwen3")
+    shutil.copytree(path, tmp_path / "zoo" / "dense")
+    (tmp_path / "p.txt").write_text("def add(a, b):\n")
+    out = tmp_path / "acc.json"
+    out.write_text(json.dumps({"rows": []}))
+
+    def measure(zoo, target, drafter, tree, *args):  # another run merges its row while this one measures
+        doc = json.loads(out.read_text())
+        za.merge_rows(doc, "rows", [{"target": target, "drafter": "other", "tree": tree}])
+        out.write_text(json.dumps(doc))
+        return {"target": target, "drafter": drafter, "tree": tree, "tau": 2.0, "acceptance_per_depth": [],
+                "forcing": {"passed": True}, "seconds": 0.0}
+
+    monkeypatch.setattr(za, "measure", measure)
+    za.main(["--out", str(out), "--zoo", str(tmp_path / "zoo"), "--prompts", str(tmp_path / "p.txt"), "--trees",
+             "chain:3", "chain:5", "--pairs", "dense:dense", "--merge"])
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["drafter"], r["tree"]) for r in rows) == [("dense", "chain:3"), ("dense", "chain:5"),
+                                                               ("other", "chain:3"), ("other", "chain:5")]
