@@ -115,3 +115,17 @@ def test_dispatch_uses_reference_on_cpu():
     ref, out = run(qk_norm_rope_store_ref, problem), run(qk_norm_rope_store, problem)
     for a, b in zip(ref, out):
         assert torch.equal(a.nan_to_num(3.0), b.nan_to_num(3.0))
+
+
+def test_triton_strided_slot_view():
+    """slots as a column of one packed int64 tensor (a strided view, as a drafter's graph inputs carry it): the
+    K/V land in each request's own slot."""
+    problem = make_problem(*SHAPES["b5-h4kv2-d64-r16"], "plain")
+    slots = problem[-2]
+    packed = torch.stack([torch.full_like(slots, 1 << 40), slots], dim=1)  # [B, 2]: poison beside each slot
+    view = packed[:, 1]
+    assert not view.is_contiguous()
+    ref, out = run(qk_norm_rope_store_ref, problem), run(_triton, (*problem[:-2], view, problem[-1]))
+    assert_caches_equal(ref, out)
+    for name, a, b in zip(("q", "k cache", "v cache"), ref, out):
+        assert_close(f"{name} strided slots", a.nan_to_num(3.0), b.nan_to_num(3.0), ratio=1e-6)

@@ -196,3 +196,15 @@ def test_default_num_splits_fills_the_gpu_from_shapes_only():
     # Never more splits than BLOCK_N tiles in the cache, never fewer than one.
     assert tat.default_num_splits(8, 100, 64, sms) == 2
     assert tat.default_num_splits(64 * 8 * 4, 32768, 64, sms) == 1
+
+
+def test_triton_strided_index_views():
+    """slots and prefix_len as columns of one packed int64 tensor (strided views, as a drafter's graph inputs
+    carry them): the kernel reads the right request's values, not the neighbouring columns'."""
+    args, _ = make_problem(*SHAPES["b3-g4-mixed-padded"])
+    slots, prefix_len = args[3], args[4]
+    packed = torch.stack([slots, torch.full_like(slots, 1 << 40), prefix_len], dim=1)  # [B, 3]: poison between
+    views = (packed[:, 0], packed[:, 2])
+    assert not views[0].is_contiguous()
+    out = tat.tree_attention(*args[:3], *views, *args[5:], num_splits=1, block_m=16, block_n=16)
+    assert_close("tree_attention strided indices", tree_attention_ref(*args), out, ratio=1e-5)

@@ -90,7 +90,8 @@ def causal_conv1d_update(
     assert supports(weight), f"conv width {W} must be in [2, {MAX_WIDTH}] (see supports)"
     assert weight.shape == (C, W), f"weight must be [C,W]={C, W}"
     assert conv_state_pool.shape[1:] == (C, W - 1), f"conv_state_pool must be [N,C,W-1]=[N,{C},{W - 1}]"
-    assert state_idx.shape == (B,) and state_idx.is_contiguous(), "state_idx must be a contiguous [B]"
+    assert state_idx.shape == (B,), "state_idx must be [B]"
+    state_idx = state_idx.contiguous()  # the kernel reads slot b at offset b
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     grid = (B, triton.cdiv(C, block_c))
     _causal_conv1d_update_kernel[grid](

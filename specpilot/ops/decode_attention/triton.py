@@ -166,6 +166,7 @@ def decode_attention(
     pdl: launch with programmatic dependent launch (ops/pdl.py).
     """
     _check_inputs(q, k_cache, v_cache, slot, kv_len)
+    slot, kv_len = slot.contiguous(), kv_len.contiguous()  # the kernel reads them at offset b
     B, H, D = q.shape
     KVH, S = k_cache.shape[1], k_cache.shape[2]
     G = H // KVH

@@ -117,7 +117,7 @@ def fused_recurrent_gated_delta_rule(
     assert state_pool.is_contiguous() and state_pool.shape[1:] == (HV, K, V), "state_pool must be [N,HV,K,V]"
     assert state_pool.dtype == torch.float32, "state_pool must be fp32"
     assert state_idx.shape == (B,), "state_idx must be [B]"
-    assert A_log.is_contiguous() and dt_bias.is_contiguous() and state_idx.is_contiguous()
+    A_log, dt_bias, state_idx = A_log.contiguous(), dt_bias.contiguous(), state_idx.contiguous()
     q, k, v, a, b = (_unit_last_stride(x) for x in (q, k, v, a, b))
     scale = K**-0.5 if scale is None else scale
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)

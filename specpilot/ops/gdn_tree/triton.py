@@ -114,7 +114,7 @@ def tree_gated_delta_rule(q, k, v, g, beta, mask, initial_state, scale=None, out
         s0, slots = initial_state.float().contiguous(), mask  # slots: any pointer, never read
     else:
         assert initial_state.dtype == torch.float32 and initial_state.is_contiguous(), "the state pool is dense fp32"
-        s0, slots = initial_state, state_slots
+        s0, slots = initial_state, state_slots.contiguous()  # the kernel reads slot b at offset b
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
     if out is None:
         out = (torch.empty(B, T, H, K, dtype=torch.float32, device=v.device),

@@ -114,7 +114,7 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps: float, zero_c
     assert cos.shape == sin.shape == (B, T, R) and slots.shape == (B,) and loc.shape == (B, T)
     assert supports(q, k, q_weight, k_weight, cos), f"R={R}, D={D}: the kernel does not take them (see supports)"
     has_norm = q_weight is not None
-    cos, sin, loc = cos.contiguous(), sin.contiguous(), loc.contiguous()
+    cos, sin, loc, slots = cos.contiguous(), sin.contiguous(), loc.contiguous(), slots.contiguous()
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     block_d = triton.next_power_of_2(D)
     on = usable(q, pdl)

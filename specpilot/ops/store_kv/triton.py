@@ -38,7 +38,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     assert v.shape == k.shape and k_cache.shape == v_cache.shape == (N, KVH, S, D)
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous [N, KVH, S, D]"
     assert k.stride(-1) == 1 and v.stride(-1) == 1, "head dim must be dense"
-    loc = loc.contiguous()
+    loc, slots = loc.contiguous(), slots.contiguous()
     assert slots.shape == (B,) and loc.shape == (B, T)
     _store_kv_kernel[(B * T, KVH)](k, v, k_cache, v_cache, slots, loc, T, KVH, S,
                                   k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), D=D,

@@ -211,6 +211,7 @@ def tree_attention(
     The defaults are untuned guesses (no GPU measurement yet).
     """
     _check_inputs(q, k_cache, v_cache, slots, prefix_len, cache_loc, block_mask)
+    slots, prefix_len = slots.contiguous(), prefix_len.contiguous()  # the kernel reads them at offset b
     if q.stride(-1) != 1:
         q = q.contiguous()
     B, T, H, D = q.shape

@@ -41,7 +41,8 @@ CHAIN_BLOCK = 16  # pending blocks up to this long join a chain's one-call step 
 
 class ChainGraph:
     """`_chain_block` of a fixed (batch, depth, block width), captured once: it reads one static int64 input
-    [n, W + 3] (each request's block tokens, then seen, block length, slot) and static features [n, W, H]."""
+    [n * (W + 3)] (the requests' block tokens row by row, then every seen, block length and slot) and static
+    features [n, W, H]."""
 
     def __init__(self, run, inputs: torch.Tensor, feats: torch.Tensor):
         self.inputs, self.feats = inputs.clone(), feats.clone()
@@ -157,14 +158,15 @@ class MTPDrafter(FeaturePairs):
         request's pending block with its root, padded to a power of two W; one device-to-host copy back."""
         tokens = [self.pending_tokens[s] + [root] for s, root in zip(slots, roots)]
         n, W = len(slots), 1 << (max(map(len, tokens)) - 1).bit_length()
-        host = torch.zeros(n, W + 3, dtype=torch.long, pin_memory=self.on_gpu)
+        host = torch.zeros(n * (W + 3), dtype=torch.long, pin_memory=self.on_gpu)
+        ids, tail = host[:n * W].view(n, W), host[n * W:].view(3, n)
         feats = torch.zeros(n, W, self.config.hidden_size, dtype=self.dtype, device=self.device)
         for i, (s, t) in enumerate(zip(slots, tokens)):
             f = self.pending_feats[s]
             assert f is not None and f.shape[0] == len(t), "MTP feature/token bookkeeping out of step"
-            host[i, :len(t)] = torch.tensor(t)
-            host[i, W:] = torch.tensor([self.seen[s], len(t), s])
+            ids[i, :len(t)] = torch.tensor(t)
             feats[i, :len(t)] = f
+        tail.copy_(torch.tensor([[self.seen[s] for s in slots], list(map(len, tokens)), slots]))
         if self.use_graphs:
             key = (n, depth, W)
             graph = self.graphs.get(key)
@@ -182,12 +184,14 @@ class MTPDrafter(FeaturePairs):
         return out.tolist()
 
     def _chain_block(self, inputs: torch.Tensor, feats: torch.Tensor, depth: int, max_len: int) -> torch.Tensor:
-        """Device only (capturable): inputs [n, W + 3] (block tokens, seen, block length, slot) and the blocks'
-        last-layer features [n, W, H] -> the greedy chains [n, depth]. The block sits at positions seen ..
-        seen + W - 1 (its pads past the length are scratch the levels and the next feed overwrite); level d >= 1
-        pairs the previous level's output with its token at seen + length - 1 + d."""
+        """Device only (capturable): inputs [n * (W + 3)] (block tokens [n, W], then seen, block length and slot
+        [n] each: contiguous views, as the kernels index them) and the blocks' last-layer features [n, W, H] -> the
+        greedy chains [n, depth]. The block sits at positions seen .. seen + W - 1 (its pads past the length are
+        scratch the levels and the next feed overwrite); level d >= 1 pairs the previous level's output with its
+        token at seen + length - 1 + d."""
         n, W = feats.shape[:2]
-        ids, seen, length, slots = inputs[:, :W], inputs[:, W], inputs[:, W + 1], inputs[:, W + 2]
+        ids = inputs[:n * W].view(n, W)
+        seen, length, slots = inputs[n * W:].view(3, n)
         # the MTP pairs the target's FINAL-normed hidden state: the last layer's output through the final norm
         hidden = self.target.model.norm(feats, self.paths)
         h = self.forward(BatchMetadata.contiguous(ids, seen, slots, max_len, self.paths), hidden)
