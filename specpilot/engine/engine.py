@@ -10,8 +10,8 @@ sync), commit (keep the accepted nodes' K/V and recurrent state, advance the dra
 stop, free finished slots). Output equals greedy autoregressive output of the same runtime, token for token,
 whatever joins, leaves or is preempted around a request; a sampling request's equals plain sampling with its seed
 (its own noise stream: the raced rule of spec_decode/rejection.py, and a coupled drafter drafts with the same
-noise). A step with a sampling request verifies eagerly and hands accept the logits. With no drafter every request decodes one token per
-step: autoregressive continuous batching on the same engine.
+noise). A step with a sampling request hands accept the verify's logits (from a verify graph of the logits where
+the greedy step would replay one). With no drafter every request decodes one token per step: autoregressive continuous batching on the same engine.
 
 With verify CUDA graphs a pure verify step (no prefill chunk) is padded to a bucket of batch size (rows on a
 scratch slot) and width (powers of two), one graph per (batch, width) bucket; a step with prefill chunks runs

@@ -105,8 +105,8 @@ class ReplayedProposalGraph(dflash.ProposalGraph):
     """Replay re-runs the forward on the static input and writes the captured output in place, as a real replay
     does: what is checked is that the one input copy refreshes everything the step reads."""
 
-    def __init__(self, run, inputs, features, warmup: int = 2):
-        super().__init__(run, inputs, features, warmup)
+    def __init__(self, run, inputs, features, warmup: int = 2, noise=None):
+        super().__init__(run, inputs, features, warmup, noise=noise)
         self.graph.graphs[-1].rerun = lambda: self.output.copy_(run(self.inputs, self.features))
 
 
@@ -125,3 +125,28 @@ def test_replayed_proposal_graphs_keep_output_exact(tree, target, tmp_path, repl
     out = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree)).generate(_prompts(), params)
     assert [r.token_ids for r, _ in out] == ref
     assert drafter.graphs and all(isinstance(g, ReplayedProposalGraph) for g in drafter.graphs.values())
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "dynamic:3,4,8"])
+def test_coupled_proposals_replayed_from_graphs_equal_eager_ones(tree, target, tmp_path, replayed_graphs):
+    """Sampling rows' race noise reaches a replayed proposal graph through its static rows, refilled every step:
+    step after step (fresh noise, commits between), a batch of a greedy row and two sampling rows with different
+    filters proposes what the eager coupled proposal does; the graphs are keyed by the rows' filter settings."""
+    spec = TreeSpec.parse(tree)
+    tensors = dflash_tensors(torch.Generator().manual_seed(4))
+    eager, _ = _drafter(target, tmp_path / "eager", tensors)
+    graphed, contexts = _drafter(target, tmp_path / "graphed", tensors)
+    graphed.use_graphs = True
+    params = [SamplingParams(temperature=0.7, seed=1), None, SamplingParams(temperature=1.0, top_k=20, top_p=0.9)]
+    gen = torch.Generator().manual_seed(8)
+    for step in range(3):
+        noise = [None if p is None else (p, torch.empty(8, 320).exponential_(generator=gen)) for p in params]
+        trees = [d.propose(SLOTS, ROOTS, spec, noise=noise) for d in (eager, graphed)]
+        assert trees[0] == trees[1], f"step {step}"
+        rows = torch.randn(2, contexts[1].shape[1], generator=gen)
+        for d in (eager, graphed):
+            for slot in SLOTS:
+                d.commit(slot, [9], rows)
+    keys = [k for k in graphed.graphs if len(k) > 3]
+    assert keys and keys[0][3:] == ((0.7, 0, 1.0), None, (1.0, 20, 0.9))
+    assert not eager.graphs

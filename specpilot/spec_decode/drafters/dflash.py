@@ -10,7 +10,8 @@ of the B-1 next positions: a chain takes the argmax of each, a tree the top cand
 A step's proposal is one forward over every request's block (the drafter's own attention layers: the block's
 K/V go to scratch positions [context, context + B) of the slot, past the context, which the next context
 extension overwrites), then one device-to-host copy; on GPU that forward is a CUDA graph per (batch, depth,
-tree width). The block reads its context through the draft paths' attention: with `block_kernel` (the runtime's
+tree width), and for a coupled proposal (sampling requests) also per row's filter settings, its race noise in
+static rows refilled before each replay. The block reads its context through the draft paths' attention: with `block_kernel` (the runtime's
 choice on a GPU) the tree-attention op reads each request's own context by its device length; SDPA has no device
 bound, so a captured SDPA proposal gathers the whole cache of every slot in the batch. Accepted tokens' target
 features extend the context lazily, inside the same forward: the requests' new rows (at most a block each: the
@@ -43,13 +44,19 @@ from specpilot.models.loader import load_weights, resolve_dtype
 from specpilot.spec_decode.coupling import Noise, coupled_scores
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
+MAX_GRAPHS = 64  # proposal graphs kept per drafter; shapes past them (many sampling settings at once) run eagerly
+
+
 class ProposalGraph:
     """The context extension and proposal forward of a fixed (batch, depth, width), captured once and replayed:
     it reads one static int64 input [4, n] (roots, slots, old context lengths, new context rows) and a static
     packed features buffer [n * B, F], and writes one static output."""
 
-    def __init__(self, run, inputs: torch.Tensor, features: torch.Tensor, warmup: int = 2):
-        self.inputs, self.features = inputs.clone(), features.clone()
+    def __init__(self, run, inputs: torch.Tensor, features: torch.Tensor, warmup: int = 2,
+                 noise: torch.Tensor | None = None):
+        """noise: the static race noise rows [n, depth, vocab] a coupled proposal's run reads (the caller refills
+        them before each replay), or None."""
+        self.inputs, self.features, self.noise = inputs.clone(), features.clone(), noise
         self.graph, self.output = capture(run, self.inputs, self.features, warmup=warmup)
 
     def replay(self, inputs: torch.Tensor, new: list[torch.Tensor], pack) -> torch.Tensor:
@@ -58,6 +65,19 @@ class ProposalGraph:
         pack(self.features, new)
         self.graph.replay()
         return self.output
+
+
+def _filter_key(e: Noise):
+    """What a row's coupled scores depend on besides its noise: its filter settings (None: a greedy row)."""
+    return None if e is None else (e[0].temperature, e[0].top_k, e[0].top_p)
+
+
+def _fill_noise(rows: torch.Tensor, noise: list[Noise]) -> None:
+    """Each sampling row's race noise into the static rows [n, depth, vocab] (a greedy row's stay as they are)."""
+    depth = rows.shape[1]
+    for b, e in enumerate(noise):
+        if e is not None:
+            rows[b].copy_(e[1][:depth])
 
 
 def pack_rows(buffer: torch.Tensor, new: list[torch.Tensor]) -> None:
@@ -185,8 +205,10 @@ class DFlashDrafter:
         pending = self._take_pending(slots)
         host = self._inputs(slots, roots, pending)
         new = [f for _, _, f in sorted(pending, key=lambda p: p[0])]  # batch-row order, as the forward gathers
-        if self.use_graphs and noise is None:
-            key = (len(slots), depth, width)
+        coupled = noise is not None and any(e is not None for e in noise)
+        # a coupled proposal's graph is per sampling setting of each row (the filtering ops it captures)
+        key = (len(slots), depth, width) + (tuple(_filter_key(e) for e in noise) if coupled else ())
+        if self.use_graphs and (key in self.graphs or len(self.graphs) < MAX_GRAPHS):
             graph = self.graphs.get(key)
             if graph is None:
                 # a replay cannot follow a host bound: the SDPA path (no block_kernel) reads the whole cache; the
@@ -194,8 +216,16 @@ class DFlashDrafter:
                 max_len = self.cache.max_seq_len
                 features = self._features(len(slots))
                 self._pack(features, new)
-                graph = self.graphs[key] = ProposalGraph(lambda x, f: self._run(x, f, depth, width, max_len),
-                                                         host.to(self.device), features)
+                rows = None
+                if coupled:  # the graph's static noise rows [n, depth, vocab], refilled before each replay
+                    vocab = next(e[1].shape[-1] for e in noise if e is not None)
+                    rows = torch.ones(len(slots), depth, vocab, device=self.device)
+                    _fill_noise(rows, noise)
+                static = [None if e is None else (e[0], rows[b]) for b, e in enumerate(noise)] if coupled else None
+                graph = self.graphs[key] = ProposalGraph(lambda x, f: self._run(x, f, depth, width, max_len, static),
+                                                         host.to(self.device), features, noise=rows)
+            if coupled:
+                _fill_noise(graph.noise, noise)
             out = graph.replay(host, new, self._pack)
         else:
             features = self._features(len(slots))
