@@ -20,6 +20,8 @@ from its arrival to its last token; tpot_ratio and ttft_ratio: HTTP / direct med
     python3 -m bench server_load --target random:Qwen3-8B --out bench/results/server_load_8b_h200.json
     python3 -m bench server_load --target random:tiny-dense --requests 6 --max-tokens 8 --batch 2 \
         --out /tmp/server_load.json   # CPU smoke run
+    python3 -m bench server_load --target random:Qwen3-8B --loop-lag --out /tmp/server_load.json   # + the event
+        # loop's lag per HTTP row (how late a 1 ms sleep on it wakes: time spent waiting for the interpreter lock)
     python3 -m bench server_load --simulate 1,6 --engines ar --repeats 2 --max-tokens 128 --device cpu \
         --out bench/results/server_load_simulated_cpu.json   # no model: the server's own overhead, any machine
 """
@@ -72,6 +74,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--engines", nargs="+", default=["ar", "spec"], choices=("ar", "spec"),
                    help="spec needs ar first (its tokens are the truth)")
     p.add_argument("--repeats", type=int, default=1, help="direct / HTTP pairs per engine, interleaved")
+    p.add_argument("--loop-lag", action="store_true",
+                   help="record the server event loop's lag: how late a 1 ms sleep on it wakes (p50 / p99 / max in "
+                        "each HTTP row; the probe itself wakes the loop 1,000 times a second)")
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval (s) for the run (default: the interpreter's, 0.005)")
     p.add_argument("--simulate", default=None, metavar="HOST_MS,GPU_MS",
@@ -146,10 +151,12 @@ def run(args, engines, tokenizer, prompts, report: Report) -> None:
                 truth = {tuple(prompts[r.prompt]): r.tokens for r in direct.records}
             del engine  # one engine's caches at a time
             fresh = warmed(build(engines, kind, args, truth), prompts, args.batch)
-            http, specs = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens)
+            http, specs, lag = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens, args.loop_lag)
             del fresh
             report["rows"] += [row(kind, "direct", direct, truth, prompts, repeat, oracle_s=oracle),
                                row(kind, "http", http, truth, prompts, repeat, specs=specs)]
+            if lag is not None:
+                report["rows"][-1]["loop_lag_ms"] = lag
             report.save()
             d, h = report["rows"][-2:]
             print(f"{kind} #{repeat}: direct {d['throughput_tok_s']:.1f} tok/s {d['latency_per_token_ms']:.3f} ms/tok, "
@@ -261,8 +268,9 @@ def warmed(engine, prompts, batch: int, sweep: bool = False):
     return engine
 
 
-def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int) -> LoopResult:
-    """The load through the real app on a loopback port, the client in its own process."""
+def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int, loop_lag: bool = False):
+    """The load through the real app on a loopback port, the client in its own process -> (LoopResult, the answers'
+    spec_stats, the event loop's lag in ms {p50, p99, max, samples} with loop_lag, else None)."""
     import uvicorn
 
     from specpilot.server.app import create_app
@@ -272,7 +280,17 @@ def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int) -> LoopResu
     app = create_app(engine, tokenizer, ServerConfig(MODEL, max_waiting=len(arrivals)))
     sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    lags: list[float] = []
+
+    async def serve_probed():
+        probe = asyncio.create_task(_lag_probe(lags))
+        await server.serve(sockets=[sock])
+        probe.cancel()
+
+    if loop_lag:  # on asyncio's own loop, which the probe shares
+        thread = threading.Thread(target=asyncio.run, args=(serve_probed(),), daemon=True)
+    else:
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
         if not thread.is_alive():
@@ -292,7 +310,20 @@ def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int) -> LoopResu
         server.should_exit = True
         thread.join(60)
     records = [Record(**r) for r in done["records"]]
-    return LoopResult(records, done["seconds"], 0), done["specs"]
+    lag = None
+    if loop_lag and lags:
+        q = statistics.quantiles(lags, n=100)
+        lag = {"p50": q[49] * 1e3, "p99": q[98] * 1e3, "max": max(lags) * 1e3, "samples": len(lags)}
+    return LoopResult(records, done["seconds"], 0), done["specs"], lag
+
+
+async def _lag_probe(lags: list[float]) -> None:
+    """How late a 1 ms sleep on the event loop wakes, over and over: the time the loop waited for the interpreter
+    lock or for its other work."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append(time.perf_counter() - t - 0.001)
 
 
 def client(job_path: str, out_path: str) -> int:

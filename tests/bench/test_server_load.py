@@ -18,6 +18,18 @@ def test_simulated_engine_direct_and_http_rows_match(tmp_path):
     assert c["exact"] and len(c["overhead_per_token"]) == 2 and c["overhead_per_token_median"] > -1
 
 
+def test_loop_lag_is_recorded_on_the_http_rows(tmp_path):
+    out = tmp_path / "load.json"
+    assert server_load.main(["--simulate", "0.5,1", "--engines", "ar", "--requests", "4", "--max-tokens", "4",
+                             "--batch", "2", "--device", "cpu", "--loop-lag", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    http = [r for r in rows if r["path"] == "http"][0]
+    lag = http["loop_lag_ms"]
+    assert lag["samples"] > 0 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
+    assert all(r["mismatched_requests"] == 0 for r in rows)
+    assert "loop_lag_ms" not in [r for r in rows if r["path"] == "direct"][0]
+
+
 def test_random_target_speculative_rows_are_exact(tmp_path):
     out = tmp_path / "load.json"
     assert server_load.main(["--target", "random:tiny-dense", "--requests", "4", "--max-tokens", "6", "--batch", "2",
