@@ -95,11 +95,12 @@ def test_fla_at_the_27b_layer_shape(fla):
 
 
 def test_dispatch_takes_fla_as_the_layer_calls_it(fla):
-    """kernel=True on CUDA with bf16 strided head views (the layer splits one conv output) under inference mode:
-    the fla path, with our contract; a custom scale; fp32 inputs and odd head dims go to our kernel."""
+    """kernel=True on CUDA with bf16 strided head views (the layer splits one conv output) under inference mode,
+    past FLA_MIN_TOKENS: the fla path, with our contract; a custom scale; fp32 inputs, odd head dims and sequences
+    up to FLA_MIN_TOKENS go to our kernel."""
     import specpilot.ops.gated_delta_rule as op
 
-    B, T, H, HV, K, V = 2, 300, 2, 4, 128, 128
+    B, T, H, HV, K, V = 2, op.FLA_MIN_TOKENS + 37, 2, 4, 128, 128  # True takes fla above FLA_MIN_TOKENS
     mixed = torch.randn(B, T, 2 * H * K + HV * V, device="cuda").bfloat16()
     q, k, v = mixed.split([H * K, H * K, HV * V], dim=-1)
     q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, HV, V)
@@ -113,11 +114,13 @@ def test_dispatch_takes_fla_as_the_layer_calls_it(fla):
     assert op.prefill_kernel(q.float(), k.float(), v.float(), 64, True) == "triton"
     q48, k48, v48, *_ = _inputs(1, 20, 1, 2, K=48, V=40)
     assert op.prefill_kernel(q48, k48, v48, 64, True) == "triton"
+    assert op.prefill_kernel(q[:, :op.FLA_MIN_TOKENS], k[:, :op.FLA_MIN_TOKENS], v[:, :op.FLA_MIN_TOKENS], 64,
+                             True) == "triton"
 
 
 def test_hybrid_model_prefill_through_fla(fla):
     """A 4-layer model of the Qwen3.5-27B widths in bf16: prefill and an extension through fla (gdn_prefill_kernel
-    True) against the torch chunk form and our kernel; logits and recurrent state."""
+    "fla") against the torch chunk form and our kernel; logits and recurrent state."""
     import dataclasses
 
     from specpilot.bench.shapes import hf_config, random_model
@@ -129,13 +132,13 @@ def test_hybrid_model_prefill_through_fla(fla):
     extra = torch.randint(0, 4096, (70,)).tolist()
     runner.allocate(1, len(prompt) + len(extra))
     out = {}
-    for form in ("torch", "triton", True):
+    for form in ("torch", "triton", "fla"):
         prefill = dataclasses.replace(runner.runtime.prefill, gdn_prefill_kernel=form)
         runner.runtime = dataclasses.replace(runner.runtime, prefill=prefill)
         logits = torch.stack([runner.prefill(0, prompt), runner.extend(0, extra, len(prompt))])
         out[form] = logits, runner.cache.ssm.clone()
     # twice the kernel tolerance: the layers' bf16 outputs differ between the paths and feed the next layers
-    for form in ("triton", True):
+    for form in ("triton", "fla"):
         assert_close(f"logits {form}", out["torch"][0], out[form][0], 2 * TOL)
         assert_close(f"ssm state {form}", out["torch"][1], out[form][1], 2 * TOL)
 

@@ -72,9 +72,18 @@ def on_cuda(monkeypatch):
 ])
 def test_prefill_kernel_choice(on_cuda, kernel, fla_installed, want):
     on_cuda(fla_installed)
-    q, k, v, *_ = _inputs()
+    q, k, v, *_ = _inputs(B=1, T=op.FLA_MIN_TOKENS + 1)
     assert op.prefill_kernel(q, k, v, 64, kernel) == want
     assert dispatch.fallbacks() == {}
+
+
+def test_true_takes_our_kernel_up_to_the_crossover(on_cuda):
+    """At and below FLA_MIN_TOKENS per sequence our kernel was the faster one on the H200: True takes it there,
+    while an explicit "fla" still asks for fla."""
+    on_cuda(True)
+    q, k, v, *_ = _inputs(B=1, T=op.FLA_MIN_TOKENS)
+    assert op.prefill_kernel(q, k, v, 64, True) == "triton"
+    assert op.prefill_kernel(q, k, v, 64, "fla") == "fla"
 
 
 @pytest.mark.parametrize("case,kw,want", [
@@ -115,7 +124,7 @@ def test_fla_path_keeps_our_contract(on_cuda, H, HV, with_state):
     q, k, v, g, beta, s0 = _inputs(H=H, HV=HV)
     s0 = s0 if with_state else None
     s0_copy = None if s0 is None else s0.clone()
-    o, s = op.chunk_gated_delta_rule(q, k, v, g, beta, s0, scale=0.2, kernel=True)
+    o, s = op.chunk_gated_delta_rule(q, k, v, g, beta, s0, scale=0.2, kernel="fla")
     o_ref, s_ref = op._chunk.chunk_gated_delta_rule(q, k, v, g, beta, s0, scale=0.2)
     (call,) = calls
     assert call["use_qk_l2norm_in_kernel"] and call["output_final_state"] and call["scale"] == 0.2
