@@ -13,6 +13,7 @@
 #     SUITE_ONLY="server_load drafter_proposal" bash bench/gpu_suite.sh OUTDIR COMMIT                  # opt-in, caps 460 s
 #     SUITE_ONLY="fla_tests prefill" bash bench/gpu_suite.sh OUTDIR COMMIT                             # opt-in, caps 570 s
 #     SUITE_ONLY="sampling_27b" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # opt-in, cap 300 s
+#     SUITE_ONLY="prefill_model" bash bench/gpu_suite.sh OUTDIR COMMIT          # opt-in, cap 500 s: issue 30 (b), (c)
 #
 # (measured 2026-11-30, fifth and sixth sessions: the kernel checks 48-84 s, gdn_tree_kernel 57 s, w12n_gemv 80-160 s,
 # about 200 s with the ninth session's tensor-core variants,
@@ -214,6 +215,11 @@ if [[ " ${SUITE_ONLY:-} " == *" prefill "* ]]; then
     PF=(--budget-s 400); [ "$DRY" = 1 ] && PF=(--smoke)
     step prefill 420 python3 -m bench prefill --out "$OUT/prefill_h200.json" --commit "$COMMIT" "${PF[@]}"
 fi
+# (b) and (c) alone, the GDN layer forms being measured (prefill_gdn_h200.json, a4c4d7a): whole-model TFLOP/s
+if [[ " ${SUITE_ONLY:-} " == *" prefill_model "* ]]; then
+    PF=(--budget-s 480 --skip-gdn-layer --skip-ttft); [ "$DRY" = 1 ] && PF=(--smoke --skip-gdn-layer --skip-ttft)
+    step prefill_model 500 python3 -m bench prefill --out "$OUT/prefill_model_h200.json" --commit "$COMMIT" "${PF[@]}"
+fi
 
 # the twentieth session's opt-in steps (SUITE_ONLY must name them). The exactness gate alone took over 380 s for 33
 # of its 44 tests on the H200 (run it in a call of its own; 4 parallel shards ran out of memory); the server's load
@@ -224,7 +230,8 @@ if [[ " ${SUITE_ONLY:-} " == *" gate "* ]]; then
         tests/gpu/test_gate_full_depth.py -q -p no:cacheprovider --junitxml="$OUT/gate_h200.xml"
 fi
 if [[ " ${SUITE_ONLY:-} " == *" server_load "* ]]; then
-    SL=(--target "$T8" --repeats 3); [ "$DRY" = 1 ] && SL=(--target "$T8" --requests 6 --max-tokens 8 --batch 2)
+    SL=(--target "$T8" --repeats 2 --requests 32 --loop-lag)
+    [ "$DRY" = 1 ] && SL=(--target "$T8" --requests 6 --max-tokens 8 --batch 2 --loop-lag)
     step server_load 360 python3 -m bench server_load "${SL[@]}" --out "$OUT/server_load_8b_h200.json" "${DEV[@]}"
 fi
 if [[ " ${SUITE_ONLY:-} " == *" drafter_proposal "* ]]; then

@@ -582,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="2k and 8k tokens only, no time to first token")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: a check of the script in seconds")
     p.add_argument("--skip-ttft", action="store_true", help="leave out (d), the fresh-process time to first token")
+    p.add_argument("--skip-gdn-layer", action="store_true",
+                   help="leave out (a), the single GDN layer's forms and decode kernels (the budget goes to (b), (c))")
     p.add_argument("--budget-s", type=float, default=400.0,
                    help="the run's time budget: configurations that would overrun it are skipped (default 400)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions of each GDN layer call (default 5)")
@@ -609,8 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     fla_ok = report["fla"]["available"]
     report["matmul_peak"] = section("bf16 matmul peak", clock, matmul_peak, plan.device, plan.matmul_n)
     peak = report["matmul_peak"].get("tflops", 989.0) * 1e12 if not failed(report["matmul_peak"]) else 989e12
-    report["gdn_prefill"] = section("(a) GDN layer prefill", clock, gdn_prefill, plan, args.reps, fla_ok, clock)
-    report["gdn_decode"] = section("(a) GDN decode", clock, gdn_decode, plan, fla_ok)
+    if args.skip_gdn_layer:
+        report["gdn_prefill"] = report["gdn_decode"] = {"skipped": "--skip-gdn-layer"}
+    else:
+        report["gdn_prefill"] = section("(a) GDN layer prefill", clock, gdn_prefill, plan, args.reps, fla_ok, clock)
+        report["gdn_decode"] = section("(a) GDN decode", clock, gdn_decode, plan, fla_ok)
     # the rest of the budget: the first shape gets 60% of what (d) leaves, the second the remainder
     reserve = 75.0 if plan.ttft_shape else 0.0
     for i, name in enumerate(plan.models):

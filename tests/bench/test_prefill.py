@@ -33,6 +33,15 @@ def test_smoke_run_writes_every_section(tmp_path, capsys):
     assert "(b) whole-model prefill" in table and "tiny-dense" in table
 
 
+def test_skip_gdn_layer_leaves_out_section_a(tmp_path, monkeypatch):
+    monkeypatch.setattr(prefill, "gdn_prefill", lambda *a: pytest.fail("(a) must not run"))
+    out = tmp_path / "prefill.json"
+    assert prefill.main(["--smoke", "--skip-ttft", "--skip-gdn-layer", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["gdn_prefill"] == r["gdn_decode"] == {"skipped": "--skip-gdn-layer"}
+    assert [m["shape"] for m in r["models"]] == ["tiny-hybrid", "tiny-dense"]
+
+
 def test_ttft_child_prints_its_two_generates(capsys):
     assert prefill.main(["--ttft-child", "tiny-dense", "--device", "cpu", "--out", os.devnull]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(prefill.TTFT_PREFIX))
