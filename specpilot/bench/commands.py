@@ -187,7 +187,7 @@ def _target_kind(args) -> str:
     return target.kind if target is not None else "checkpoint"
 
 
-def _bench_models(args, device: str, profile):
+def _bench_models(args, device: str, profile, profile_flag: str = "--acceptance synthetic:PROFILE"):
     """(target, tokenizer, drafter factory): a checkpoint, or a random-weight model in a real shape."""
     from specpilot.models.loader import load_model, load_tokenizer
     from specpilot.spec_decode.drafters.registry import build_drafter
@@ -201,7 +201,7 @@ def _bench_models(args, device: str, profile):
         from specpilot.bench.shapes import RANDOM_DRAFTERS, ByteTokenizer
 
         if profile is None:
-            raise ValueError("acceptance on random weights means nothing: use --acceptance synthetic:PROFILE")
+            raise ValueError(f"acceptance on random weights means nothing: use {profile_flag}")
         model = target.build(device, torch.bfloat16 if device == "cuda" else torch.float32)
         if args.drafter in RANDOM_DRAFTERS:
             make = RANDOM_DRAFTERS[args.drafter]
@@ -277,7 +277,7 @@ def cmd_serve(args) -> int:
         doc = json.loads(json_path.read_text())
         prior, runs = serving.appended(doc, json.loads(json.dumps(extra)), cfg, args.capacity is None)
     device = pick_device(args.device)
-    model, tokenizer, make_drafter = _bench_models(args, device, profile)
+    model, tokenizer, make_drafter = _bench_models(args, device, profile, "--profile PROFILE (e.g. dflash2-gsm8k)")
     prompts = serving.workload_prompts(tokenizer, workloads, args.seed, not args.no_chat, shuffle=cfg.mode == "open")
     eos = tuple(model.config.eos_token_ids) + ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     engines = serving.Engines(model, make_drafter, eos, cfg, profile)

@@ -527,3 +527,13 @@ def test_engines_probe_only_when_asked(probe):
     out = [r.token_ids for r, _ in engine.generate(prompts, params)]
     assert out == [truth[tuple(p)] for p in prompts]
     assert (engines.drafters[-1].probes > 0) == probe
+
+
+def test_random_target_without_a_profile_names_the_serve_flag(tmp_path, capsys):
+    from specpilot.cli import main
+
+    rc = main(["bench", "serve", "--target", "random:tiny-dense", "--device", "cpu", "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == "error: acceptance on random weights means nothing: use --profile PROFILE (e.g. " \
+                              "dflash2-gsm8k)"
+    assert not (tmp_path / "x.json").exists()
