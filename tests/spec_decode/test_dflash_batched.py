@@ -150,3 +150,21 @@ def test_coupled_proposals_replayed_from_graphs_equal_eager_ones(tree, target, t
     keys = [k for k in graphed.graphs if len(k) > 3]
     assert keys and keys[0][3:] == ((0.7, 0, 1.0), None, (1.0, 20, 0.9))
     assert not eager.graphs
+
+
+def test_coupled_graphs_are_capped_and_greedy_ones_are_not(target, tmp_path, replayed_graphs, monkeypatch):
+    """Past MAX_COUPLED_GRAPHS a coupled proposal of a new sampling setting runs eagerly (same proposals), while
+    greedy proposals keep capturing graphs."""
+    monkeypatch.setattr(dflash, "MAX_COUPLED_GRAPHS", 1)
+    spec = TreeSpec.parse("chain:3")
+    graphed, _ = _drafter(target, tmp_path / "g", dflash_tensors(torch.Generator().manual_seed(4)))
+    eager, _ = _drafter(target, tmp_path / "e", dflash_tensors(torch.Generator().manual_seed(4)))
+    graphed.use_graphs = True
+    gen = torch.Generator().manual_seed(3)
+    for t in (0.5, 0.9):  # two settings: the second is past the cap
+        noise = [(SamplingParams(temperature=t), torch.empty(8, 320).exponential_(generator=gen))] * 3
+        assert graphed.propose(SLOTS, ROOTS, spec, noise=noise) == eager.propose(SLOTS, ROOTS, spec, noise=noise)
+    assert sum(len(k) > 3 for k in graphed.graphs) == 1
+    graphed.propose(SLOTS, ROOTS, spec)
+    graphed.propose(SLOTS[:2], ROOTS[:2], spec)
+    assert sum(len(k) == 3 for k in graphed.graphs) == 2

@@ -44,7 +44,9 @@ from specpilot.models.loader import load_weights, resolve_dtype
 from specpilot.spec_decode.coupling import Noise, coupled_scores
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
-MAX_GRAPHS = 64  # proposal graphs kept per drafter; shapes past them (many sampling settings at once) run eagerly
+# coupled proposal graphs kept per drafter (they multiply with the sampling settings in flight); past them a
+# coupled proposal of a new setting runs eagerly
+MAX_COUPLED_GRAPHS = 32
 
 
 class ProposalGraph:
@@ -208,7 +210,8 @@ class DFlashDrafter:
         coupled = noise is not None and any(e is not None for e in noise)
         # a coupled proposal's graph is per sampling setting of each row (the filtering ops it captures)
         key = (len(slots), depth, width) + (tuple(_filter_key(e) for e in noise) if coupled else ())
-        if self.use_graphs and (key in self.graphs or len(self.graphs) < MAX_GRAPHS):
+        coupled_graphs = sum(len(k) > 3 for k in self.graphs) if coupled else 0
+        if self.use_graphs and (not coupled or key in self.graphs or coupled_graphs < MAX_COUPLED_GRAPHS):
             graph = self.graphs.get(key)
             if graph is None:
                 # a replay cannot follow a host bound: the SDPA path (no block_kernel) reads the whole cache; the
