@@ -44,9 +44,9 @@ from specpilot.models.loader import load_weights, resolve_dtype
 from specpilot.spec_decode.coupling import Noise, coupled_scores
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
-# coupled proposal graphs kept per drafter (they multiply with the sampling settings in flight); past them a
-# coupled proposal of a new setting runs eagerly
-MAX_COUPLED_GRAPHS = 32
+# the static noise rows all coupled proposal graphs of a drafter may hold (fp32 [n, depth, vocab] each; a graph's
+# own fp32 temporaries scale with them): past it a coupled proposal of a new shape or setting runs eagerly
+MAX_COUPLED_NOISE_BYTES = 1 << 30
 
 
 class ProposalGraph:
@@ -210,8 +210,12 @@ class DFlashDrafter:
         coupled = noise is not None and any(e is not None for e in noise)
         # a coupled proposal's graph is per sampling setting of each row (the filtering ops it captures)
         key = (len(slots), depth, width) + (tuple(_filter_key(e) for e in noise) if coupled else ())
-        coupled_graphs = sum(len(k) > 3 for k in self.graphs) if coupled else 0
-        if self.use_graphs and (not coupled or key in self.graphs or coupled_graphs < MAX_COUPLED_GRAPHS):
+        fits = True
+        if coupled and key not in self.graphs:
+            vocab = next(e[1].shape[-1] for e in noise if e is not None)
+            held = sum(g.noise.numel() for g in self.graphs.values() if g.noise is not None)
+            fits = 4 * (held + len(slots) * depth * vocab) <= MAX_COUPLED_NOISE_BYTES
+        if self.use_graphs and fits:
             graph = self.graphs.get(key)
             if graph is None:
                 # a replay cannot follow a host bound: the SDPA path (no block_kernel) reads the whole cache; the
