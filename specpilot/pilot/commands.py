@@ -24,6 +24,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--steps", type=int, default=32, help="timed steps")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps first (graph captures)")
     p.add_argument("--workload", default="gsm8k", help="prompt set the requests take their prompts from")
+    _add_sampling_flags(p, "the requests decode with")
+    p.add_argument("--seed", type=int, default=0, help="each prompt's sampling seed derives from it and the prompt")
     p.add_argument("--acceptance", default=None,
                    help="real, or synthetic:PROFILE (default: synthetic:dflash2-gsm8k on random targets, else real)")
     p.add_argument("--adaptive", action="store_true", help="the engine's node budget (default: every request its "
@@ -38,6 +40,21 @@ def add_parsers(sub) -> None:
     _add_tune_parser(sub)
 
 
+def _add_sampling_flags(parser, what: str) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help=f"the sampling temperature {what} (0: greedy, the default); above 0 each prompt samples "
+                             f"with its own seed, from --seed and its tokens")
+    parser.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0: off; needs --temperature > 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampling's top-p (1: off; needs --temperature > 0)")
+
+
+def sampling_of(args):
+    """The workload's sampling from --temperature, --top-k, --top-p and --seed (a bad value: one ValueError line)."""
+    from specpilot.pilot.sampling import Sampling
+
+    return Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+
+
 def check_flags(args):
     """The flags that need no file read; returns (random target or None, acceptance profile or None, drafter
     name)."""
@@ -48,6 +65,7 @@ def check_flags(args):
     for flag, value, least in (("--batch", args.batch, 1), ("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
         if value < least:
             raise ValueError(f"{flag} {value}: must be >= {least}")
+    sampling_of(args)
     TreeSpec.parse(args.tree, "--tree")
     target = RandomTarget.parse(args.target, args.target_kind)
     acceptance = args.acceptance or ("synthetic:dflash2-gsm8k" if target is not None else "real")
@@ -83,6 +101,7 @@ def cmd_profile(args) -> int:
     from specpilot.spec_decode.tree import TreeSpec
 
     target, profile, drafter_name = check_flags(args)
+    sampling = sampling_of(args)
     prompts_text = load_workloads([args.workload])[args.workload]
     device = pick_device(args.device)
     dtype = _dtype(args.dtype, device)
@@ -106,11 +125,11 @@ def cmd_profile(args) -> int:
     reserve(runner, drafter, args.batch, max(map(len, prompts)) + tokens + 1, [str(spec)])
     cal = calibration.cached(runner, drafter, plan, refresh=args.recalibrate, log=lambda m: err.print(f"[dim]{m}[/]"))
     clock = OracleClock(torch.device(device)) if profile is not None else None
-    truth = truth_for(model, runner, prompts, tokens) if profile is not None else None
+    truth = truth_for(model, runner, prompts, tokens, sampling) if profile is not None else None
     engine = build_engine(runner, drafter, str(spec), args.batch, max(map(len, prompts)) + tokens + 1, profile,
                           truth, clock, adaptive=args.adaptive)
-    err.print(f"[dim]profile: {args.steps} timed steps at batch {args.batch}, {spec}[/]")
-    run = run_steps(engine, prompts, args.warmup, args.steps, tokens, clock)
+    err.print(f"[dim]profile: {args.steps} timed steps at batch {args.batch}, {spec}, {sampling.describe()}[/]")
+    run = run_steps(engine, prompts, args.warmup, args.steps, tokens, clock, sampling)
     shape = ModelShape.from_model(model)
     cost = cal.cost_model(shape, DrafterShape.from_drafter(drafter, shape, spec.depth))
     children = spec.branching if spec.kind == "static" else None
@@ -121,7 +140,7 @@ def cmd_profile(args) -> int:
                      acceptance, depth)
     synthetic = profile.label if profile is not None else None
     doc = {**environment(), "target": args.target, "drafter": drafter_name, "batch": args.batch,
-           "acceptance": synthetic or "real", "adaptive": args.adaptive,
+           "acceptance": synthetic or "real", "adaptive": args.adaptive, "sampling": sampling.to_dict(),
            "calibration": {"gpu": cal.gpu, "fingerprint": cal.fingerprint, "seconds": cal.seconds,
                            "path": str(calibration.cache_path(cal.gpu, cal.fingerprint))},
            **result.to_dict()}
@@ -171,7 +190,7 @@ def _dtype(name: str, device: str):
 
 
 def _add_tune_parser(sub) -> None:
-    from specpilot.pilot.tune import TREES
+    from specpilot.pilot.tune import SAMPLED_TREES, TREES
 
     t = sub.add_parser("tune", help="search tree shapes, node budget and weight format per batch size; keep a change "
                                     "only if faster on held-out prompts and exact; write a recipe")
@@ -196,14 +215,18 @@ def _add_tune_parser(sub) -> None:
                    help="a recipe to re-validate here: each of its kept changes judged again on this target, drafter "
                         "and device, in the order kept; only those that still win are kept")
     t.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request (EOS ignored)")
-    t.add_argument("--trees", nargs="+", default=list(TREES), help="the tree specs searched")
+    _add_sampling_flags(t, "the workload is tuned at (recorded in the recipe)")
+    t.add_argument("--trees", nargs="+", default=None,
+                   help=f"the tree specs searched (default: {' '.join(TREES)}; at --temperature > 0 also "
+                        f"{SAMPLED_TREES[-1]}, the best-first tree)")
     t.add_argument("--no-adaptive", action="store_true", help="leave the adaptive node budget out of the search")
     t.add_argument("--weight-formats", nargs="+", default=["bf16"], help="bf16, w12n, w12n_only (w12n: --dtype "
                                                                            "bfloat16)")
     t.add_argument("--measure", type=int, default=3, help="best-ranked candidates measured per batch size")
     t.add_argument("--repeats", type=int, default=3, help="interleaved stock/candidate pairs on the held-out prompts")
     t.add_argument("--held-out", type=float, default=0.5, help="share of the prompts held out")
-    t.add_argument("--seed", type=int, default=0, help="the tuning / held-out split")
+    t.add_argument("--seed", type=int, default=0,
+                   help="the tuning / held-out split, and each prompt's sampling seed (with --temperature > 0)")
     t.add_argument("--rank", choices=["calibrated", "ceilings"], default="calibrated",
                    help="the cost model's inputs: the calibration cached per GPU and model (measured when missing), "
                         "or the device's ceilings alone (seconds; a coarser ranking)")
@@ -230,12 +253,15 @@ def cmd_tune(args) -> int:
     from specpilot.pilot.cost_model import CostModel, DrafterShape, ModelShape
     from specpilot.pilot.recipe import Recipe, drafter_fingerprint, target_fingerprint, versions
     from specpilot.pilot.trial import Trial
-    from specpilot.pilot.tune import TunePlan, acceptance_of, replayed, report, space, stock, tune_batch
+    from specpilot.pilot.tune import (TunePlan, acceptance_of, default_trees, replayed, report, space, stock,
+                                      tune_batch)
     from specpilot.spec_decode.tree import TreeSpec
 
+    sampling = sampling_of(args)
     replay = Recipe.load(args.replay) if args.replay else None
     batch_sizes = args.batch_sizes or (sorted(replay.choices) if replay is not None else [1])
-    plan = TunePlan(tuple(batch_sizes), tuple(args.trees), (False,) if args.no_adaptive else (False, True),
+    searched = args.trees or default_trees(sampling)
+    plan = TunePlan(tuple(batch_sizes), tuple(searched), (False,) if args.no_adaptive else (False, True),
                     tuple(args.weight_formats), args.measure, args.repeats, args.held_out, args.seed)
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
@@ -277,7 +303,7 @@ def cmd_tune(args) -> int:
                   f"{replay.device}): {sum(map(len, per_batch.values()))} kept changes to judge again[/]")
     if profile is not None:
         err.print(f"[yellow]SYNTHETIC acceptance: {profile.label}[/]")
-    err.print(f"[dim]tune: {len(prompts)} prompts ({', '.join(workloads)}), batch sizes "
+    err.print(f"[dim]tune: {len(prompts)} prompts ({', '.join(workloads)}) at {sampling.describe()}, batch sizes "
               f"{', '.join(map(str, plan.batch_sizes))}, {len(candidates)} candidates each, the best "
               f"{plan.measure} measured ({plan.repeats} held-out pairs), stock {base.label}[/]")
     results = []
@@ -312,7 +338,7 @@ def cmd_tune(args) -> int:
     with bar:
         for batch in plan.batch_sizes:
             trial = Trial(model, make_drafter, batch, args.max_new_tokens, max(map(len, prompts)), trees,
-                          args.tie_tolerance, calibrate_tolerance, profile)
+                          args.tie_tolerance, calibrate_tolerance, profile, sampling)
             controller = Controller(trial.measure, trial.force, ControllerConfig(plan.repeats),
                                     on_event=lambda m: bar.update(task, description=m), on_verdict=on_verdict)
             bar.update(task, description=f"b{batch}: stock on the tuning prompts, then the ranking")
@@ -333,7 +359,8 @@ def cmd_tune(args) -> int:
                      "acceptance_label": profile.label if profile is not None else "real", "target_kind": target_kind,
                      "replay_of": None if replay is None else {
                          "path": str(args.replay), "target": replay.target.to_dict(),
-                         "drafter": replay.drafter.to_dict(), "device": replay.device}})
+                         "drafter": replay.drafter.to_dict(), "device": replay.device,
+                         "sampling": replay.sampling.to_dict()}}, sampling)
     recipe.save(Path(args.out).expanduser())
     console.print(report(results))
     kept = sum(len(r.evidence()) for r in results)
@@ -360,8 +387,26 @@ def apply_recipe(args, batch: int):
     args.recipe_scheduler = choice.scheduler_config(max(batch, size))
     args.recipe_engine = dict(choice.engine)
     args.recipe_doc = recipe
-    err.print(f"[dim]recipe {args.recipe}: the batch-{size} entry, {choice.label}[/]")
+    err.print(f"[dim]recipe {args.recipe}: the batch-{size} entry, {choice.label} (tuned at "
+              f"{recipe.sampling.describe()})[/]")
+    if getattr(args, "temperature", None) is not None:  # generate's; a server's requests bring their own
+        warn_sampling(args.recipe, recipe, [args.temperature], args.top_k, args.top_p)
     return recipe
+
+
+def warn_sampling(path: str, recipe, temperatures, top_k: int, top_p: float) -> None:
+    """One warning line when a run decodes at sampling settings other than the recipe was tuned at: the output stays
+    exact at any settings (every configuration is), but the configuration was chosen for the recipe's."""
+    from specpilot.pilot.sampling import Sampling
+
+    runs = [Sampling() if t == 0 else Sampling(t, top_k, top_p) for t in temperatures]
+    other = [r for r in dict.fromkeys(runs) if not r.same_distribution(recipe.sampling)]
+    if other:
+        flags = " ".join(f"--temperature {t.temperature:g}" + (f" --top-k {t.top_k}" if t.top_k else "")
+                         + (f" --top-p {t.top_p:g}" if t.top_p < 1 else "") for t in other[:1])
+        err.print(f"[yellow]warning: --recipe {path} was tuned at {recipe.sampling.describe()}; this run decodes at "
+                  f"{'; '.join(r.describe() for r in other)}: the output stays exact, but the configuration was "
+                  f"chosen for the other setting (specpilot tune {flags} tunes one for this)[/]")
 
 
 def check_recipe_models(args, model=None, drafter=None) -> None:
@@ -407,6 +452,7 @@ def _with_recipe(args):
         items += [f"{k}:{str(v).lower() if isinstance(v, bool) else v}" for k, v in choice.engine.items()]
         configs.append(f"recipe-b{size}=" + ";".join(items))
     args.configs = list(args.configs) + configs
+    warn_sampling(args.recipe, recipe, args.temperature, args.top_k, args.top_p)
 
     def check(model, drafter):
         recipe.check_target(target_fingerprint(model, args.target))

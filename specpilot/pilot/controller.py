@@ -5,7 +5,8 @@ The prompts are split once, by seed, into tuning prompts (where candidates are s
 there is rejected without further runs) and held-out prompts (where the decision is made). On the held-out prompts
 the incumbent (A) and the candidate (B) run interleaved, A B A B ..., `repeats` pairs; each pair gives a ratio
 B / A. The candidate is kept only if
-- exact token forcing passes on B's first held-out outputs (checked before the other repeats run),
+- B's first held-out outputs are exact (checked before the other repeats run): greedy, exact token forcing passes;
+  sampling, every output equals plain sampling with the same seed (the check's "failure" names what broke),
 - the 95% interval of the pairs' geometric-mean ratio (Student t over the log ratios) lies above 1, and
 - that ratio exceeds 1 by more than the incumbent's own run-to-run noise (the largest relative change between its
   consecutive held-out runs).
@@ -146,7 +147,8 @@ class Controller:
             if forcing is None:
                 forcing = self.force(held_out, rb.outputs)
                 if not forcing.get("passed"):
-                    return Verdict(**base, kept=False, reason="exact token forcing failed on the held-out prompts",
+                    what = forcing.get("failure", "exact token forcing failed")
+                    return Verdict(**base, kept=False, reason=f"{what} on the held-out prompts",
                                    tuning_ratio=screen, held_out=tuple(pairs), forcing=forcing)
         ratio, ci = interval([rb / ra for ra, rb in pairs])
         incumbents = [ra for ra, _ in pairs]

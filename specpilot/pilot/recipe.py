@@ -2,7 +2,8 @@
 
 A recipe names the target and drafter it was tuned on (fingerprints: a hash of the model's config and a hash of a
 sample of its weights; the drafter's class and parameter shapes as calibration.py names them, and a hash of its
-weights), the device, the library versions, the chosen configuration per batch size (Choice: tree spec, adaptive
+weights), the device, the library versions, the sampling it was tuned at (temperature, top-k, top-p, seed; absent in
+the file: greedy), the chosen configuration per batch size (Choice: tree spec, adaptive
 node budget on or off, weight format, and any EngineConfig / SchedulerConfig fields), the evidence for each kept
 change (held-out tok/s of both sides, the paired ratio's interval, the forcing verdict) and the log of every
 candidate tried (kept or rejected, and why). Saved atomically (a temp file beside it, then a rename).
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specpilot.checkpoint.json_file import write_json
+from specpilot.pilot.sampling import Sampling
 
 VERSION = 1
 SAMPLE = 1024  # elements hashed at each end of every parameter
@@ -126,6 +128,7 @@ class Recipe:
     evidence: dict[int, list[dict]] = field(default_factory=dict)  # batch size -> each kept change's Verdict dict
     candidates: list[dict] = field(default_factory=list)  # every candidate's Verdict dict, kept or rejected
     settings: dict = field(default_factory=dict)  # the tune's workloads, prompts, seed, repeats, ...
+    sampling: Sampling = Sampling()  # the workload's decoding it was tuned at
 
     def choice_for(self, batch: int) -> tuple[int, Choice]:
         """The entry for the largest tuned batch size <= `batch` (the smallest one if every one is larger)."""
@@ -150,7 +153,8 @@ class Recipe:
                 "device": self.device, "versions": dict(self.versions),
                 "choices": {str(b): c.to_dict() for b, c in sorted(self.choices.items())},
                 "evidence": {str(b): list(e) for b, e in sorted(self.evidence.items())},
-                "candidates": list(self.candidates), "settings": dict(self.settings)}
+                "candidates": list(self.candidates), "settings": dict(self.settings),
+                "sampling": self.sampling.to_dict()}
 
     @staticmethod
     def from_dict(raw) -> Recipe:
@@ -166,7 +170,8 @@ class Recipe:
             return Recipe(Fingerprint.from_dict(raw["target"]), Fingerprint.from_dict(raw["drafter"]),
                           str(raw["device"]), dict(raw["versions"]), choices,
                           {int(b): list(e) for b, e in raw.get("evidence", {}).items()},
-                          list(raw.get("candidates", [])), dict(raw.get("settings", {})))
+                          list(raw.get("candidates", [])), dict(raw.get("settings", {})),
+                          Sampling.from_dict(raw.get("sampling", {})))
         except KeyError as e:
             raise ValueError(f"the recipe lacks the field {e}") from None
         except (TypeError, AttributeError) as e:

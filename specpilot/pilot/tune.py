@@ -1,7 +1,9 @@
 """`specpilot tune`'s search: per batch size, candidate configurations from a small space (tree shape, the adaptive
 node budget on or off, weight format), ranked by the cost model (cost_model.py) at the acceptance the stock
 configuration reaches on the tuning prompts, the best few judged by the controller (controller.py) in rank order,
-each against the incumbent of the moment; the result is a Recipe (recipe.py) with every candidate's verdict.
+each against the incumbent of the moment; the result is a Recipe (recipe.py) with every candidate's verdict. The
+workload's sampling (pilot/sampling.py) is part of what is tuned: the acceptance, the timing and the exactness check
+are the ones at its temperature, and the search space at temperature > 0 holds the best-first tree.
 
 Stock is chain:7 (cut to the drafter's depth), bf16, every request its full tree (the node budget off). The cost
 model predicts an adaptive candidate as its full tree (the budget's ragged trees are not modelled), so adaptive
@@ -18,10 +20,19 @@ from rich.table import Table
 from specpilot.pilot.controller import Controller, Run, Split, Verdict
 from specpilot.pilot.cost_model import AcceptanceStats, Configuration, CostModel
 from specpilot.pilot.recipe import Choice
+from specpilot.pilot.sampling import Sampling
 from specpilot.spec_decode.tree import TreeSpec
 
 TREES = ("chain:3", "chain:5", "chain:7", "static:2,2,2", "static:3,2,1,1", "dynamic:4,7,15")
+# at temperature > 0 also the best-first 24-node tree: DFlash's coupled proposals keep most of the greedy tree's gain
+# with it (docs/sampling.md)
+SAMPLED_TREES = TREES + ("dynamic:24,7,24",)
 STOCK_TREE = "chain:7"
+
+
+def default_trees(sampling: Sampling) -> tuple[str, ...]:
+    """The tree specs searched when --trees is not given: TREES, and SAMPLED_TREES at temperature > 0."""
+    return TREES if sampling.greedy else SAMPLED_TREES
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ The engine is the one a deployment runs (SpecEngine), or under synthetic accepta
 ProbingEngine around a SyntheticDrafter (bench/probing.py, bench/synthetic.py): the drafter runs at full cost, the
 oracle's own work is left out of the components and, through the OracleClock, out of the wall time. Every request
 decodes its full tree unless the scheduler is adaptive. The timed steps run back to back with one device sync at the
-end: host work overlaps the device as in a real run.
+end: host work overlaps the device as in a real run. A workload decodes greedily or samples (pilot/sampling.py: each
+prompt with its own seed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from specpilot.engine.engine import SpecEngine
 from specpilot.engine.generator import Generator
 from specpilot.engine.request import Status
 from specpilot.engine.scheduler import SchedulerConfig
+from specpilot.pilot.sampling import Sampling
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.tree import TreeSpec
 
@@ -75,9 +77,15 @@ class StepRun:
                 "tau_per_request": self.taus}
 
 
-def truth_for(model, runner, prompts: list[list[int]], tokens: int) -> dict[tuple[int, ...], list[int]]:
-    """The oracle's guess of each prompt's continuation: a margin target's chain computed on the host from its
-    codebook (bench/shapes.py), else plain greedy decoding on the runner."""
+def truth_for(model, runner, prompts: list[list[int]], tokens: int,
+              sampling: Sampling = Sampling()) -> dict[tuple[int, ...], list[int]]:
+    """Each prompt's plain continuation of `tokens` tokens (EOS ignored). Greedy: a margin target's chain computed on
+    the host from its codebook (bench/shapes.py), else plain greedy decoding on the runner. Sampling: plain sampling
+    on the runner, each prompt alone with its own seed (the output every speculative run of it must equal)."""
+    if not sampling.greedy:
+        gen = Generator(runner)
+        plain = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+        return {tuple(p): list(gen.generate([p], sampling.apply(plain, p))[0].token_ids) for p in prompts}
     codes = getattr(model, "margin_codes", None)
     if codes is not None and all(len(p) >= 2 for p in prompts):
         memory = model.config.is_hybrid and codes.gammas > 1
@@ -112,9 +120,11 @@ def build_engine(runner, drafter, tree: str, batch: int, max_model_len: int, pro
     return ProbingEngine(runner, synthetic, spec, scheduler=sched)
 
 
-def start(engine: SpecEngine, prompts: list[list[int]], params: SamplingParams) -> list:
-    """Adds the prompts and steps until every one decodes; returns the requests."""
-    ids = [engine.add_request(p, params) for p in prompts]
+def start(engine: SpecEngine, prompts: list[list[int]], params: SamplingParams,
+          sampling: Sampling = Sampling()) -> list:
+    """Adds the prompts (each sampling as the workload samples it) and steps until every one decodes; returns the
+    requests."""
+    ids = [engine.add_request(p, sampling.apply(params, p)) for p in prompts]
     engine.step()
     while any(r.status is not Status.DECODING for r in engine.scheduler.running):
         engine.step()
@@ -125,13 +135,13 @@ def start(engine: SpecEngine, prompts: list[list[int]], params: SamplingParams) 
 
 
 def run_steps(engine: SpecEngine, prompts: list[list[int]], warmup: int, steps: int, max_new_tokens: int,
-              clock: OracleClock | None = None) -> StepRun:
+              clock: OracleClock | None = None, sampling: Sampling = Sampling()) -> StepRun:
     """Starts the prompts as requests, runs `warmup` steps, then `steps` timed steps (and one more, untimed, so that
     the last timed step's component times are read), then aborts the requests."""
     device = engine.runner.device
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     started = len(engine.step_log)
-    reqs = start(engine, prompts, params)
+    reqs = start(engine, prompts, params, sampling)
     for _ in range(warmup):
         engine.step()
     _sync(device)
