@@ -63,6 +63,21 @@ def test_generate_runs_the_recipes_configuration(zoo, dense_fp, ngram, tmp_path,
     assert seen and seen[0].adaptive is False and seen[0].max_num_seqs == 1
 
 
+def test_a_recipe_tuned_at_another_temperature_runs_with_a_warning(zoo, dense_fp, ngram, tmp_path, capsys):
+    from specpilot.pilot.sampling import Sampling
+
+    path = tmp_path / "recipe.json"
+    Recipe(dense_fp, ngram, "cpu", versions(), {1: Choice("chain:3")}, sampling=Sampling(0.7, seed=1)).save(path)
+    assert main(_generate(zoo, str(path))) == 0  # greedy here
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "(tuned at temperature 0.7)" in err[0]
+    assert err[1] == (f"warning: --recipe {path} was tuned at temperature 0.7; this run decodes at temperature 0 "
+                      f"(greedy): the output stays exact, but the configuration was chosen for the other setting "
+                      f"(specpilot tune --temperature 0 tunes one for this)")
+    assert main(_generate(zoo, str(path)) + ["--temperature", "0.7", "--seed", "4"]) == 0
+    assert "warning" not in capsys.readouterr().err  # the same distribution: no warning
+
+
 @pytest.mark.parametrize("case", ["target", "drafter"])
 def test_a_recipe_of_another_model_is_refused(zoo, dense_fp, ngram, tmp_path, capsys, case):
     other = Fingerprint("zoo/hybrid", "0" * 16, "1" * 16)

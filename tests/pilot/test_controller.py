@@ -57,6 +57,20 @@ def test_a_change_that_breaks_forcing_is_rejected_at_once():
     assert v.ratio is None
 
 
+def test_a_sampled_change_that_differs_from_plain_sampling_is_rejected_at_once_saying_so():
+    s = StandIn({"chain:3": (1.5, 1.5)}, broken=("chain:3",))
+
+    def same_as_plain(prompts, outputs) -> dict:  # a sampled trial's check (trial.py: Trial.force)
+        differ = sum(o != list(p) for o, p in zip(outputs, prompts))
+        return {"check": "equal to AR sampling with the same seed", "passed": not differ,
+                "failure": f"{differ} of {len(outputs)} outputs differ from plain sampling with the same seed"}
+
+    v = Controller(s.measure, same_as_plain, ControllerConfig(repeats=3)).judge(1, STOCK, Choice("chain:3"), TUNING,
+                                                                                HELD_OUT)
+    assert not v.kept and len(v.held_out) == 1 and v.ratio is None
+    assert v.reason == "1 of 1 outputs differ from plain sampling with the same seed on the held-out prompts"
+
+
 def test_a_clearly_faster_exact_change_is_kept_with_its_interval():
     v = _judge(StandIn({"chain:3": (1.4, 1.4)}), "chain:3")
     assert v.kept and v.forcing["passed"]

@@ -40,6 +40,19 @@ def test_profile_ranks_components_and_predicts_changes(tmp_path, prompts, monkey
     assert "calibration: cached" in capsys.readouterr().err
 
 
+def test_profile_samples_at_the_temperature_it_is_given(tmp_path, prompts, monkeypatch, capsys):
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "p.json"
+    argv = ["profile", "--target", "random:tiny-dense", "--device", "cpu", "--batch", "2", "--steps", "2",
+            "--warmup", "1", "--workload", str(prompts), "--tree", "chain:3", "--temperature", "0.7", "--top-k", "20",
+            "--seed", "5", "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": 1.0, "seed": 5}
+    assert doc["measured"]["steps"] == 2 and doc["measured"]["tok_s"] > 0
+    assert "temperature 0.7, top-k 20" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--target", "random:tiny-dense", "--batch", "0"], "error: --batch 0: must be >= 1"),
     (["--target", "random:tiny-dense", "--steps", "0"], "error: --steps 0: must be >= 1"),
@@ -50,6 +63,12 @@ def test_profile_ranks_components_and_predicts_changes(tmp_path, prompts, monkey
     (["--target", "{missing}", "--drafter", "ngram"], "no such directory"),
     (["--target", "random:tiny-dense", "--weight-format", "w12n"], "--weight-format w12n needs --dtype bfloat16"),
     (["--target", "random:tiny-dense", "--drafter", "none"], "--drafter none: profile measures a speculative step"),
+    (["--target", "random:tiny-dense", "--temperature", "-1"],
+     "error: --temperature -1: must be a finite number >= 0 (0: greedy)"),
+    (["--target", "random:tiny-dense", "--temperature", "1", "--top-p", "1.5"],
+     "error: --top-p 1.5: must be in (0, 1] (1: off)"),
+    (["--target", "random:tiny-dense", "--top-p", "0.9"],
+     "error: --top-p 0.9: filters sampling; it needs --temperature > 0 (0 is greedy)"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, message):
     args = [a.replace("{missing}", str(tmp_path / "no-such-model")) for a in args]

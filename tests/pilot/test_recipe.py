@@ -30,6 +30,26 @@ def test_recipe_round_trips_through_its_file(tmp_path):
     assert json.loads(path.read_text())["version"] == 1
 
 
+def test_the_sampling_a_recipe_was_tuned_at_round_trips(tmp_path):
+    from dataclasses import replace
+
+    from specpilot.pilot.sampling import Sampling
+
+    r = replace(_recipe(), sampling=Sampling(0.7, top_k=40, top_p=0.9, seed=3))
+    path = tmp_path / "recipe.json"
+    r.save(path)
+    assert Recipe.load(path).sampling == Sampling(0.7, 40, 0.9, 3)
+    raw = json.loads(path.read_text())
+    assert raw["sampling"] == {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3}
+    del raw["sampling"]  # a recipe written before sampling was recorded was tuned greedy
+    path.write_text(json.dumps(raw))
+    assert Recipe.load(path).sampling.greedy
+    raw["sampling"] = {"temperature": -1}
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"^recipe .*: --temperature -1: must be a finite number >= 0"):
+        Recipe.load(path)
+
+
 def test_choice_for_takes_the_largest_tuned_batch_not_above():
     r = _recipe()
     assert r.choice_for(1) == (1, Choice("chain:3"))

@@ -40,6 +40,15 @@ def test_space_cuts_trees_to_the_drafters_depth_and_leaves_stock_out():
     assert all(not c.adaptive for c in space(TunePlan(adaptive=(False,)), None))
 
 
+def test_the_space_at_temperature_above_0_holds_the_best_first_tree():
+    from specpilot.pilot.sampling import Sampling
+    from specpilot.pilot.tune import default_trees
+
+    assert "dynamic:24,7,24" not in default_trees(Sampling())
+    sampled = space(TunePlan(trees=default_trees(Sampling(0.7))), None)
+    assert Choice("dynamic:24,7,24") in sampled and Choice("dynamic:24,7,24", adaptive=True) in sampled
+
+
 @dataclass
 class Predicts:
     """A stand-in cost model: tok/s per tree."""
@@ -116,6 +125,22 @@ def test_a_tiny_tune_on_the_zoo_runs_end_to_end(zoo, tmp_path, prompts, monkeypa
     assert json.loads(out.read_text())["version"] == 1
 
 
+def test_a_tiny_sampled_tune_on_the_zoo_checks_plain_sampling_and_records_its_temperature(zoo, tmp_path, prompts,
+                                                                                           capsys):
+    out = tmp_path / "r.json"
+    argv = ["tune", "--target", str(zoo / "dense"), "--drafter", "ngram", "--workloads", str(prompts),
+            "--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--seed", "2", "--trees", "chain:3",
+            "--no-adaptive", "--measure", "1", "--repeats", "2", "--rank", "ceilings", "--device", "cpu",
+            "--out", str(out)]
+    assert main(argv) == 0
+    recipe = Recipe.load(out)
+    assert (recipe.sampling.temperature, recipe.sampling.top_p, recipe.sampling.seed) == (0.7, 0.9, 2)
+    (verdict,) = recipe.candidates
+    assert verdict["forcing"] is None or (verdict["forcing"]["passed"]  # run if faster on the tuning prompts
+                                          and verdict["forcing"]["check"] == "equal to AR sampling with the same seed")
+    assert "at temperature 0.7, top-p 0.9" in capsys.readouterr().err
+
+
 def test_a_tiny_tune_of_a_random_target_under_synthetic_acceptance(tmp_path, prompts, capsys):
     out = tmp_path / "r.json"
     argv = ["tune", "--target", "random:tiny-dense", "--drafter", "random-dflash", "--workloads", str(prompts),
@@ -185,6 +210,11 @@ def test_a_replay_judges_the_recipes_kept_changes_again_here(zoo, tmp_path, prom
     (["--out", "{tmp}"], "is a directory; give a file path in it"),
     (["--workloads", "{tmp}/missing.txt"], "no such prompt file"),
     (["--replay", "{tmp}/none.json"], "error: recipe {tmp}/none.json: no such file"),
+    (["--temperature", "-0.5"], "error: --temperature -0.5: must be a finite number >= 0 (0: greedy)"),
+    (["--temperature", "nan"], "error: --temperature nan: must be a finite number >= 0 (0: greedy)"),
+    (["--temperature", "0.7", "--top-p", "0"], "error: --top-p 0: must be in (0, 1] (1: off)"),
+    (["--temperature", "0.7", "--top-k", "-1"], "error: --top-k -1: must be an integer >= 0 (0: off)"),
+    (["--top-k", "40"], "error: --top-k 40: filters sampling; it needs --temperature > 0 (0 is greedy)"),
 ])
 def test_bad_input_is_one_line_and_status_2(zoo, tmp_path, prompts, capsys, args, message):
     base = {"--target": str(zoo / "dense"), "--drafter": "ngram", "--workloads": str(prompts),
