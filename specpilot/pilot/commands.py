@@ -452,12 +452,12 @@ def _with_recipe(args):
         items += [f"{k}:{str(v).lower() if isinstance(v, bool) else v}" for k, v in choice.engine.items()]
         configs.append(f"recipe-b{size}=" + ";".join(items))
     args.configs = list(args.configs) + configs
-    warn_sampling(args.recipe, recipe, args.temperature, args.top_k, args.top_p)
 
     def check(model, drafter):
         recipe.check_target(target_fingerprint(model, args.target))
         recipe.check_drafter(drafter_fingerprint(drafter, args.drafter))
 
     args.check_models = check
-    err.print(f"[dim]recipe {args.recipe}: {', '.join(configs)}[/]")
+    err.print(f"[dim]recipe {args.recipe}: {', '.join(configs)} (tuned at {recipe.sampling.describe()})[/]")
+    warn_sampling(args.recipe, recipe, args.temperature, args.top_k, args.top_p)
     return args

@@ -78,6 +78,23 @@ def test_a_recipe_tuned_at_another_temperature_runs_with_a_warning(zoo, dense_fp
     assert "warning" not in capsys.readouterr().err  # the same distribution: no warning
 
 
+def test_bench_warns_of_the_temperatures_a_recipe_was_not_tuned_at(tmp_path, capsys):
+    from argparse import Namespace
+
+    from specpilot.pilot.commands import _with_recipe
+    from specpilot.pilot.sampling import Sampling
+
+    path = tmp_path / "recipe.json"
+    fp = Fingerprint("t", "c", "w")
+    Recipe(fp, fp, "cpu", versions(), {1: Choice("chain:3")}, sampling=Sampling(0.7, top_k=40)).save(path)
+    args = Namespace(recipe=str(path), batch_sizes=[1], configs=[], temperature=[0.0, 0.7, 1.0], top_k=40, top_p=1.0,
+                     target="t", drafter="d")
+    assert _with_recipe(args).configs == ["recipe-b1=tree:chain:3;weight_format:bf16;adaptive:false;batches:1"]
+    warning = capsys.readouterr().err.strip().splitlines()[-1]
+    assert warning.startswith(f"warning: --recipe {path} was tuned at temperature 0.7, top-k 40; this run decodes at "
+                              f"temperature 0 (greedy); temperature 1, top-k 40: the output stays exact")
+
+
 @pytest.mark.parametrize("case", ["target", "drafter"])
 def test_a_recipe_of_another_model_is_refused(zoo, dense_fp, ngram, tmp_path, capsys, case):
     other = Fingerprint("zoo/hybrid", "0" * 16, "1" * 16)

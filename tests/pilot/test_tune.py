@@ -125,10 +125,28 @@ def test_a_tiny_tune_on_the_zoo_runs_end_to_end(zoo, tmp_path, prompts, monkeypa
     assert json.loads(out.read_text())["version"] == 1
 
 
+@pytest.mark.parametrize("biased", [False, True])
 def test_a_tiny_sampled_tune_on_the_zoo_checks_plain_sampling_and_records_its_temperature(zoo, tmp_path, prompts,
-                                                                                           capsys):
+                                                                                           capsys, monkeypatch, biased):
+    """The candidate is made to look 2x faster (its measured tok/s doubled) so that the held-out pairs and the
+    exactness check always run; biased: the engine's acceptance takes the drafter's first token whatever the target's
+    race drew, and the check rejects the candidate."""
+    from specpilot.engine import engine as engine_module
+    from specpilot.pilot.trial import Trial
+
+    from tests.pilot.test_trial import _lenient
+
+    real = Trial.measure
+
+    def faster(self, choice, prompts):
+        run = real(self, choice, prompts)
+        return Run(run.tok_s * (2.0 if choice.tree == "chain:3" else 1.0), run.outputs, run.extra)
+
+    monkeypatch.setattr(Trial, "measure", faster)
+    if biased:
+        monkeypatch.setattr(engine_module, "accept_raced", _lenient(engine_module.accept_raced))
     out = tmp_path / "r.json"
-    argv = ["tune", "--target", str(zoo / "dense"), "--drafter", "ngram", "--workloads", str(prompts),
+    argv = ["tune", "--target", str(zoo / "dense"), "--drafter", str(zoo / "draft-lm"), "--workloads", str(prompts),
             "--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--seed", "2", "--trees", "chain:3",
             "--no-adaptive", "--measure", "1", "--repeats", "2", "--rank", "ceilings", "--device", "cpu",
             "--out", str(out)]
@@ -136,8 +154,13 @@ def test_a_tiny_sampled_tune_on_the_zoo_checks_plain_sampling_and_records_its_te
     recipe = Recipe.load(out)
     assert (recipe.sampling.temperature, recipe.sampling.top_p, recipe.sampling.seed) == (0.7, 0.9, 2)
     (verdict,) = recipe.candidates
-    assert verdict["forcing"] is None or (verdict["forcing"]["passed"]  # run if faster on the tuning prompts
-                                          and verdict["forcing"]["check"] == "equal to AR sampling with the same seed")
+    assert verdict["forcing"]["check"] == "equal to AR sampling with the same seed"
+    if biased:
+        assert not verdict["kept"] and not verdict["forcing"]["passed"]
+        assert verdict["reason"].endswith("differ from plain sampling with the same seed on the held-out prompts")
+        assert recipe.choices[1] == Choice("chain:7")
+    else:
+        assert verdict["forcing"]["passed"] and verdict["forcing"]["failures"] == 0
     assert "at temperature 0.7, top-p 0.9" in capsys.readouterr().err
 
 
