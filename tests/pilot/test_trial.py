@@ -56,6 +56,7 @@ def test_a_sampled_trial_equals_plain_sampling_and_its_check_catches_a_biased_ru
     greedy = Trial(model, make, 2, 12, 8, ["chain:3"]).measure(Choice("chain:3"), prompts)
     assert run.outputs != greedy.outputs  # it sampled
     assert trial.plain(prompts[1:]) == [run.outputs[1]]  # each prompt's own seed: the same output alone as in a batch
+    assert trial.measure(Choice("chain:3"), prompts[::-1]).outputs == run.outputs[::-1]  # runs repeat, in any order
     monkeypatch.setattr(engine_module, "accept_raced", _lenient(engine_module.accept_raced))
     biased = trial.measure(Choice("chain:3"), prompts)
     verdict = trial.force(prompts, biased.outputs)
