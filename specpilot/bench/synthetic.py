@@ -32,7 +32,7 @@ At temperature > 0 the truth is AR's sampled output with the request's seed: the
 any proposal, the tokens plain sampling draws with that seed (spec_decode/rejection.py). The probe answers the
 target's raced token at every node (the noise row of its output position) where it answers the argmax when
 greedy, and the oracle works as above. The rates are still the profile's, which are greedy acceptance rates: a
-sampled row measures what sampled speculation costs (the eager verify with logits, the race, the coupled draft)
+sampled row measures what sampled speculation costs (the verify with logits, the race, the coupled draft)
 at an assumed acceptance, not the acceptance a drafter reaches at that temperature, and its label says so
 (AcceptanceProfile.label_at).
 
@@ -88,7 +88,7 @@ class AcceptanceProfile:
         if temperature == 0:
             return self.label
         return (f"{self.label}; sampled at T={temperature:g}: the oracle proposes AR's sampled output (same seed) at "
-                f"the profile's greedy per-depth rates, so the row measures the cost of sampled speculation (eager "
+                f"the profile's greedy per-depth rates, so the row measures the cost of sampled speculation (the "
                 f"verify with logits, the race, the coupled draft) at an assumed acceptance, not a drafter's "
                 f"acceptance at this temperature")
 
@@ -158,7 +158,7 @@ class SyntheticDrafter:
         self.target_layers = tuple(getattr(inner, "target_layers", ()))
         self.sequential = getattr(inner, "sequential", True)
         # coupled as the drafter it wraps is: a sampled step then pays for the coupled draft (its noise rows, the
-        # eager proposal) as a real step does
+        # coupled proposal) as a real step does
         self.coupled = getattr(inner, "coupled", False)
         if hasattr(inner, "skip"):  # skippable as the drafter it wraps is
             self.skip = self._skip
