@@ -148,7 +148,6 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(e))
     if args.merge and not out.exists():
         p.error(f"--merge: {out} does not exist; run without --merge to write it")
-    torch.set_grad_enabled(False)
     tok = load_tokenizer(str(zoo / "dense"))
     texts = [q.text for q in load_prompts(resolve_prompt_set(args.prompts), args.limit)]
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
@@ -160,26 +159,28 @@ def main(argv: list[str] | None = None) -> None:
         "command": command, "commit": commit, "device": args.device, "cpu": platform.processor() or platform.machine(),
         "zoo": json.loads((zoo / "zoo.json").read_text()).get("built_at_commit"), "dtype": "float32",
         "prompts": args.prompts, "greedy": True, "rows": []}
-    for pair in args.pairs:
-        target, drafter = pair.split(":")
-        for tree in args.trees:
-            row = measure(zoo, target, drafter, tree, prompts, args.max_new_tokens, args.batch, args.device,
-                          dirs.get(drafter))
-            key = "rows"
-            if drafter in dirs:
-                key, row["drafter_dir"] = "candidates", str(dirs[drafter])
-                row["training"] = json.loads((dirs[drafter] / "training.json").read_text())
-            if args.merge:  # read again: another run may have merged its rows meanwhile
-                row |= {"command": command, "commit": commit}
-                doc = json.loads(out.read_text())
-            merge_rows(doc, key, [row])
-            write_json(out, doc)
-            if args.profiles and key == "rows" and row["tree"].startswith("chain"):
-                prof = chain_profile(row)
-                Path(args.profiles).mkdir(parents=True, exist_ok=True)
-                Path(args.profiles, f"{prof['name']}.json").write_text(json.dumps(prof, indent=1) + "\n")
-            print(f"{target:7s} {drafter:14s} {tree:16s} tau {row['tau']:.2f} per depth {row['acceptance_per_depth']}"
-                  f" forcing {'pass' if row['forcing']['passed'] else 'FAIL'} ({row['seconds']:.0f} s)", flush=True)
+    with torch.no_grad():  # not set_grad_enabled(False): a caller's grad mode stays as it was
+        for pair in args.pairs:
+            target, drafter = pair.split(":")
+            for tree in args.trees:
+                row = measure(zoo, target, drafter, tree, prompts, args.max_new_tokens, args.batch, args.device,
+                              dirs.get(drafter))
+                key = "rows"
+                if drafter in dirs:
+                    key, row["drafter_dir"] = "candidates", str(dirs[drafter])
+                    row["training"] = json.loads((dirs[drafter] / "training.json").read_text())
+                if args.merge:  # read again: another run may have merged its rows meanwhile
+                    row |= {"command": command, "commit": commit}
+                    doc = json.loads(out.read_text())
+                merge_rows(doc, key, [row])
+                write_json(out, doc)
+                if args.profiles and key == "rows" and row["tree"].startswith("chain"):
+                    prof = chain_profile(row)
+                    Path(args.profiles).mkdir(parents=True, exist_ok=True)
+                    Path(args.profiles, f"{prof['name']}.json").write_text(json.dumps(prof, indent=1) + "\n")
+                print(f"{target:7s} {drafter:14s} {tree:16s} tau {row['tau']:.2f} per depth "
+                      f"{row['acceptance_per_depth']} forcing {'pass' if row['forcing']['passed'] else 'FAIL'} "
+                      f"({row['seconds']:.0f} s)", flush=True)
 
 
 def _drafter_dirs(specs: list[str]) -> dict[str, Path]:

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 import bench.zoo_acceptance as za
 
@@ -64,6 +65,7 @@ def test_a_drafter_dir_is_merged_into_candidates_with_its_training(checkpoint_fa
     args = ["--out", str(out), "--zoo", str(zoo), "--prompts", str(tmp_path / "p.txt"), "--max-new-tokens", "6",
             "--trees", "chain:3", "--pairs", "dense:new", "--drafter-dir", f"new={tmp_path / 'd'}"]
     za.main(args + ["--merge"])
+    assert torch.is_grad_enabled()  # the caller's grad mode is left as it was (trainers in the same process)
     doc = json.loads(out.read_text())
 
     assert doc["command"] == "old" and doc["rows"] == old["rows"]
