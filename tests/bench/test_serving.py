@@ -284,7 +284,8 @@ def _fake_models(monkeypatch):
     from specpilot.bench import commands
     from specpilot.bench.shapes import ByteTokenizer
 
-    monkeypatch.setattr(commands, "_bench_models", lambda args, device, profile: (_FakeModel(), ByteTokenizer(), None))
+    monkeypatch.setattr(commands, "_bench_models",
+                        lambda args, device, profile, *flag: (_FakeModel(), ByteTokenizer(), None))
     monkeypatch.setattr(serving, "Engines", lambda model, make, eos, cfg, profile: FakeEngines(cfg, profile=profile))
 
 

@@ -194,6 +194,23 @@ def test_verify_graph_packed_inputs_keep_output_exact(name, tree, checkpoint_fac
     assert any(s.tau > 1.2 for _, s in out)
 
 
+@pytest.mark.parametrize("name,tree", [("qwen3", "static:4,3"), ("qwen3_5", "chain:4")])
+def test_sampled_steps_replay_a_verify_graph_of_the_logits(name, tree, checkpoint_factory, replayed_verify_graphs):
+    """A sampling request's steps replay a verify graph of the logits (not the greedy graph, not an eager pass),
+    refreshed by the step's one packed copy: the output is plain sampling's with the same seed."""
+    from specpilot.engine.generator import Generator
+    from specpilot.runtime.sampling import SamplingParams
+
+    prompts, _, runner, drafter = _graph_case(checkpoint_factory, name, tree)
+    params = SamplingParams(max_new_tokens=PARAMS.max_new_tokens, temperature=0.8, seed=7, ignore_eos=True)
+    plain = [Generator(ModelRunner(runner.model)).generate([p], params)[0].token_ids for p in prompts]
+    engine = SpecEngine(runner, drafter, TreeSpec.parse(tree), scheduler=FIXED)
+    out = [r.token_ids for r, _ in engine.generate(prompts, params)]
+    assert out == plain
+    sampled = [k for k in runner.verify_graphs if k[-1]]
+    assert sampled and all(isinstance(runner.verify_graphs[k], ReplayedVerifyGraph) for k in sampled)
+
+
 def _graph_and_eager_runners(checkpoint_factory, name):
     """Two runners of one target on the tree-attention path: one with verify graphs (faked on CPU), one eager."""
     target, _ = _models(checkpoint_factory, name)
@@ -419,7 +436,8 @@ def test_warmup_captures_every_bucket_before_requests_run(name, tree, checkpoint
     engine = SpecEngine(runner, drafter, TreeSpec.parse(tree), scheduler=SchedulerConfig(max_num_seqs=3,
                                                                                         adaptive=False))
     report = engine.warmup()
-    shapes = {(b, w) for b, w, _, _ in runner.verify_graphs}
+    shapes = {(b, w) for b, w, _, _, sampled in runner.verify_graphs if not sampled}
+    assert not any(key[-1] for key in runner.verify_graphs), "greedy warm-up captures no graph of the logits"
     full = TreeSpec.parse(tree).max_tree_nodes
     widths = {w for w in (1, 2, 4, 8, 16) if w < full} | {full}
     assert report["graphs"] == len(runner.verify_graphs) and {b for b, _ in shapes} == {1, 2, 4}
