@@ -7,6 +7,8 @@ import pkgutil
 import sys
 
 import bench
+from specpilot.checkpoint.errors import CheckpointError
+from specpilot.config import ConfigError
 
 
 def benchmarks() -> list[str]:
@@ -25,7 +27,12 @@ def main(argv: list[str]) -> int:
         print(f"error: {what}: run python3 -m bench NAME [args] with NAME one of {', '.join(names)} "
               f"(--help says what each measures)", file=sys.stderr)
         return 2
-    return importlib.import_module(f"bench.{argv[0]}").main(argv[1:]) or 0
+    try:
+        return importlib.import_module(f"bench.{argv[0]}").main(argv[1:]) or 0
+    except (CheckpointError, ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
+        # bad input found past the flags (a checkpoint, a config, a file): one line and status 2, as the CLI does
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

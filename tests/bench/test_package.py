@@ -84,3 +84,17 @@ def test_python_m_bench_help_exits_0():
     proc = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "verify_cost" in proc.stdout
+
+
+@pytest.mark.parametrize("error", [ValueError("--x 3: must be even"), FileNotFoundError("no file /tmp/nope")])
+def test_bad_input_past_the_flags_is_one_line_and_status_2(error, monkeypatch, capsys):
+    import types
+
+    import bench.__main__ as entry
+
+    def fail(argv):
+        raise error
+
+    monkeypatch.setattr(entry.importlib, "import_module", lambda name: types.SimpleNamespace(main=fail))
+    assert main([benchmarks()[0]]) == 2
+    assert capsys.readouterr().err == f"error: {error}\n"
