@@ -9,16 +9,7 @@ import json
 import pytest
 
 from specpilot.cli import main
-from specpilot.demo import zoo_dir
 from specpilot.pilot.recipe import Choice, Fingerprint, Recipe, target_fingerprint, versions
-
-
-@pytest.fixture(scope="module")
-def zoo():
-    root = zoo_dir()
-    if root is None:
-        pytest.skip("no trained zoo in this checkout")
-    return root
 
 
 @pytest.fixture(scope="module")

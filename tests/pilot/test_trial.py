@@ -6,17 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from specpilot.demo import zoo_dir
 from specpilot.pilot.recipe import Choice
 from specpilot.pilot.sampling import Sampling
-
-
-@pytest.fixture(scope="module")
-def zoo():
-    root = zoo_dir()
-    if root is None:
-        pytest.skip("no trained zoo in this checkout")
-    return root
 
 
 @pytest.fixture(scope="module")

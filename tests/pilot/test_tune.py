@@ -9,18 +9,9 @@ from dataclasses import dataclass
 import pytest
 
 from specpilot.cli import main
-from specpilot.demo import zoo_dir
 from specpilot.pilot.controller import Controller, ControllerConfig, Run
 from specpilot.pilot.recipe import Choice, Recipe, target_fingerprint
 from specpilot.pilot.tune import TunePlan, rank, space, stock, tune_batch
-
-
-@pytest.fixture(scope="module")
-def zoo():
-    root = zoo_dir()
-    if root is None:
-        pytest.skip("no trained zoo in this checkout")
-    return root
 
 
 @pytest.fixture
