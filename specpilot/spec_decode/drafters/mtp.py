@@ -26,6 +26,7 @@ import torch
 
 from specpilot.config import EngineConfig
 from specpilot.layers.metadata import BatchMetadata
+from specpilot.layers.paths import PLAIN, KernelPaths
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.mtp import MTPModel, load_mtp
 from specpilot.runtime.cache import ModelCache
@@ -196,12 +197,19 @@ class MTPDrafter(FeaturePairs):
         hidden = self.target.model.norm(feats, self.paths)
         h = self.forward(BatchMetadata.contiguous(ids, seen, slots, max_len, self.paths), hidden)
         h = h[torch.arange(n, device=h.device), length - 1]
-        tok = self.target.logits(h, self.paths).argmax(-1)
+        return self._levels(h, seen + length - 1, slots, depth, max_len, self.paths)
+
+    def _levels(self, h: torch.Tensor, last: torch.Tensor, slots: torch.Tensor, depth: int, max_len: int,
+                paths: KernelPaths) -> torch.Tensor:
+        """h [n, H]: the MTP outputs at each request's last fed pair (position `last` [n]) -> the greedy chains
+        [n, depth] (device only): level d >= 1 pairs the previous level's output with its token at last + d, where
+        its K/V are stored too. max_len: a bound on every level's prefix."""
+        tok = self.target.logits(h, paths).argmax(-1)
         out = [tok]
         for level in range(1, depth):
-            meta = BatchMetadata.contiguous(tok[:, None], seen + length - 1 + level, slots, max_len, self.paths)
+            meta = BatchMetadata.contiguous(tok[:, None], last + level, slots, max_len, paths)
             h = self.forward(meta, h[:, None])[:, 0]
-            tok = self.target.logits(h, self.paths).argmax(-1)
+            tok = self.target.logits(h, paths).argmax(-1)
             out.append(tok)
         return torch.stack(out, dim=1)
 
@@ -209,20 +217,11 @@ class MTPDrafter(FeaturePairs):
         return self.target.logits(h).float()
 
     def _chain(self, slots: list[int], h: torch.Tensor, depth: int) -> list[list[int]]:
-        """Greedy chains of `depth` tokens for every request, one batched MTP step per level."""
+        """Greedy chains of `depth` tokens for every request after an eager feed, one batched MTP step per level."""
         dev = self.device
         seen = torch.tensor([self.seen[s] for s in slots], device=dev)
-        slot_t = torch.tensor(slots, device=dev)
-        tok = self.draft_logits(h).argmax(-1)
-        out = [tok]
-        for level in range(1, depth):
-            # node `level` pairs (its parent's output, its token) at position seen - 1 + level, stored there too
-            meta = BatchMetadata.contiguous(tok[:, None], seen - 1 + level, slot_t, max(self.seen[s] for s in slots)
-                                            + level - 1)
-            h = self.forward(meta, h[:, None])[:, 0]
-            tok = self.draft_logits(h).argmax(-1)
-            out.append(tok)
-        return torch.stack(out, dim=1).tolist()
+        bound = max(self.seen[s] for s in slots) + depth - 1
+        return self._levels(h, seen - 1, torch.tensor(slots, device=dev), depth, bound, PLAIN).tolist()
 
     def _score(self, slot: int, tree: DraftTree, frontier: list[int], hidden: dict, spec: TreeSpec):
         """Top candidates (ids, log-probs) after each frontier node of the partial tree."""

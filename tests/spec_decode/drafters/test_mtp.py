@@ -164,3 +164,20 @@ def test_one_call_chain_step_equals_feed_then_levels(target, monkeypatch):
     assert out[0] == out[1]
     for a, b in zip(*kv):
         torch.testing.assert_close(a, b)
+
+
+def test_chain_levels_store_their_pairs_right_after_the_fed_ones(target):
+    """Level d >= 1 of a chain stores its pair at position seen - 1 + d (seen counting the fed pairs, the root's
+    included): on a fresh cache, a depth-3 chain after one request's feed writes exactly positions 0 .. seen + 1."""
+    runner = ModelRunner(target)
+    runner.allocate(1, 64)
+    seq = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(6)).tolist()
+    d = build_drafter("mtp", target)
+    d.allocate(1, 64)
+    with torch.no_grad():
+        _, feats = runner.prefill_features(0, seq[:-1], (3,))
+    d.start(0, seq[:-1], feats)
+    d.propose([0], [seq[-1]], TreeSpec.parse("chain:3"))
+    written = d.cache.k[0, 0].abs().sum(dim=(0, 2)) != 0  # [positions]
+    assert d.seen[0] == 19
+    assert written[:21].all() and not written[21:].any()
