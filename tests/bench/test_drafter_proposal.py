@@ -19,11 +19,13 @@ def test_cpu_smoke_run_writes_every_drafter(tmp_path, capsys):
     assert all(c == {"stepped_vs_whole_agreement": 1.0} for c in data["checks"].values())
     assert rows["dspark"]["depth"] == 5 and rows["dflash2"]["depth"] == 5 and rows["mtp"]["depth"] == 3
     assert rows["dspark"]["bytes"]["markov_w2"] > 0 and rows["mtp"]["bytes"]["lm_head"] > 0
+    assert [r["depth"] for r in data["rows"] if r["drafter"] == "mtp"] == [1, 2, 3]  # a row per --mtp-depths
     assert "propose_ms" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags,match", [(["--drafters", "eagle9"], "--drafters"),
-                                         (["--target", "Qwen3-8B"], "--target"), (["--batches", "0"], "--batches")])
+                                         (["--target", "Qwen3-8B"], "--target"), (["--batches", "0"], "--batches"),
+                                         (["--mtp-depths", "0"], "--mtp-depths")])
 def test_bad_flags(flags, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         drafter_proposal.main(["--device", "cpu", "--out", str(tmp_path / "p.json"), *flags])
