@@ -6,7 +6,9 @@ tokens g; the MTP layer reads the pairs (h_j, token j+1) at positions j, causall
 j+1, the target's token at j+2 (self-distillation, as the drafters here learn), under cross-entropy through the
 target's LM head. It learns depth 1 only; inference chains it for deeper drafts as the public engines do. The
 output directory is the target's files plus `model-mtp.safetensors` (the `mtp.*` tensors) and
-`mtp_num_hidden_layers: 1` in config.json: `--target OUT --drafter mtp`.
+`mtp_num_hidden_layers: 1` in config.json: `--target OUT --drafter mtp`. An MTP layer the target already carried
+is left out of the copy, and so is its W12N manifest (it would not list the new shard). training.json keeps the
+target's own record and holds this training under `"mtp"`.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specpilot.checkpoint import checksum
 from specpilot.config import ConfigError
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.loader import load_model, load_tokenizer, unpacked_state_dict
-from specpilot.models.mtp import MTPModel, head_config
+from specpilot.models.mtp import PREFIX, MTPModel, head_config
 from specpilot.models.random_checkpoint import add_mtp_layer
 from specpilot.runtime.cache import ModelCache
 from specpilot.train import checkpoint as checkpoint_io
@@ -33,6 +36,7 @@ from specpilot.train.lm import TrainConfig, batch_at, train_device
 from specpilot.train.loop import optimize
 from specpilot.train.output_dir import cast_state, output_dir
 from specpilot.train.tokens import corpus_tokens
+from specpilot.weights.compress import MANIFEST as W12N_MANIFEST
 
 
 def train_mtp(corpus: Corpus, target_dir: str | Path, out: str | Path, cfg: TrainConfig, resume: bool = False,
@@ -101,12 +105,43 @@ def _step(model: MTPModel, target, cfg: TrainConfig, device):
 
 
 def save_mtp(model: MTPModel, target_dir: Path, out: Path, report: dict, save_dtype: str = "bfloat16") -> None:
-    """`out`, whole or not at all (train/output_dir.py, which keeps a resume checkpoint): the target's files, then
-    the MTP shard and config field."""
+    """`out`, whole or not at all (train/output_dir.py, which keeps a resume checkpoint): the target's files
+    without any MTP layer of its own, then the MTP shard and config field, then the training record."""
     mtp = {k: v for k, v in unpacked_state_dict(model).items() if k.startswith("mtp.")}
     with output_dir(out) as tmp:
         for f in target_dir.iterdir():
-            if f.is_file():
+            if not f.is_file() or f.name in ("training.json", W12N_MANIFEST):
+                continue
+            if f.suffix == ".safetensors":
+                _copy_without_mtp(f, tmp / f.name)
+            else:
                 shutil.copy2(f, tmp / f.name)
         add_mtp_layer(tmp, cast_state(mtp, save_dtype))
-        (tmp / "training.json").write_text(json.dumps(report, indent=1))
+        (tmp / "training.json").write_text(json.dumps(training_record(target_dir, report), indent=1))
+
+
+def training_record(target_dir: Path, report: dict) -> dict:
+    """The target's training.json (none for a checkpoint trained elsewhere) with this MTP training under "mtp"."""
+    path = target_dir / "training.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    return {k: v for k, v in record.items() if k != "mtp"} | {"mtp": report}
+
+
+def _copy_without_mtp(src: Path, dst: Path) -> None:
+    """Copies a safetensors file without its `mtp.*` tensors (W12N planes included: their keys share the prefix)
+    and their checksums; a file that holds only `mtp.*` tensors is not copied."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), framework="pt") as f:
+        keys = [k for k in f.keys() if not k.startswith(PREFIX)]
+        if len(keys) == len(f.keys()):
+            shutil.copy2(src, dst)
+            return
+        if not keys:
+            return
+        tensors, meta = {k: f.get_tensor(k) for k in keys}, dict(f.metadata() or {})
+    sums = checksum.from_metadata(meta)
+    if sums is not None:
+        meta |= checksum.to_metadata({k: v for k, v in sums.items() if not k.startswith(PREFIX)})
+    save_file(tensors, str(dst), metadata=meta)
