@@ -15,6 +15,11 @@ A chain whose pending blocks are all short (a step's accepted path, not a prompt
 device-only call on the runtime's draft kernels (`_chain_block`), replayed from a CUDA graph per (batch, depth,
 block width) where the runtime captures graphs; a prompt's first feed and trees run eagerly.
 The bookkeeping and the tree nodes' step are feature_pairs.py's (shared with the EAGLE-3 head).
+
+Draft vocabulary: by default every level scores the target's whole LM head. Given a DraftVocab (`--drafter mtp:FILE`
+or `mtp:N`, draft_vocab.py), the levels and the trees score a contiguous copy of those ids' rows made once here,
+and `draft_to_target` maps the head's argmax / top-k back to target ids: the draft distribution q is the softmax
+over those ids, zero elsewhere (`draft_probs`).
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ from pathlib import Path
 import torch
 
 from specpilot.config import EngineConfig
+from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.paths import PLAIN, KernelPaths
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.mtp import MTPModel, load_mtp
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import capture
+from specpilot.runtime.sampling import SamplingParams, filtered_probs
 from specpilot.runtime.settings import Runtime
+from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
 from specpilot.spec_decode.drafters.feature_pairs import FeaturePairs
+from specpilot.weights import w12n
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
 
 FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
@@ -62,10 +71,10 @@ class MTPDrafter(FeaturePairs):
     features_needed = "MTP needs the target's last-layer outputs [{n}, {width}], got {got}"
 
     def __init__(self, model: MTPModel, target: CausalLM, runtime: Runtime | None = None,
-                 use_graphs: bool | None = None):
+                 use_graphs: bool | None = None, vocab: DraftVocab | None = None):
         """runtime: the target runner's (default: Runtime.build(EngineConfig(), the model's device)); its draft
         paths are the chain step's kernels, its cuda_graphs whether chain steps are captured (unless use_graphs
-        says otherwise)."""
+        says otherwise). vocab: the draft vocabulary (None: the target's whole vocabulary)."""
         super().__init__(model.config.hidden_size)
         self.model, self.target = model, target
         self.config = model.config
@@ -79,10 +88,21 @@ class MTPDrafter(FeaturePairs):
         self.paths = runtime.draft if self.use_graphs else dataclasses.replace(runtime.draft, compiled=False)
         self.graphs: dict[tuple[int, int, int], ChainGraph] = {}
         self.cache: ModelCache | None = None
+        self.lm_head, self.draft_to_target = None, None  # None: the target's LM head over its whole vocabulary
+        if vocab is not None:
+            vocab.check(target.config.vocab_size)
+            self.draft_to_target = vocab.token_ids.to(self.device)
+            self.lm_head = _head_rows(target.lm_head, self.draft_to_target)
 
     @classmethod
-    def from_target(cls, model_dir, target: CausalLM, dtype="auto", runtime: Runtime | None = None) -> MTPDrafter:
-        return cls(load_mtp(Path(model_dir), target, dtype), target, runtime)
+    def from_target(cls, model_dir, target: CausalLM, dtype="auto", runtime: Runtime | None = None,
+                    vocab: DraftVocab | None = None) -> MTPDrafter:
+        return cls(load_mtp(Path(model_dir), target, dtype), target, runtime, vocab=vocab)
+
+    @property
+    def head_weight(self) -> torch.Tensor | None:
+        """The LM head rows every level reads (the draft vocabulary's copy, or the target's head)."""
+        return (self.target.lm_head if self.lm_head is None else self.lm_head).weight
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
         size = max_seq_len + FEED_BATCH  # a padded feed writes up to FEED_BATCH - 1 pads past the pairs
@@ -204,17 +224,38 @@ class MTPDrafter(FeaturePairs):
         """h [n, H]: the MTP outputs at each request's last fed pair (position `last` [n]) -> the greedy chains
         [n, depth] (device only): level d >= 1 pairs the previous level's output with its token at last + d, where
         its K/V are stored too. max_len: a bound on every level's prefix."""
-        tok = self.target.logits(h, paths).argmax(-1)
+        tok = self._greedy(h, paths)
         out = [tok]
         for level in range(1, depth):
             meta = BatchMetadata.contiguous(tok[:, None], last + level, slots, max_len, paths)
             h = self.forward(meta, h[:, None])[:, 0]
-            tok = self.target.logits(h, paths).argmax(-1)
+            tok = self._greedy(h, paths)
             out.append(tok)
         return torch.stack(out, dim=1)
 
+    def _head(self, h: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
+        return self.target.logits(h, paths) if self.lm_head is None else self.lm_head(h, paths)
+
+    def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.draft_to_target is None else self.draft_to_target[ids]
+
+    def _greedy(self, h: torch.Tensor, paths: KernelPaths) -> torch.Tensor:
+        """The target ids of the head's argmax (device only)."""
+        return self._to_target(self._head(h, paths).argmax(-1))
+
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.target.logits(h).float()
+        """Logits over the DRAFT vocabulary (fp32); map indices with `draft_to_target` where it is not None."""
+        return self._head(h).float()
+
+    def draft_probs(self, h: torch.Tensor, params: SamplingParams | None = None) -> torch.Tensor:
+        """q [..., target vocab] (fp32): the draft distribution over the target's ids, after params' temperature,
+        top-k and top-p (None: the plain softmax); zero outside the draft vocabulary."""
+        logits = self.draft_logits(h)
+        q = torch.softmax(logits, dim=-1) if params is None else filtered_probs(logits, params)
+        if self.draft_to_target is None:
+            return q
+        full = q.new_zeros(*q.shape[:-1], self.target.config.vocab_size)
+        return full.index_copy_(-1, self.draft_to_target, q)
 
     def _chain(self, slots: list[int], h: torch.Tensor, depth: int) -> list[list[int]]:
         """Greedy chains of `depth` tokens for every request after an eager feed, one batched MTP step per level."""
@@ -231,4 +272,13 @@ class MTPDrafter(FeaturePairs):
                 hidden[i] = hs[i - 1]
         logp = torch.log_softmax(self.draft_logits(torch.stack([hidden[i] for i in frontier])), dim=-1)
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
-        return [(t.tolist(), v.tolist()) for t, v in zip(top.indices, top.values)]
+        return [(t.tolist(), v.tolist()) for t, v in zip(self._to_target(top.indices), top.values)]
+
+
+def _head_rows(head: Linear, ids: torch.Tensor) -> Linear:
+    """A Linear over the rows `ids` of the target's LM head (a contiguous copy: one read of N rows per level)."""
+    weight = head.weight if head.weight is not None else w12n.decode(head.w12n)  # w12n_only dropped the bf16 copy
+    with torch.device("meta"):
+        rows = Linear(head.in_features, ids.numel(), bias=False)
+    rows.weight = torch.nn.Parameter(weight.detach()[ids].contiguous(), requires_grad=False)
+    return rows

@@ -1,5 +1,5 @@
-"""Builds a drafter from its CLI name (`ngram`, `none`, `mtp`: the target's own MTP layer) or from a checkpoint
-directory / Hub id.
+"""Builds a drafter from its CLI name (`ngram`, `none`, `mtp`: the target's own MTP layer; `mtp:FILE` / `mtp:N`: it
+over a reduced draft vocabulary, drafters/draft_vocab.py) or from a checkpoint directory / Hub id.
 
 Checkpoints are dispatched on their config's `architectures`: drafter formats of their own (DFlash, EAGLE-3) by
 the CHECKPOINT_DRAFTERS table, and any supported causal LM becomes a draft LM (which must share the target's
@@ -20,6 +20,7 @@ from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.dflash import load_dflash
 from specpilot.spec_decode.drafters.dflash2 import load_dflash2
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
 from specpilot.spec_decode.drafters.dspark import load_dspark
 from specpilot.spec_decode.drafters.eagle3 import Eagle3Drafter
 from specpilot.spec_decode.drafters.mtp import MTPDrafter
@@ -41,13 +42,14 @@ CHECKPOINT_DRAFTERS = {"DFlashDraftModel": load_dflash,
                        "Eagle3LlamaForCausalLM": _eagle3}
 
 
-def _mtp(target, dtype, runtime):
+def _mtp(target, dtype, runtime, vocab: str | None):
     # the MTP layer lives in the target's own checkpoint (mtp.* keys), found where the target was loaded from
+    draft_vocab = DraftVocab.parse(vocab, "--drafter mtp:") if vocab is not None else None
     model_dir = getattr(target, "checkpoint_dir", None)
     if model_dir is None:
         raise ConfigError("--drafter mtp reads the MTP layer from the target's checkpoint directory; this target "
                           "was not loaded from one (load it with models.loader.load_model)")
-    return MTPDrafter.from_target(model_dir, target, dtype, runtime)
+    return MTPDrafter.from_target(model_dir, target, dtype, runtime, draft_vocab)
 
 
 def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None,
@@ -59,8 +61,8 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
         return None
     if name in NAMED:
         return NAMED[name]()
-    if name == "mtp":
-        return _mtp(target, dtype, runtime)
+    if name == "mtp" or name.startswith("mtp:"):
+        return _mtp(target, dtype, runtime, name[len("mtp:"):] if name != "mtp" else None)
     model_dir = resolve_model_dir(name, cache_dir)
     archs = _architectures(model_dir)
     own = [a for a in archs if a in CHECKPOINT_DRAFTERS]

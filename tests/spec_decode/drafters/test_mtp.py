@@ -7,12 +7,14 @@ import torch
 
 from specpilot.config import ConfigError
 from specpilot.engine.engine import SpecEngine
+from specpilot.layers.paths import PLAIN
 from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.generator import Generator
 from specpilot.models.loader import load_model
 from specpilot.models.random_checkpoint import add_mtp_layer
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
+from specpilot.spec_decode.drafters.mtp import ChainGraph
 from specpilot.spec_decode.drafters.registry import build_drafter
 from specpilot.spec_decode.tree import TreeSpec
 
@@ -181,3 +183,190 @@ def test_chain_levels_store_their_pairs_right_after_the_fed_ones(target):
     written = d.cache.k[0, 0].abs().sum(dim=(0, 2)) != 0  # [positions]
     assert d.seen[0] == 19
     assert written[:21].all() and not written[21:].any()
+
+
+# ---- a reduced draft vocabulary (`--drafter mtp:FILE`, `mtp:N`) ----------------------------------------------------
+
+ODD = dict(vocab_size=331, hidden_size=48, intermediate_size=72)  # odd vocabulary and widths
+
+
+@pytest.fixture(scope="module")
+def odd_target(tmp_path_factory):
+    from tests.checkpoints import write_checkpoint
+
+    path = tmp_path_factory.mktemp("qwen3_5_mtp_odd")
+    write_checkpoint("qwen3_5", path, **ODD)
+    add_mtp_layer(path, seed=5)
+    return load_model(str(path), "cpu", "float32")
+
+
+def _hot(vocab: int, n: int, seed: int = 1) -> torch.Tensor:
+    """n distinct target ids in no particular order (a mapping that skips draft_to_target proposes other ids)."""
+    return torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:n]
+
+
+def _hot_file(tmp_path, ids: torch.Tensor) -> str:
+    from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
+
+    path = tmp_path / "hot.safetensors"
+    DraftVocab(ids).save(path)
+    return str(path)
+
+
+def _masked(monkeypatch, target, hot: torch.Tensor) -> None:
+    """The plain reference of a reduced vocabulary: the target's whole head with every other id at -inf."""
+    keep = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+    keep[hot] = True
+    full = target.logits
+    monkeypatch.setattr(target, "logits", lambda h, paths=PLAIN: full(h, paths).masked_fill(~keep, float("-inf")))
+
+
+def _steps(target, drafter, spec: TreeSpec) -> list:
+    """Two proposals for three requests: a prompt's eager feed, then a short accepted block (the one-call chain
+    step for chains) -> the proposed trees' (tokens, parents)."""
+    runner = ModelRunner(target)
+    runner.allocate(3, 64)
+    drafter.allocate(3, 64)
+    seqs = [torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 27, 9)]
+    with torch.no_grad():
+        for slot, seq in enumerate(seqs):
+            _, feats = runner.prefill_features(slot, seq[:-3], (target.config.num_hidden_layers - 1,))
+            drafter.start(slot, seq[:-3], feats)
+        out = drafter.propose([0, 1, 2], [s[-3] for s in seqs], spec)
+        feats = torch.randn(3, 2, target.config.hidden_size, generator=torch.Generator().manual_seed(2))
+        for slot, seq in enumerate(seqs):
+            drafter.commit(slot, [seq[-2]], feats[slot])
+        out += drafter.propose([0, 1, 2], [s[-1] for s in seqs], spec)
+    return [(t.tokens, t.parents) for t in out]
+
+
+class ReplayedChainGraph(ChainGraph):
+    """A ChainGraph whose (faked) replay re-runs the captured step on the static inputs, as a real replay does."""
+
+    def __init__(self, run, inputs, feats):
+        super().__init__(run, inputs, feats)
+        self.graph.graphs[-1].rerun = lambda: self.output.copy_(run(self.inputs, self.feats))
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "static:3,2", "dynamic:2,3,5"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_draft_vocab_proposes_what_the_masked_full_head_proposes(tree, graphs, odd_target, tmp_path, monkeypatch):
+    """Over a draft vocabulary the chain (eager feed and levels, the one-call step, its CUDA graph) and the trees
+    propose what the whole head proposes with every id outside the set at -inf; every proposal is in the set."""
+    from specpilot.spec_decode.drafters import mtp
+    from tests.cuda_graph_fakes import fake_cuda_graphs
+
+    hot = _hot(ODD["vocab_size"], 37)
+    reduced = build_drafter("mtp:" + _hot_file(tmp_path, hot), odd_target)
+    assert reduced.head_weight.shape == (37, ODD["hidden_size"]) and reduced.head_weight.is_contiguous()
+    if graphs:
+        fake_cuda_graphs(monkeypatch)
+        monkeypatch.setattr(mtp, "ChainGraph", ReplayedChainGraph)
+        reduced.use_graphs = True
+    got = _steps(odd_target, reduced, TreeSpec.parse(tree))
+    assert bool(reduced.graphs) == (graphs and tree.startswith("chain"))
+    reference = build_drafter("mtp", odd_target)
+    _masked(monkeypatch, odd_target, hot)
+    assert got == _steps(odd_target, reference, TreeSpec.parse(tree))
+    assert set(t for tokens, _ in got for t in tokens[1:]) <= set(hot.tolist())
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "dynamic:2,3,4"])
+def test_draft_vocab_keeps_greedy_output_exact(tree, odd_target, tmp_path):
+    drafter = build_drafter("mtp:" + _hot_file(tmp_path, _hot(ODD["vocab_size"], 37)), odd_target)
+    check_greedy(odd_target, drafter, tree)
+
+
+def test_draft_vocab_first_n_ids(target):
+    drafter = build_drafter("mtp:40", target)
+    assert drafter.draft_to_target.tolist() == list(range(40))
+    check_greedy(target, drafter, "chain:3")
+
+
+def test_full_vocabulary_is_the_default(target):
+    drafter = build_drafter("mtp", target)
+    assert drafter.lm_head is None and drafter.draft_to_target is None
+    assert drafter.head_weight is target.lm_head.weight
+
+
+def test_draft_vocab_sampled_output_is_plain_sampling(odd_target, tmp_path):
+    check_sampled(odd_target, build_drafter("mtp:" + _hot_file(tmp_path, _hot(ODD["vocab_size"], 37)), odd_target),
+                  "static:2,1")
+
+
+@pytest.mark.parametrize("params", [None, SamplingParams(temperature=0.7),
+                                    SamplingParams(temperature=1.3, top_k=5, top_p=0.9)])
+def test_draft_probs_are_over_the_draft_vocab_only(params, odd_target, tmp_path, monkeypatch):
+    """q, the distribution the drafter draws from: sums to 1, zero outside the draft vocabulary, and equal to the
+    whole head's with every other id at -inf."""
+    from specpilot.runtime.sampling import filtered_probs
+
+    hot = _hot(ODD["vocab_size"], 37)
+    drafter = build_drafter("mtp:" + _hot_file(tmp_path, hot), odd_target)
+    h = torch.randn(4, ODD["hidden_size"], generator=torch.Generator().manual_seed(3))
+    q = drafter.draft_probs(h, params)
+    assert q.shape == (4, ODD["vocab_size"]) and q.dtype == torch.float32
+    torch.testing.assert_close(q.sum(-1), torch.ones(4))
+    outside = torch.ones(ODD["vocab_size"], dtype=torch.bool)
+    outside[hot] = False
+    assert (q[:, outside] == 0).all() and (q[:, hot] > 0).any(-1).all()
+    _masked(monkeypatch, odd_target, hot)
+    logits = odd_target.logits(h).float()
+    want = torch.softmax(logits, -1) if params is None else filtered_probs(logits, params)
+    torch.testing.assert_close(q, want)
+    full = build_drafter("mtp", odd_target)
+    assert full.draft_probs(h, params).shape == (4, ODD["vocab_size"])
+
+
+def test_generate_with_a_draft_vocab_file(target, tmp_path, capsys):
+    import json
+
+    from specpilot.cli import main
+
+    args = ["generate", "--target", str(target.checkpoint_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
+            "8", "--json", "--ignore-eos"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    hot = _hot_file(tmp_path, _hot(target.config.vocab_size, 50))
+    assert main(args + ["--drafter", f"mtp:{hot}", "--tree", "chain:3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafter"] == f"mtp:{hot}"
+
+
+def _bad_files():
+    V = 320
+    return {"out_of_range": ({"token_ids": torch.tensor([3, V], dtype=torch.int64)}, f"token id {V} is outside"),
+            "negative": ({"token_ids": torch.tensor([3, -1], dtype=torch.int64)}, "token id -1 is negative"),
+            "duplicate": ({"token_ids": torch.tensor([5, 9, 5], dtype=torch.int64)}, "token ids repeat"),
+            "int32": ({"token_ids": torch.tensor([1, 2], dtype=torch.int32)}, "torch.int32, not int64"),
+            "empty": ({"token_ids": torch.zeros(0, dtype=torch.int64)}, "needs N >= 1"),
+            "2d": ({"token_ids": torch.zeros(2, 2, dtype=torch.int64)}, "has shape [2, 2]"),
+            "key": ({"ids": torch.tensor([1, 2], dtype=torch.int64)}, "holds tensors ['ids']")}
+
+
+@pytest.mark.parametrize("case", sorted(_bad_files()) + ["missing", "not_safetensors", "n0", "n_past_vocab", "none"])
+def test_bad_draft_vocab_is_one_error_line(case, target, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from specpilot.cli import main
+
+    path = tmp_path / "hot.safetensors"
+    spec, match = str(path), None
+    if case in _bad_files():
+        tensors, match = _bad_files()[case]
+        save_file(tensors, str(path))
+    elif case == "missing":
+        match = "no such draft vocabulary file"
+    elif case == "not_safetensors":
+        path.write_text("token_ids = [1, 2]\n")
+        match = "not a safetensors file"
+    elif case == "n0":
+        spec, match = "0", "--drafter mtp:0: N = 0; a draft vocabulary needs N >= 1"
+    elif case == "n_past_vocab":
+        spec, match = "321", "token id 320 is outside the target's vocabulary (vocab_size 320)"
+    else:
+        spec, match = "", "--drafter mtp: none given"
+    rc = main(["generate", "--target", str(target.checkpoint_dir), "--prompt", "x", "--max-new-tokens", "2",
+               "--drafter", f"mtp:{spec}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error:") and err.count("\n") == 1 and match in err, err
