@@ -5,7 +5,9 @@ The drafters users bring for a Qwen3.5 / Qwen3.8-27B target, with random weights
 random target of the shape cut to --target-layers layers (the drafters read only its embedding, LM head and config;
 the verify pass is not timed here). Per (drafter, batch): the requests start with --context random context features,
 then every step commits --accepted random feature rows per request (an accepted path: the root and accepted - 1
-drafts) and proposes the drafter's chain (--depth, capped at its block; the MTP chain at each of --mtp-depths). Correctness first: two drafters of the same
+drafts) and proposes the drafter's chain (--depth, capped at its block; the MTP chain at each of --mtp-depths; with
+--mtp-draft-vocab N, the MTP rows again over a draft vocabulary of the first N ids, labelled `mtp:N` as --drafter
+spells it: its LM head reads N rows per level). Correctness first: two drafters of the same
 weights, one stepped and one started on the whole committed context, propose the same tokens (the cache
 bookkeeping): the fraction of equal draft tokens is recorded (1.0 on the CPU in fp32; in bf16 on a GPU the stepped
 drafter's in-graph context extension and the whole one's eager pass take different kernels, and near-ties of random
@@ -14,12 +16,13 @@ is the CUDA-event time of the whole propose() call (host preparation, the forwar
 an engine step pays), the median.
 
 Roofline: the bytes a proposal must read (every weight the drafter touches, once per level it runs: the LM head
-once for a block drafter, once per level for the MTP chain; DSpark's Markov W2 once per slot; gathered rows of
-embeddings and codebooks; the context K/V it attends to) over the copy bandwidth measured in the same run.
+once for a block drafter, once per level for the MTP chain, its N rows for `mtp:N`; DSpark's Markov W2 once per
+slot; gathered rows of embeddings and codebooks; the context K/V it attends to) over the copy bandwidth measured in
+the same run.
 step_share: propose_ms / (propose_ms + the target's verify of batch x (depth + 1) tokens), the verify time read
 from --verify-curve (the curve measured for this shape on this GPU, shipped with the package; absent: null).
 
-    python3 -m bench drafter_proposal --out bench/results/drafter_proposal_27b_h200.json
+    python3 -m bench drafter_proposal --mtp-draft-vocab 32768 --out bench/results/drafter_proposal_27b_h200.json
     python3 -m bench drafter_proposal --device cpu --target tiny-hybrid --batches 1 3 --context 24 --reps 2 \
         --warmup 1 --out /tmp/drafter_proposal.json   # CPU smoke run (tiny shapes, wall time)
 
@@ -42,20 +45,30 @@ from specpilot.bench.shapes import (DRAFTER_SHAPES, SHAPES, hf_config, random_df
 from specpilot.config import EngineConfig
 from specpilot.engine.cost_curve import VerifyCostCurve
 from specpilot.runtime.settings import Runtime
+from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
+from specpilot.spec_decode.drafters.mtp import MTPDrafter
 from specpilot.spec_decode.tree import TreeSpec
 
 DRAFTERS = ("dflash", "dflash2", "dspark", "mtp")
 CURVE = Path(__file__).resolve().parent.parent / "specpilot" / "data" / "cost_curves" / "nvidia-h200-8282aa02de44.json"
 
 
-def build(kind: str, target, shape: str, runtime):
+def build(kind: str, target, shape: str, runtime, draft_vocab: int | None = None):
+    """draft_vocab (MTP): the first N ids as its draft vocabulary (None: the whole vocabulary)."""
     if kind == "dflash":
         return random_dflash(target, shape, runtime=runtime)
     if kind == "dflash2":
         return random_dflash2(target, shape, runtime=runtime)
     if kind == "dspark":
         return random_dspark(target, shape, runtime=runtime)
-    return random_mtp(target, runtime=runtime)
+    drafter = random_mtp(target, runtime=runtime)
+    if draft_vocab is None:
+        return drafter
+    return MTPDrafter(drafter.model, target, runtime, vocab=DraftVocab.first(draft_vocab))
+
+
+def label(kind: str, draft_vocab: int | None) -> str:
+    return kind if draft_vocab is None else f"{kind}:{draft_vocab}"
 
 
 def feature_width(drafter) -> int:
@@ -74,7 +87,8 @@ def roofline_bytes(drafter, target, n: int, depth: int, context: int) -> dict:
         layer = sum(_bytes(p) for p in drafter.model.parameters())
         cfg = drafter.config
         kv = 2 * cfg.num_key_value_heads * cfg.head_dim * drafter.cache.k.element_size()
-        return {"weights": depth * layer, "lm_head": depth * _bytes(head), "embedding_rows": n * depth * row,
+        return {"weights": depth * layer, "lm_head": depth * _bytes(drafter.head_weight),
+                "embedding_rows": n * depth * row,
                 "context_kv": n * depth * (context + depth) * kv}
     model, parts = drafter.model, {}
     skip = set()
@@ -120,10 +134,11 @@ class Workload:
         return drafter.propose(list(range(self.n)), self.tokens[i % len(self.tokens)], spec)
 
 
-def check(kind: str, target, shape: str, runtime, n: int, work: Workload, spec: TreeSpec, max_len: int) -> dict:
+def check(kind: str, target, shape: str, runtime, n: int, work: Workload, spec: TreeSpec, max_len: int,
+          draft_vocab: int | None = None) -> dict:
     """Stepped vs started-whole: the fourth step's proposal of a drafter that started and committed three accepted
     paths equals that of a drafter of the same weights started on the same committed tokens and features at once."""
-    stepped, whole = build(kind, target, shape, runtime), build(kind, target, shape, runtime)
+    stepped, whole = (build(kind, target, shape, runtime, draft_vocab) for _ in range(2))
     whole.model.load_state_dict(stepped.model.state_dict())
     for d in (stepped, whole):
         d.allocate(n, max_len)
@@ -141,7 +156,7 @@ def check(kind: str, target, shape: str, runtime, n: int, work: Workload, spec: 
     return {"stepped_vs_whole_agreement": sum(same) / len(same)}
 
 
-def measure(kind: str, drafter, target, n: int, args, spec: TreeSpec, bandwidth: float, curve) -> dict:
+def measure(name: str, drafter, target, n: int, args, spec: TreeSpec, bandwidth: float, curve) -> dict:
     device = args.device
     drafter.allocate(n, args.context + args.accepted * (args.warmup + args.reps + 4) + 64)
     work = Workload(drafter, n, args.context, args.accepted, target.config.vocab_size, device)
@@ -152,9 +167,11 @@ def measure(kind: str, drafter, target, n: int, args, spec: TreeSpec, bandwidth:
     parts = roofline_bytes(drafter, target, n, depth, args.context)
     roof_ms = sum(parts.values()) / bandwidth * 1e3
     propose = statistics.median(ms)
-    row = {"drafter": kind, "batch": n, "depth": depth, "propose_ms": round(propose, 4),
+    row = {"drafter": name, "batch": n, "depth": depth, "propose_ms": round(propose, 4),
            "propose_ms_all": [round(x, 4) for x in ms], "roofline_ms": round(roof_ms, 4),
            "of_roofline": round(roof_ms / propose, 3), "bytes": parts, "graphs": bool(getattr(drafter, "graphs", None))}
+    if drafter.name == "mtp":
+        row["draft_vocab"] = drafter.head_weight.shape[0]
     if curve is not None:
         verify = curve.seconds(n * (depth + 1), n, args.context) * 1e3
         row["verify_ms_from_curve"] = round(verify, 4)
@@ -174,21 +191,23 @@ def run(args, report: Report) -> None:
                        "copy_bandwidth_gbs": round(bandwidth / 1e9, 1),
                        "verify_curve": str(args.verify_curve) if args.verify_curve else None}
     rows = report["rows"]
-    for kind in args.drafters:
-        drafter = attempt(kind, build, kind, target, args.target, runtime)
+    runs = [(kind, v) for kind in args.drafters for v in [None] + (args.mtp_draft_vocab if kind == "mtp" else [])]
+    for kind, vocab in runs:
+        name = label(kind, vocab)
+        drafter = attempt(name, build, kind, target, args.target, runtime, vocab)
         if isinstance(drafter, dict):
-            rows.append({"drafter": kind, **drafter})
+            rows.append({"drafter": name, **drafter})
             report.save()
             continue
         specs = [TreeSpec.parse(f"chain:{min(d, drafter.max_depth or d)}") for d in args.depth[kind]]
-        checked = attempt(f"{kind} check", check, kind, target, args.target, runtime, min(args.batches), Workload(
+        checked = attempt(f"{name} check", check, kind, target, args.target, runtime, min(args.batches), Workload(
             drafter, min(args.batches), args.context, args.accepted, target.config.vocab_size, device), specs[-1],
-            args.context + 64)
-        report["checks"][kind] = checked
+            args.context + 64, vocab)
+        report["checks"][name] = checked
         for spec in specs:
             for n in args.batches:
-                row = attempt(f"{kind} batch {n}", measure, kind, drafter, target, n, args, spec, bandwidth, curve)
-                rows.append(row if "drafter" in row else {"drafter": kind, "batch": n, "depth": spec.depth, **row})
+                row = attempt(f"{name} batch {n}", measure, name, drafter, target, n, args, spec, bandwidth, curve)
+                rows.append(row if "drafter" in row else {"drafter": name, "batch": n, "depth": spec.depth, **row})
                 _print(rows[-1], time.perf_counter() - t0)
                 report.save()
         del drafter
@@ -199,10 +218,10 @@ def run(args, report: Report) -> None:
 
 def _print(row: dict, elapsed: float) -> None:
     if "error" in row:
-        print(f"{row['drafter']:8s} batch {row.get('batch', '-'):>3}: ERROR {row['error'][:120]}", flush=True)
+        print(f"{row['drafter']:10s} batch {row.get('batch', '-'):>3}: ERROR {row['error'][:120]}", flush=True)
         return
     share = f" step share {row['step_share']:.1%}" if "step_share" in row else ""
-    print(f"{row['drafter']:8s} batch {row['batch']:>3} chain:{row['depth']}: propose {row['propose_ms']:.3f} ms, "
+    print(f"{row['drafter']:10s} batch {row['batch']:>3} chain:{row['depth']}: propose {row['propose_ms']:.3f} ms, "
           f"roofline {row['roofline_ms']:.3f} ms ({row['of_roofline']:.0%}){share}  [{elapsed:.0f} s]", flush=True)
 
 
@@ -218,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=None, help="chain depth (default: each block drafter's block)")
     p.add_argument("--mtp-depths", type=int, nargs="+", default=[1, 2, 3],
                    help="the MTP chain's depths, a row each (each level reads the layer and the LM head once)")
+    p.add_argument("--mtp-draft-vocab", type=int, nargs="+", default=[], metavar="N",
+                   help="the MTP rows again over a draft vocabulary of the first N ids (rows `mtp:N`), per N")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
@@ -235,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batches, --context, --accepted, --reps and --target-layers must be >= 1")
     if (args.depth is not None and args.depth < 1) or min(args.mtp_depths) < 1:
         p.error("--depth and --mtp-depths must be >= 1")
+    vocab = hf_config(args.target).vocab_size
+    if args.mtp_draft_vocab and not (1 <= min(args.mtp_draft_vocab) and max(args.mtp_draft_vocab) <= vocab):
+        p.error(f"--mtp-draft-vocab {args.mtp_draft_vocab}: each N must be in 1 .. {vocab} ({args.target}'s "
+                "vocab_size)")
+    if args.mtp_draft_vocab and "mtp" not in args.drafters:
+        p.error("--mtp-draft-vocab adds MTP rows: put mtp in --drafters")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no GPU here; use --device cpu for the smoke run")
     if args.verify_curve is None and args.device == "cuda" and args.target == "Qwen3.5-27B" and CURVE.exists():
@@ -248,10 +275,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(rows: list[dict]) -> None:
-    print("\ndrafter  batch  depth  propose_ms  roofline_ms  of_roofline  step_share", file=sys.stdout)
+    print("\ndrafter    batch  depth  propose_ms  roofline_ms  of_roofline  step_share", file=sys.stdout)
     for r in rows:
         if "error" in r:
             continue
         share = f"{r['step_share']:.3f}" if "step_share" in r else "-"
-        print(f"{r['drafter']:8s} {r['batch']:5d}  {r['depth']:5d}  {r['propose_ms']:10.3f}  {r['roofline_ms']:11.3f}"
+        print(f"{r['drafter']:10s} {r['batch']:5d}  {r['depth']:5d}  {r['propose_ms']:10.3f}  {r['roofline_ms']:11.3f}"
               f"  {r['of_roofline']:11.2f}  {share:>10s}")
