@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from specpilot.checkpoint.json_file import write_json
 from specpilot.engine.engine import SpecEngine
@@ -40,7 +41,7 @@ from specpilot.spec_decode.forcing import ForcingReport, force_check
 from specpilot.spec_decode.tree import TreeSpec
 
 PAIRS = (("dense", "dense-dflash"), ("dense", "dense-eagle3"), ("dense", "draft-lm"),
-         ("hybrid", "hybrid-dflash"), ("hybrid", "hybrid-eagle3"), ("hybrid", "draft-lm"))
+         ("hybrid", "hybrid-dflash"), ("hybrid", "mtp"), ("hybrid", "draft-lm"))  # mtp: the layer in zoo/hybrid
 
 
 def measure(zoo: Path, target: str, drafter: str, tree: str, prompts: list[list[int]], new_tokens: int,
@@ -79,23 +80,34 @@ def measure(zoo: Path, target: str, drafter: str, tree: str, prompts: list[list[
 
 def drafter_source(zoo: Path, target: str, drafter: str, drafter_dir: Path | None) -> tuple[Path, str]:
     """(the directory the target is loaded from, the drafter's name for build_drafter). A drafter directory that is
-    the target's checkpoint with an MTP layer is both, once its target weights are byte for byte the zoo target's."""
+    the target's checkpoint with an MTP layer is both, once its target tensors (every stored tensor but `mtp.*`) are
+    byte for byte the zoo target's."""
     if drafter == "mtp":
         return zoo / target, "mtp"
     path = drafter_dir if drafter_dir is not None else zoo / drafter
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
     if "mtp_num_hidden_layers" not in config.get("text_config", config):
         return zoo / target, str(path)
-    differ = [f.name for f in (zoo / target).glob("*.safetensors")
-              if not (path / f.name).exists() or _digest(path / f.name) != _digest(f)]
+    theirs, ours = _target_tensors(path), _target_tensors(zoo / target)
+    differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
     if differ:
-        raise ValueError(f"{path}: its target weights ({', '.join(differ)}) are not those of {zoo / target}; an MTP "
-                         f"layer is measured on the target it was trained for (train it with --target {zoo / target})")
+        raise ValueError(f"{path}: its target weights ({len(differ)} tensors differ, e.g. {differ[0]}) are not those "
+                         f"of {zoo / target}; an MTP layer is measured on the target it was trained for (train it "
+                         f"with --target {zoo / target})")
     return path, "mtp"
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _target_tensors(model_dir: Path) -> dict[str, str]:
+    """Stored tensor name -> SHA-256 of its bytes, over the directory's safetensors files, the MTP layer's left out
+    (the zoo's hybrid carries one in its own file; a trained MTP directory has its own in another)."""
+    digests = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():
+                if not k.startswith("mtp."):
+                    raw = h.get_tensor(k).contiguous().reshape(-1).view(torch.uint8)
+                    digests[k] = hashlib.sha256(raw.numpy()).hexdigest()
+    return digests
 
 
 def merge_rows(doc: dict, key: str, rows: list[dict]) -> None:

@@ -105,8 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt", default=DEMO_PROMPT,
                    help="prompt text, echoed dimmed before the completion (default: a Python function to complete)")
     d.add_argument("--model", choices=["dense", "hybrid"], default="hybrid", help="the zoo target")
-    d.add_argument("--drafter", dest="demo_drafter", choices=["dflash", "eagle3", "draft-lm", "ngram"],
-                   default="dflash", help="the zoo drafter for the speculative run")
+    d.add_argument("--drafter", dest="demo_drafter", choices=["dflash", "eagle3", "mtp", "draft-lm", "ngram"],
+                   default="dflash", help="the zoo drafter for the speculative run (eagle3: dense; mtp: hybrid, "
+                                          "the target's own MTP layer)")
     d.add_argument("--tree", default="chain:7", help="chain:D | static:C1,C2,... | dynamic:TOPK,DEPTH,NODES")
     d.set_defaults(func=cmd_demo)
     _add_serve_parser(sub)

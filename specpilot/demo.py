@@ -1,11 +1,13 @@
 """What `specpilot demo` runs: the bundled trained zoo (zoo/ in the repository, or $SPECPILOT_ZOO), a target and
-one of its drafters. Without a zoo (an install that did not keep the repository) it falls back to a tiny
-Qwen3.5-style hybrid with RANDOM weights, written once (seeded, a few seconds on CPU) to ~/.cache/specpilot
-through transformers' own classes and said plainly to be noise.
+one of its drafters (a drafter directory of the zoo, or the MTP layer the hybrid target's checkpoint carries).
+Without a zoo (an install that did not keep the repository) it falls back to a tiny Qwen3.5-style hybrid with
+RANDOM weights, written once (seeded, a few seconds on CPU) to ~/.cache/specpilot through transformers' own
+classes and said plainly to be noise.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -22,17 +24,40 @@ def zoo_dir() -> Path | None:
 
 
 def zoo_pair(target: str, drafter: str) -> tuple[Path, str]:
-    """(target directory, drafter name for build_drafter) of the zoo; `ngram` and `none` pass through."""
+    """(target directory, drafter name for build_drafter) of the zoo; `ngram` and `none` pass through, `mtp` is the
+    target's own MTP layer."""
     root = zoo_dir()
     if root is None:
         raise FileNotFoundError(f"no trained zoo found (looked in ${ZOO_ENV} and the repository's zoo/); "
                                 "rebuild it with `specpilot train zoo --out zoo`")
     if drafter in ("ngram", "none"):
         return root / target, drafter
-    name = drafter if drafter == "draft-lm" else f"{target}-{drafter}"  # one draft LM serves both targets
-    if not (root / name / "config.json").exists():
-        raise FileNotFoundError(f"{root / name}: not in the zoo")
-    return root / target, str(root / name)
+    have = zoo_drafters(root, target)
+    if drafter in have:
+        name = drafter if drafter == "draft-lm" else f"{target}-{drafter}"  # one draft LM serves both targets
+        return root / target, "mtp" if drafter == "mtp" else str(root / name)
+    raise FileNotFoundError(f"the zoo ({root}) has no {drafter} drafter for the {target} target; its drafters for "
+                            f"{target}: {', '.join(have)}")
+
+
+def zoo_drafters(root: Path, target: str) -> list[str]:
+    """The demo's --drafter names the zoo holds for `target`: its own drafters (`TARGET-KIND/`), the shared draft LM,
+    the MTP layer in the target's checkpoint, and ngram (no weights)."""
+    names = sorted(p.name.removeprefix(f"{target}-") for p in root.glob(f"{target}-*") if (p / "config.json").exists())
+    if (root / "draft-lm" / "config.json").exists():
+        names.append("draft-lm")
+    if _has_mtp_layer(root / target):
+        names.append("mtp")
+    return names + ["ngram"]
+
+
+def _has_mtp_layer(model_dir: Path) -> bool:
+    try:
+        raw = json.loads((model_dir / "config.json").read_text())
+    except FileNotFoundError:
+        return False
+    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    return bool(text.get("mtp_num_hidden_layers"))
 
 
 def demo_dir() -> Path:

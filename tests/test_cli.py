@@ -216,9 +216,38 @@ def test_a_tree_deeper_than_the_dflash_block_is_cut_and_said_once(checkpoint_fac
 def test_demo_eagle3_with_a_small_dynamic_tree(capsys):
     """The zoo's EAGLE-3 head with dynamic:8,3,2 crashed in store_kv: its tree while growing (up to 8 x 2 scratch
     nodes) outgrew the head cache, sized for the 2 nodes it keeps."""
-    rc = main(["demo", "--drafter", "eagle3", "--tree", "dynamic:8,3,2", "--max-new-tokens", "8", "--json"])
+    rc = main(["demo", "--model", "dense", "--drafter", "eagle3", "--tree", "dynamic:8,3,2", "--max-new-tokens", "8",
+               "--json"])
     spec = json.loads(capsys.readouterr().out)["speculative"]
     assert rc == 0 and spec["identical"] and spec["forcing"]["passed"] and spec["forcing"]["tokens"] == 8
+
+
+def test_demo_runs_the_hybrid_targets_own_mtp_layer(capsys):
+    """`--drafter mtp`: the MTP layer in zoo/hybrid's checkpoint, chained to depth 7."""
+    rc = main(["demo", "--drafter", "mtp", "--max-new-tokens", "8", "--json"])
+    spec = json.loads(capsys.readouterr().out)["speculative"]
+    assert rc == 0 and spec["drafter"] == "mtp" and spec["identical"] and spec["forcing"]["passed"]
+    assert spec["tau"] > 1
+
+
+def test_a_drafter_the_zoo_lacks_for_the_model_is_one_line_listing_what_it_has(monkeypatch, capsys):
+    """The zoo has no EAGLE-3 head for the hybrid target (its MTP layer took that place) and no MTP layer for the
+    dense one: one line, status 2, before any weight loads."""
+    from specpilot.demo import zoo_dir
+    from specpilot.models import loader
+
+    def no_load(*a, **k):
+        raise AssertionError("a checkpoint was read before the drafter was checked")
+
+    monkeypatch.setattr(loader, "load_model", no_load)
+    monkeypatch.setattr(loader, "load_tokenizer", no_load)
+    zoo = zoo_dir()
+    for model, drafter, have in (("hybrid", "eagle3", "dflash, draft-lm, mtp, ngram"),
+                                 ("dense", "mtp", "dflash, eagle3, draft-lm, ngram")):
+        rc = main(["demo", "--model", model, "--drafter", drafter])
+        captured = capsys.readouterr()
+        line = f"the zoo ({zoo}) has no {drafter} drafter for the {model} target; its drafters for {model}: {have}"
+        assert (rc, captured.out, captured.err) == (2, "", f"error: {line}\n")
 
 
 def test_eager_and_weight_format_reach_a_draft_lms_runner(checkpoint_factory, monkeypatch, capsys):

@@ -1,7 +1,9 @@
 """`specpilot train zoo`: the bundled zoo rebuilt by one command.
 
-The recipe is data (ZOO_RECIPE): a tokenizer, a dense and a hybrid target, a DFlash drafter and an EAGLE-3 head
-for each, and one draft LM (both targets share the tokenizer, so one draft LM serves both). Jobs of a stage
+The recipe is data (ZOO_RECIPE): a tokenizer, a dense and a hybrid target, a DFlash drafter for each, an EAGLE-3
+head for the dense one, an MTP layer for the hybrid one (written into the hybrid target's directory, as Qwen3.5
+checkpoints carry it: `--drafter mtp`), and one draft LM (both targets share the tokenizer, so one draft LM serves
+both). Jobs of a stage
 are independent and run as parallel `specpilot train` processes (tiny models leave a GPU mostly idle); each
 writes a log. The corpus is tokenized once, before the first model stage, into the token cache every job reads.
 Finally every model is written W12N (lossless) into the output directory with a zoo.json summary. A job whose
@@ -22,11 +24,13 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Job:
-    name: str  # the model's directory in the zoo
+    name: str  # the model's directory in the work directory (and in the zoo, unless `into` is set)
     args: tuple[str, ...]  # `specpilot train ...` arguments, {work} standing for the work directory
     steps: int
+    into: str | None = None  # the zoo model this job's output stands in for (an MTP layer: its target plus the layer)
 
 
+_DRAFTER = ("--batch-size", "16", "--seq-len", "512", "--lr", "2e-3", "--warmup", "100")
 # stages run in order; the jobs of a stage run side by side
 ZOO_RECIPE: tuple[tuple[Job, ...], ...] = (
     (Job("dense", ("target", "--arch", "dense", "--tokenizer", "{work}/tokenizer", "--batch-size", "32",
@@ -35,18 +39,19 @@ ZOO_RECIPE: tuple[tuple[Job, ...], ...] = (
                     "--seq-len", "512", "--lr", "2e-3", "--warmup", "200"), 2500),
      Job("draft-lm", ("drafter", "--kind", "draft-lm", "--target", "{work}/tokenizer", "--batch-size", "32",
                       "--seq-len", "512", "--lr", "3e-3", "--warmup", "200"), 2000)),
-    # EAGLE-3 heads learn the target's greedy tokens on corpus text; DFlash drafters (three layers) learn from
-    # request-like rollouts: 384 corpus tokens, then 128 of the target's own, anchors in the generated part, 64 per
-    # sequence, target layers 1, 4, 7; the hybrid's narrower MLP keeps the zoo in 32 MB. Why, with the figures:
-    # docs/decisions/2026-12-01-zoo-drafter-recipe.md
-    tuple(Job(f"{t}-{kind}", ("drafter", "--kind", kind, "--target", f"{{work}}/{t}", "--batch-size", "16",
-                               "--seq-len", "512", "--lr", "2e-3", "--warmup", "100", *extra), steps)
-          for t, dflash_mlp, dflash_steps in (("dense", (), 2600),
-                                              ("hybrid", ("--draft-intermediate-size", "384"), 5200))
-          for kind, extra, steps in (
-              ("dflash", ("--block-size", "8", "--draft-layers", "3", *dflash_mlp, "--anchors", "64", "--rollouts",
-                          "12288", "--rollout-prompt-len", "384", "--target-layers", "1,4,7"), dflash_steps),
-              ("eagle3", ("--draft-vocab-size", "2048"), 2000))),
+    # The EAGLE-3 head and the MTP layer learn the target's greedy tokens on corpus text; DFlash drafters (three
+    # layers) learn from request-like rollouts: 384 corpus tokens, then 128 of the target's own, anchors in the
+    # generated part, 64 per sequence, target layers 1, 4, 7; the hybrid's narrower MLP keeps the zoo in 32 MB. Why,
+    # with the figures: docs/decisions/2026-12-01-zoo-drafter-recipe.md. The MTP layer's recipe is the CPU run that
+    # replaced the hybrid EAGLE-3 head (docs/decisions/2026-12-02-zoo-hybrid-mtp.md).
+    tuple(Job(f"{t}-dflash", ("drafter", "--kind", "dflash", "--target", f"{{work}}/{t}", *_DRAFTER, "--block-size",
+                              "8", "--draft-layers", "3", *mlp, "--anchors", "64", "--rollouts", "12288",
+                              "--rollout-prompt-len", "384", "--target-layers", "1,4,7"), steps)
+          for t, mlp, steps in (("dense", (), 2600), ("hybrid", ("--draft-intermediate-size", "384"), 5200))) +
+    (Job("dense-eagle3", ("drafter", "--kind", "eagle3", "--target", "{work}/dense", *_DRAFTER, "--draft-vocab-size",
+                          "2048"), 2000),
+     Job("hybrid-mtp", ("drafter", "--kind", "mtp", "--target", "{work}/hybrid", "--batch-size", "8", "--seq-len",
+                        "512", "--lr", "2e-3", "--warmup", "50"), 400, into="hybrid")),
 )
 VOCAB_SIZE = 4096
 ZOO_MAX_FILES = 12000  # ~150 MB of code: about one epoch for the targets' 49M training tokens
@@ -128,18 +133,20 @@ def _run_all(todo: list[tuple[str, tuple[str, ...]]], work: Path, jobs: int, con
 def _write_zoo(work: Path, out: Path, seconds: float) -> dict:
     from specpilot.weights.compress import compress, inspect, totals
 
-    names = [j.name for stage in ZOO_RECIPE for j in stage]
+    jobs = [j for stage in ZOO_RECIPE for j in stage]
+    source = {j.name: j.name for j in jobs if j.into is None} | {j.into: j.name for j in jobs if j.into is not None}
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     models = {}
-    for name in names:
-        if (work / name / "w12n.json").exists():  # a model carried over from an earlier zoo: already W12N
-            shutil.copytree(work / name, tmp / name)
+    for name in (j.name for j in jobs if j.into is None):
+        src = work / source[name]
+        if (src / "w12n.json").exists():  # a model carried over from an earlier zoo: already W12N
+            shutil.copytree(src, tmp / name)
             reports = inspect(str(tmp / name))
         else:
-            reports = compress(str(work / name), tmp / name)
-        training = json.loads((work / name / "training.json").read_text())
+            reports = compress(str(src), tmp / name)
+        training = json.loads((src / "training.json").read_text())
         size = sum(f.stat().st_size for f in (tmp / name).iterdir())
         total = totals(reports)
         models[name] = {"bytes": size, "parameters": total["parameters"],

@@ -81,18 +81,23 @@ def test_a_drafter_dir_is_merged_into_candidates_with_its_training(checkpoint_fa
 
 
 def test_an_mtp_dir_is_measured_on_its_own_target_only_if_that_is_the_zoos(tmp_path):
+    """Its target tensors are compared, not its files: the zoo's hybrid carries its own MTP layer in
+    model.safetensors, a trained MTP directory the target's tensors there and its layer in model-mtp.safetensors."""
+    from safetensors.torch import save_file
+
+    target = {"model.w": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "lm_head.weight": torch.ones(3)}
     zoo = tmp_path / "zoo"
     (zoo / "hybrid").mkdir(parents=True)
-    (zoo / "hybrid" / "model.safetensors").write_bytes(b"target")
+    save_file(target | {"mtp.fc.weight": torch.zeros(2)}, str(zoo / "hybrid" / "model.safetensors"))
     mtp = tmp_path / "mtp"
     mtp.mkdir()
     (mtp / "config.json").write_text(json.dumps({"mtp_num_hidden_layers": 1}))
-    (mtp / "model.safetensors").write_bytes(b"target")
-    (mtp / "model-mtp.safetensors").write_bytes(b"layer")
+    save_file(target, str(mtp / "model.safetensors"))
+    save_file({"mtp.fc.weight": torch.ones(2)}, str(mtp / "model-mtp.safetensors"))
     assert za.drafter_source(zoo, "hybrid", "hybrid-mtp", mtp) == (mtp, "mtp")
     assert za.drafter_source(zoo, "hybrid", "mtp", None) == (zoo / "hybrid", "mtp")
-    (mtp / "model.safetensors").write_bytes(b"another target")
-    with pytest.raises(ValueError, match="not those of"):
+    save_file(target | {"model.w": target["model.w"] + 1}, str(mtp / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"\(1 tensors differ, e.g. model.w\) are not those of"):
         za.drafter_source(zoo, "hybrid", "hybrid-mtp", mtp)
 
 
