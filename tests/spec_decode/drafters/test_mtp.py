@@ -370,3 +370,18 @@ def test_bad_draft_vocab_is_one_error_line(case, target, tmp_path, capsys):
                "--drafter", f"mtp:{spec}"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error:") and err.count("\n") == 1 and match in err, err
+
+
+def test_draft_vocab_rows_of_a_head_whose_bf16_weight_was_dropped():
+    """Weight format w12n_only drops the LM head's bf16 weight: the draft vocabulary's rows are decoded from its
+    W12N planes, bit for bit."""
+    from specpilot.layers.linear import Linear
+    from specpilot.spec_decode.drafters.mtp import _head_rows
+    from specpilot.weights import w12n
+
+    weight = (torch.randn(331, 48, generator=torch.Generator().manual_seed(0)) * 0.05).bfloat16()
+    head = Linear(48, 331, bias=False)
+    head.w12n, head.weight = w12n.encode(weight), None
+    ids = _hot(331, 37)
+    rows = _head_rows(head, ids)
+    assert torch.equal(rows.weight, weight[ids]) and rows.weight.is_contiguous()
