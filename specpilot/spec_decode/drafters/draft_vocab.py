@@ -33,7 +33,7 @@ class DraftVocab:
             raise ValueError(f"{src}: the draft vocabulary's token ids are {got}, not int64; use {FORMAT}")
         if ids.dim() != 1 or ids.numel() < 1:
             raise ValueError(f"{src}: the draft vocabulary has shape {list(ids.shape)}; it needs N >= 1 ids in one "
-                             f"dimension ({FORMAT})")
+                             f"dimension: use {FORMAT}")
         if int(ids.min()) < 0:
             raise ValueError(f"{src}: token id {int(ids.min())} is negative; the draft vocabulary holds target ids")
         uniq, counts = ids.unique(return_counts=True)
@@ -50,7 +50,8 @@ class DraftVocab:
         top = int(self.token_ids.max())
         if top >= vocab_size:
             raise ValueError(f"{self.source}: token id {top} is outside the target's vocabulary (vocab_size "
-                             f"{vocab_size}); build the draft vocabulary with this target's tokenizer")
+                             f"{vocab_size}); use ids below {vocab_size} (a file built with this target's tokenizer, "
+                             f"or N <= {vocab_size})")
 
     @classmethod
     def first(cls, n: int, source: str | None = None) -> DraftVocab:
