@@ -93,6 +93,8 @@ class DraftVocab:
         from safetensors.torch import save_file
 
         path = Path(path)
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"{path.parent}: no such directory to write the draft vocabulary {path.name} in")
         tmp = path.with_name(path.name + ".tmp")
         try:
             save_file({KEY: self.token_ids.contiguous()}, str(tmp), metadata={"format": "pt"})

@@ -75,3 +75,7 @@ def test_dev_command_writes_a_file_the_drafter_reads(checkpoint_factory, tmp_pat
     assert main(["--target", str(path), "--prompts", str(tmp_path / "nope.txt"), "--size", "4", "--out",
                  str(tmp_path / "x.safetensors")]) == 2
     assert "neither an existing prompt file" in capsys.readouterr().err and not (tmp_path / "x.safetensors").exists()
+    assert main(["--target", str(path), "--prompts", str(prompts), "--size", "4", "--out",
+                 str(tmp_path / "no" / "x.safetensors")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'no'}: no such directory to write the draft vocabulary " \
+        "x.safetensors in\n"
