@@ -41,8 +41,8 @@ from specpilot.runtime.sampling import SamplingParams, filtered_probs
 from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
 from specpilot.spec_decode.drafters.feature_pairs import FeaturePairs
-from specpilot.weights import w12n
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
+from specpilot.weights import w12n
 
 FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
 FEED_CHUNK = 2048

@@ -1,6 +1,7 @@
 """--drafter mtp: the target's own MTP layer drafts chains and trees in the engine, and speculative greedy output
 equals plain greedy output on a hybrid (Qwen3.5) target; a chain's batched levels equal the same MTP run request
-by request."""
+by request. `--drafter mtp:FILE` / `mtp:N` (a reduced draft vocabulary): proposals are the whole head's with every
+other id at -inf, output stays exact, q lives on the set, bad files are one error line."""
 
 import pytest
 import torch
