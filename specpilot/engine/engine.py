@@ -70,6 +70,10 @@ class SpecEngine:
         # more levels than the deepest budget; a block drafter (DFlash) proposes its whole block at one cost
         self.sequential = getattr(drafter, "sequential", True)
         self.skippable = hasattr(drafter, "skip")
+        # a drafter that rates its own nodes (DSpark's confidence head) sets the adaptive budget of chains and
+        # static trees from those estimates, after proposing
+        self._reads_confidence = (bool(getattr(drafter, "rates_nodes", False)) and self.config.adaptive
+                                  and self.tree is not None and self.tree.kind != "dynamic")
         self.scheduler: Scheduler | None = None  # built (and the caches sized) at the first step
         self.slot_len = 0  # tokens a slot holds (prompt + output), the tree's nodes aside
         self.requests: list[Request] = []  # the last generate()'s, in prompt order
@@ -171,12 +175,20 @@ class SpecEngine:
         if not plan.decoding and not plan.chunks:
             return []
         active = plan.decoding
-        nodes = self.budget(active, plan.chunks)
-        record = {"batch": len(active), "nodes": nodes, "prefill": sum(len(c.tokens) for c in plan.chunks)}
+        record = {"batch": len(active), "prefill": sum(len(c.tokens) for c in plan.chunks)}
         self.step_log.append(record)
         self._timer.start(active, record)
+        if self._reads_confidence:
+            # the drafter rates its own nodes: it proposes whole, then the budget cuts by its estimates
+            trees = self._timer.run("draft", self.propose, active, [self._full_nodes()] * len(active))
+            record["nodes"] = nodes = self.budget(active, plan.chunks, trees)
+            trees = _cut(trees, nodes)
+        else:
+            record["nodes"] = nodes = self.budget(active, plan.chunks)
+            trees = None
         self._note_prediction(active, nodes, plan.chunks)
-        trees = self._timer.run("draft", self.propose, active, nodes)
+        if trees is None:
+            trees = self._timer.run("draft", self.propose, active, nodes)
         tokens = self._timer.run("verify", self.verify, active, trees, plan.chunks)
         if self.while_verifying is not None:
             self.while_verifying()
@@ -191,16 +203,21 @@ class SpecEngine:
             self.runner.cache.reset(torch.tensor([r.slot for r in plan.admitted], device=self.runner.device))
         return plan
 
-    def budget(self, active: list[Request], chunks: list[Chunk] = ()) -> list[int]:
+    def budget(self, active: list[Request], chunks: list[Chunk] = (), trees: list[DraftTree] | None = None
+               ) -> list[int]:
         """Draft nodes per decoding request (0: plain decoding); the prefill chunks riding along cost the forward
-        time too."""
+        time too. trees: the step's proposals, when the drafter rates them (Drafter.node_acceptance): each node's
+        gain is then its estimate, in place of the request's recent acceptance."""
         if self.drafter is None or not active:
             nodes = [0] * len(active)
         elif not self.config.adaptive or self.tree.kind == "dynamic":
             nodes = [self._full_nodes()] * len(active)
         else:
-            shape = self._shape
-            gains = [node_gains(r.tracker, shape) for r in active]
+            if trees is not None:
+                gains = [list(self.drafter.node_acceptance(r.slot))[1:t.num_nodes] for r, t in zip(active, trees)]
+            else:
+                shape = self._shape
+                gains = [node_gains(r.tracker, shape) for r in active]
             plan = split_budget(gains, _Scaled(self.cost, self._verify_scale), [r.committed for r in active],
                                 draft_seconds=self._draft_seconds, extra_tokens=sum(len(c.tokens) for c in chunks))
             nodes = list(plan.nodes)
@@ -229,12 +246,9 @@ class SpecEngine:
         else:
             trees = self.drafter.propose([r.slot for r in active], roots, spec)
         room = self.runner.cache.max_seq_len
-        out = []
-        for r, t, n in zip(active, trees, nodes):
-            keep = min(t.num_nodes, 1 + n)
-            t = t if keep == t.num_nodes else DraftTree(t.tokens[:keep], t.parents[:keep])
+        out = _cut(trees, nodes)
+        for r, t in zip(active, out):
             assert r.committed + t.num_nodes <= room, "draft tree larger than the cache room left"
-            out.append(t)
         return out
 
     @inference
@@ -566,6 +580,15 @@ class SpecEngine:
         depth = max(depth, 1) if self.sequential else self.tree.depth
         samples = sorted(self._draft_s[min(self._draft_s, key=lambda d: (abs(d - depth), d))])
         return samples[(len(samples) - 1) // 2]
+
+
+def _cut(trees: list[DraftTree], nodes: list[int]) -> list[DraftTree]:
+    """Each tree's root and first n draft nodes in topological order (every kept node's ancestors are kept)."""
+    out = []
+    for t, n in zip(trees, nodes):
+        keep = min(t.num_nodes, 1 + n)
+        out.append(t if keep == t.num_nodes else DraftTree(t.tokens[:keep], t.parents[:keep]))
+    return out
 
 
 def _sampling(requests) -> bool:

@@ -46,3 +46,7 @@ class Drafter(Protocol):
     # (SamplingParams, race noise rows [depth, vocab])) and then proposes the tokens its own filtered distribution
     # draws with that noise (spec_decode/coupling.py). Any proposal is exact under the raced rule; coupled ones are
     # accepted more often at temperature > 0. A drafter without it proposes as at temperature 0.
+    # Optional: `rates_nodes = True` with `node_acceptance(slot)`: after propose, per node of the slot's tree (root
+    # first, 1.0) the drafter's estimate that the node is reached and accepted. The engine's adaptive budget then
+    # cuts each proposed tree by these estimates (engine/budget.py's gains) instead of the request's recent
+    # acceptance.

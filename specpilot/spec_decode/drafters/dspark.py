@@ -13,7 +13,9 @@ Confidence (the hook for the engine's per-request depth): after `propose`, `conf
 the tree proposed for that slot (node 0, the root: 1.0), the confidence head's predicted probability that the
 node's token is accepted given its parent, and `survival[slot]` the product along the node's path (the
 probability that the node is reached and accepted: the expected accepted drafts of a tree is the sum over its
-nodes). Without a confidence head both are 1.0 everywhere. The engine does not read them yet.
+nodes). Without a confidence head both are 1.0 everywhere. With one, `node_acceptance` hands `survival` to the
+engine's adaptive budget, which cuts each proposed chain or static tree by it (engine/budget.py's node gains, the
+verify cost curve measured on this GPU pricing the nodes).
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class DSparkDrafter(DFlashDrafter):
         self.embed = model.embed_tokens if opts.own_embedding else target.model.embed_tokens
         self.confidence: dict[int, list[float]] = {}
         self.survival: dict[int, list[float]] = {}
+        self.rates_nodes = opts.confidence  # the engine's budget reads node_acceptance
+
+    def node_acceptance(self, slot: int) -> list[float]:
+        """Per node of the slot's last proposal (root first): the chance that it is reached and accepted."""
+        return self.survival[slot]
 
     @torch.inference_mode()
     def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
