@@ -39,7 +39,7 @@ from specpilot.spec_decode.drafters.registry import build_drafter
 from specpilot.spec_decode.tree import TreeSpec
 
 PAIRS = (("dense", "dense-dflash"), ("hybrid", "hybrid-dflash"), ("dense", "dense-eagle3"),
-         ("hybrid", "hybrid-eagle3"), ("dense", "draft-lm"), ("hybrid", "draft-lm"))
+         ("hybrid", "mtp"), ("dense", "draft-lm"), ("hybrid", "draft-lm"))  # mtp: the layer in zoo/hybrid itself
 JOINT = ("dense:dense-dflash", "hybrid:hybrid-dflash")  # the dflash2 profiles' shape: the zoo's DFlash drafters
 TREE, DEPTH = "chain:7", 7
 PROFILES, PROFILE_TOKENS = ("dflash2-gsm8k", "dflash2-mixed"), 2048
@@ -75,7 +75,8 @@ def record(zoo: Path, target: str, drafter: str, prompts: list[list[int]], new_t
     model = load_model(str(zoo / target), "cpu", "float32")
     tok = load_tokenizer(str(zoo / target))
     runner = ModelRunner(model)
-    rec = Recorder(build_drafter(str(zoo / drafter), model, tok, runtime=runner.runtime), prompts)
+    source = "mtp" if drafter == "mtp" else str(zoo / drafter)
+    rec = Recorder(build_drafter(source, model, tok, runtime=runner.runtime), prompts)
     # every step the full chain: acceptance is the models' (the adaptive budget would cut the chain per request)
     engine = SpecEngine(runner, rec, TreeSpec.parse(TREE), scheduler=SchedulerConfig(max_num_seqs=batch,
                                                                                    adaptive=False))
