@@ -79,17 +79,26 @@ class DSparkModel(DFlashModel):
     def step(self, base: torch.Tensor, hidden: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One slot: base logits [n, V], hidden [n, H], previous tokens [n] -> (logits with the Markov bias [n, V]
         fp32, confidence [n] fp32, all ones without a confidence head)."""
-        opts, logits = self.options, base.float()
-        e = None
-        if opts.markov_rank:
-            e = self.markov_head.markov_w1(prev)
-            logits = logits + self.markov_head.markov_w2(e).float()
+        return self.markov_logits(base, prev), self.confidence(hidden, prev)
+
+    def markov_logits(self, base: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """Base logits [..., V] plus the Markov bias W2 W1[prev] of the previous tokens prev [...], fp32."""
+        logits = base.float()
+        if self.options.markov_rank:
+            head = self.markov_head
+            logits = logits + head.markov_w2(head.markov_w1(prev)).float()
+        return logits
+
+    def confidence(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """sigmoid(proj([hidden ; W1[prev]])) [...] fp32 of hidden [..., H] and the previous tokens prev [...] (any
+        leading shape: a chain's slots at once); all ones without a confidence head."""
+        opts = self.options
         if not opts.confidence:
-            return logits, torch.ones(len(prev), device=base.device)
-        features = torch.cat((hidden, e.to(hidden.dtype)), dim=-1) if opts.confidence_with_markov else hidden
+            return torch.ones(prev.shape, device=hidden.device)
+        if opts.confidence_with_markov:
+            hidden = torch.cat((hidden, self.markov_head.markov_w1(prev).to(hidden.dtype)), dim=-1)
         proj = self.confidence_head.proj
-        return logits, torch.sigmoid(nn.functional.linear(features.float(), proj.weight.float(),
-                                                          proj.bias.float()))[:, 0]
+        return torch.sigmoid(nn.functional.linear(hidden.float(), proj.weight.float(), proj.bias.float()))[..., 0]
 
 
 def read_config(model_dir: Path, keys: set[str]) -> tuple[ModelConfig, DSparkOptions, dict]:

@@ -89,15 +89,16 @@ class DSparkDrafter(DFlashDrafter):
 
     def _pick(self, block, width: int, noise=None) -> torch.Tensor:
         """The chain's Markov walk: [2, n, depth] fp32, the drafted tokens (exact in fp32: ids < 2^24) and each
-        slot's confidence."""
-        base, hidden, prev = block
-        tokens, conf = [], []
+        slot's confidence. The walk is sequential (each slot's bias reads the previous draft); the confidences
+        then take every slot at once."""
+        base, hidden, root = block
+        prev, tokens = root, []
         for s in range(base.shape[1]):
-            logits, c = self.model.step(base[:, s], hidden[:, s], prev)
-            prev = logits.argmax(-1)
+            prev = self.model.markov_logits(base[:, s], prev).argmax(-1)
             tokens.append(prev)
-            conf.append(c)
-        return torch.stack((torch.stack(tokens, 1).float(), torch.stack(conf, 1)))
+        drafts = torch.stack(tokens, 1)
+        conf = self.model.confidence(hidden, torch.cat((root[:, None], drafts[:, :-1]), 1))
+        return torch.stack((drafts.float(), conf))
 
     def _trees(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
         self._flush()
