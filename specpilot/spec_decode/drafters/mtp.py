@@ -16,10 +16,17 @@ device-only call on the runtime's draft kernels (`_chain_block`), replayed from 
 block width) where the runtime captures graphs; a prompt's first feed and trees run eagerly.
 The bookkeeping and the tree nodes' step are feature_pairs.py's (shared with the EAGLE-3 head).
 
+Sampling requests (coupled, spec_decode/coupling.py): `propose(..., noise=...)` hands each sampling request's race
+noise rows; its draft at depth d is then the race's draw of its own filtered draft distribution q with row d - 1
+(the noise the target's draw at that output position uses), and a tree node's children are the race's draws in
+order, scored at the drafter's logit_error. A greedy request in the same batch takes the head's argmax as before.
+The one-call chain step takes the noise as static rows [n, depth, draft vocab] too, its graph per (batch, depth,
+block width) and each row's filter settings, within MAX_COUPLED_NOISE_BYTES (past it the step runs eagerly).
+
 Draft vocabulary: by default every level scores the target's whole LM head. Given a DraftVocab (`--drafter mtp:FILE`
 or `mtp:N`, draft_vocab.py), the levels and the trees score a contiguous copy of those ids' rows made once here,
 and `draft_to_target` maps the head's argmax / top-k back to target ids: the draft distribution q is the softmax
-over those ids, zero elsewhere (`draft_probs`).
+over those ids, zero elsewhere (`draft_probs`); a draft token races with the noise of the target id it stands for.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from specpilot.models.mtp import MTPModel, load_mtp
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import capture
 from specpilot.runtime.sampling import SamplingParams, filtered_probs
+from specpilot.spec_decode.coupling import Noise, coupled_row_scores
 from specpilot.runtime.settings import Runtime
 from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
 from specpilot.spec_decode.drafters.feature_pairs import FeaturePairs
@@ -47,15 +55,19 @@ from specpilot.weights import w12n
 FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
 FEED_CHUNK = 2048
 CHAIN_BLOCK = 16  # pending blocks up to this long join a chain's one-call step (padded to a power of two)
+# the static noise rows all coupled chain graphs may hold (fp32 [n, depth, draft vocab] each; a graph's own fp32
+# temporaries scale with them): past it a coupled chain step of a new shape or setting runs eagerly
+MAX_COUPLED_NOISE_BYTES = 1 << 30
 
 
 class ChainGraph:
     """`_chain_block` of a fixed (batch, depth, block width), captured once: it reads one static int64 input
     [n * (W + 3)] (the requests' block tokens row by row, then every seen, block length and slot) and static
-    features [n, W, H]."""
+    features [n, W, H]; a coupled step also reads static race noise rows [n, depth, draft vocab]."""
 
-    def __init__(self, run, inputs: torch.Tensor, feats: torch.Tensor):
-        self.inputs, self.feats = inputs.clone(), feats.clone()
+    def __init__(self, run, inputs: torch.Tensor, feats: torch.Tensor, noise: torch.Tensor | None = None):
+        """noise: the static rows the run reads (the caller refills them before each replay), or None."""
+        self.inputs, self.feats, self.noise = inputs.clone(), feats.clone(), noise
         self.graph, self.output = capture(run, self.inputs, self.feats)
 
     def replay(self, inputs: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
@@ -65,17 +77,26 @@ class ChainGraph:
         return self.output
 
 
+def _filter_key(e: Noise):
+    """What a row's coupled draws depend on besides its noise: its filter settings (None: a greedy row)."""
+    return None if e is None else (e[0].temperature, e[0].top_k, e[0].top_p)
+
+
 class MTPDrafter(FeaturePairs):
     name = "mtp"
     max_depth = None
+    coupled = True  # propose takes the sampling requests' race noise
     features_needed = "MTP needs the target's last-layer outputs [{n}, {width}], got {got}"
 
     def __init__(self, model: MTPModel, target: CausalLM, runtime: Runtime | None = None,
-                 use_graphs: bool | None = None, vocab: DraftVocab | None = None):
+                 use_graphs: bool | None = None, vocab: DraftVocab | None = None, logit_error: float | None = None):
         """runtime: the target runner's (default: Runtime.build(EngineConfig(), the model's device)); its draft
         paths are the chain step's kernels, its cuda_graphs whether chain steps are captured (unless use_graphs
-        says otherwise). vocab: the draft vocabulary (None: the target's whole vocabulary)."""
+        says otherwise). vocab: the draft vocabulary (None: the target's whole vocabulary). logit_error: the scale of
+        the draft logits' error that a sampling request's tree scores assume (spec_decode/coupling.py; None: unit
+        scores); it changes which nodes a dynamic tree keeps, never the output."""
         super().__init__(model.config.hidden_size)
+        self.logit_error = logit_error
         self.model, self.target = model, target
         self.config = model.config
         self.target_layers = (target.config.num_hidden_layers - 1,)
@@ -86,7 +107,7 @@ class MTPDrafter(FeaturePairs):
         self.use_graphs = runtime.cuda_graphs if use_graphs is None else use_graphs
         # the pointwise helpers compile only where a graph fixes the shapes
         self.paths = runtime.draft if self.use_graphs else dataclasses.replace(runtime.draft, compiled=False)
-        self.graphs: dict[tuple[int, int, int], ChainGraph] = {}
+        self.graphs: dict[tuple, ChainGraph] = {}
         self.cache: ModelCache | None = None
         self.lm_head, self.draft_to_target = None, None  # None: the target's LM head over its whole vocabulary
         if vocab is not None:
@@ -113,19 +134,33 @@ class MTPDrafter(FeaturePairs):
             self.cache = ModelCache(self.config, num_slots, size, self.device, self.dtype)
 
     @torch.inference_mode()
-    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec) -> list[DraftTree]:
+    def propose(self, slots: list[int], roots: list[int], spec: TreeSpec,
+                noise: list[Noise] | None = None) -> list[DraftTree]:
+        """noise (sampling requests): per slot None or its race noise (SamplingParams, rows [>= depth, target
+        vocab]); then its drafts are its draft distribution's draws with that noise (spec_decode/coupling.py)."""
+        noise = self._draft_noise(noise, spec.depth)
         if spec.kind == "chain" and all(len(self.pending_tokens[s]) < CHAIN_BLOCK for s in slots):
-            rows = self._chain_step(slots, roots, spec.depth)
+            rows = self._chain_step(slots, roots, spec.depth, noise)
             return [DraftTree.chain([root] + row) for root, row in zip(roots, rows)]
         h = self.feed(slots, roots)  # [n, H]: the MTP output at each root's pair
         if spec.kind == "chain":
-            return [DraftTree.chain([root] + row) for root, row in zip(roots, self._chain(slots, h, spec.depth))]
+            rows = self._chain(slots, h, spec.depth, noise)
+            return [DraftTree.chain([root] + row) for root, row in zip(roots, rows)]
+        noise = noise or [None] * len(slots)
         out = []
         for i, (slot, root) in enumerate(zip(slots, roots)):
             hidden = {0: h[i]}  # node -> MTP output (the hidden state its children pair with)
-            out.append(grow(spec, root, lambda tree, frontier, s=slot, hd=hidden: self._score(s, tree, frontier,
-                                                                                              hd, spec)))
+            out.append(grow(spec, root, lambda tree, frontier, s=slot, hd=hidden, e=noise[i]:
+                            self._score(s, tree, frontier, hd, spec, e)))
         return out
+
+    def _draft_noise(self, noise: list[Noise] | None, depth: int) -> list[Noise] | None:
+        """The sampling requests' first `depth` noise rows over the draft vocabulary (a draft token's row entry is
+        its target id's), or None when no request samples."""
+        if noise is None or all(e is None for e in noise):
+            return None
+        ids = self.draft_to_target
+        return [None if e is None else (e[0], e[1][:depth] if ids is None else e[1][:depth, ids]) for e in noise]
 
     # --- MTP forward ---------------------------------------------------------------------------------------
 
@@ -174,9 +209,11 @@ class MTPDrafter(FeaturePairs):
             self.seen[s] += len(t)
         return h[torch.arange(n, device=dev), last]
 
-    def _chain_step(self, slots: list[int], roots: list[int], depth: int) -> list[list[int]]:
+    def _chain_step(self, slots: list[int], roots: list[int], depth: int,
+                    noise: list[Noise] | None = None) -> list[list[int]]:
         """Feed and chain of every request in one device-only call (a graph replay where graphs are on): each
-        request's pending block with its root, padded to a power of two W; one device-to-host copy back."""
+        request's pending block with its root, padded to a power of two W; one device-to-host copy back. noise:
+        _draft_noise's rows (None: every request greedy)."""
         tokens = [self.pending_tokens[s] + [root] for s, root in zip(slots, roots)]
         n, W = len(slots), 1 << (max(map(len, tokens)) - 1).bit_length()
         host = torch.zeros(n * (W + 3), dtype=torch.long, pin_memory=self.on_gpu)
@@ -188,26 +225,48 @@ class MTPDrafter(FeaturePairs):
             ids[i, :len(t)] = torch.tensor(t)
             feats[i, :len(t)] = f
         tail.copy_(torch.tensor([[self.seen[s] for s in slots], list(map(len, tokens)), slots]))
-        if self.use_graphs:
-            key = (n, depth, W)
+        # a coupled step's graph is per sampling setting of each row (the filtering ops it captures)
+        key = (n, depth, W) + (() if noise is None else tuple(map(_filter_key, noise)))
+        if self.use_graphs and (key in self.graphs or self._noise_fits(noise, depth)):
             graph = self.graphs.get(key)
             if graph is None:
+                rows = None if noise is None else self._static_noise(noise, depth)
+                static = None if noise is None else [None if e is None else (e[0], rows[b]) for b, e in
+                                                     enumerate(noise)]
                 # capture runs the step for real: its K/V writes are the ones the replay then repeats
                 max_len = self.cache.max_seq_len  # a replay cannot follow a host bound
-                graph = self.graphs[key] = ChainGraph(lambda x, f: self._chain_block(x, f, depth, max_len),
-                                                      host.to(self.device), feats)
+                graph = self.graphs[key] = ChainGraph(lambda x, f: self._chain_block(x, f, depth, max_len, static),
+                                                      host.to(self.device), feats, noise=rows)
+            if noise is not None:
+                _fill_noise(graph.noise, noise)
             out = graph.replay(host, feats)
         else:
-            out = self._chain_block(host.to(self.device), feats, depth, max(self.seen[s] for s in slots) + W + depth)
+            out = self._chain_block(host.to(self.device), feats, depth, max(self.seen[s] for s in slots) + W + depth,
+                                    noise)
         for s, t in zip(slots, tokens):
             self.seen[s] += len(t)
             self.pending_tokens[s], self.pending_feats[s] = [], None
         return out.tolist()
 
-    def _chain_block(self, inputs: torch.Tensor, feats: torch.Tensor, depth: int, max_len: int) -> torch.Tensor:
+    def _noise_fits(self, noise: list[Noise] | None, depth: int) -> bool:
+        """Whether one more coupled graph's static noise rows stay within MAX_COUPLED_NOISE_BYTES (a greedy step
+        holds none)."""
+        if noise is None:
+            return True
+        held = sum(g.noise.numel() for g in self.graphs.values() if g.noise is not None)
+        return 4 * (held + len(noise) * depth * self.head_weight.shape[0]) <= MAX_COUPLED_NOISE_BYTES
+
+    def _static_noise(self, noise: list[Noise], depth: int) -> torch.Tensor:
+        """Static rows [n, depth, draft vocab] (ones: a greedy row's stay finite) with the step's noise in them."""
+        rows = torch.ones(len(noise), depth, self.head_weight.shape[0], device=self.device)
+        _fill_noise(rows, noise)
+        return rows
+
+    def _chain_block(self, inputs: torch.Tensor, feats: torch.Tensor, depth: int, max_len: int,
+                     noise: list[Noise] | None = None) -> torch.Tensor:
         """Device only (capturable): inputs [n * (W + 3)] (block tokens [n, W], then seen, block length and slot
         [n] each: contiguous views, as the kernels index them) and the blocks' last-layer features [n, W, H] -> the
-        greedy chains [n, depth]. The block sits at positions seen .. seen + W - 1 (its pads past the length are
+        chains [n, depth] (greedy, or a sampling row's coupled draws: noise as _levels). The block sits at positions seen .. seen + W - 1 (its pads past the length are
         scratch the levels and the next feed overwrite); level d >= 1 pairs the previous level's output with its
         token at seen + length - 1 + d."""
         n, W = feats.shape[:2]
@@ -217,21 +276,32 @@ class MTPDrafter(FeaturePairs):
         hidden = self.target.model.norm(feats, self.paths)
         h = self.forward(BatchMetadata.contiguous(ids, seen, slots, max_len, self.paths), hidden)
         h = h[torch.arange(n, device=h.device), length - 1]
-        return self._levels(h, seen + length - 1, slots, depth, max_len, self.paths)
+        return self._levels(h, seen + length - 1, slots, depth, max_len, self.paths, noise)
 
     def _levels(self, h: torch.Tensor, last: torch.Tensor, slots: torch.Tensor, depth: int, max_len: int,
-                paths: KernelPaths) -> torch.Tensor:
-        """h [n, H]: the MTP outputs at each request's last fed pair (position `last` [n]) -> the greedy chains
-        [n, depth] (device only): level d >= 1 pairs the previous level's output with its token at last + d, where
-        its K/V are stored too. max_len: a bound on every level's prefix."""
-        tok = self._greedy(h, paths)
+                paths: KernelPaths, noise: list[Noise] | None = None) -> torch.Tensor:
+        """h [n, H]: the MTP outputs at each request's last fed pair (position `last` [n]) -> the chains [n, depth]
+        (device only): level d >= 1 pairs the previous level's output with its token at last + d, where its K/V are
+        stored too. max_len: a bound on every level's prefix. noise: per request None (greedy) or its params and
+        noise rows [depth, draft vocab]; None: every request greedy."""
+        tok = self._pick(h, paths, 0, noise)
         out = [tok]
         for level in range(1, depth):
             meta = BatchMetadata.contiguous(tok[:, None], last + level, slots, max_len, paths)
             h = self.forward(meta, h[:, None])[:, 0]
-            tok = self._greedy(h, paths)
+            tok = self._pick(h, paths, level, noise)
             out.append(tok)
         return torch.stack(out, dim=1)
+
+    def _pick(self, h: torch.Tensor, paths: KernelPaths, level: int, noise: list[Noise] | None) -> torch.Tensor:
+        """The target ids of one level's tokens [n] (device only): a greedy row's head argmax, a sampling row's
+        race draw of its filtered draft distribution with its noise row of this level."""
+        if noise is None:
+            return self._greedy(h, paths)
+        logits = self._head(h, paths)
+        tok = torch.stack([logits[b].argmax(-1) if e is None else
+                           coupled_row_scores(logits[b], e[0], e[1][level]).argmax(-1) for b, e in enumerate(noise)])
+        return self._to_target(tok)
 
     def _head(self, h: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor:
         return self.target.logits(h, paths) if self.lm_head is None else self.lm_head(h, paths)
@@ -257,22 +327,37 @@ class MTPDrafter(FeaturePairs):
         full = q.new_zeros(*q.shape[:-1], self.target.config.vocab_size)
         return full.index_copy_(-1, self.draft_to_target, q)
 
-    def _chain(self, slots: list[int], h: torch.Tensor, depth: int) -> list[list[int]]:
-        """Greedy chains of `depth` tokens for every request after an eager feed, one batched MTP step per level."""
+    def _chain(self, slots: list[int], h: torch.Tensor, depth: int, noise: list[Noise] | None = None
+               ) -> list[list[int]]:
+        """Chains of `depth` tokens for every request after an eager feed, one batched MTP step per level."""
         dev = self.device
         seen = torch.tensor([self.seen[s] for s in slots], device=dev)
         bound = max(self.seen[s] for s in slots) + depth - 1
-        return self._levels(h, seen - 1, torch.tensor(slots, device=dev), depth, bound, PLAIN).tolist()
+        return self._levels(h, seen - 1, torch.tensor(slots, device=dev), depth, bound, PLAIN, noise).tolist()
 
-    def _score(self, slot: int, tree: DraftTree, frontier: list[int], hidden: dict, spec: TreeSpec):
-        """Top candidates (ids, log-probs) after each frontier node of the partial tree."""
+    def _score(self, slot: int, tree: DraftTree, frontier: list[int], hidden: dict, spec: TreeSpec,
+               noise: Noise = None):
+        """Top candidates (target ids, log-probs, or with noise the coupled scores at the logit error) after each
+        frontier node of the partial tree."""
         if frontier != [0]:
             hs = self._tree_hidden(slot, tree, hidden)
             for i in range(1, tree.num_nodes):
                 hidden[i] = hs[i - 1]
-        logp = torch.log_softmax(self.draft_logits(torch.stack([hidden[i] for i in frontier])), dim=-1)
+        logits = self.draft_logits(torch.stack([hidden[i] for i in frontier]))
+        if noise is None:
+            logp = torch.log_softmax(logits, dim=-1)
+        else:  # a child at depth d takes noise row d - 1: its parent's depth
+            logp = coupled_row_scores(logits, noise[0], noise[1][[tree.depths[f] for f in frontier]],
+                                      self.logit_error)
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         return [(t.tolist(), v.tolist()) for t, v in zip(self._to_target(top.indices), top.values)]
+
+
+def _fill_noise(rows: torch.Tensor, noise: list[Noise]) -> None:
+    """Each sampling row's race noise into the static rows [n, depth, draft vocab] (a greedy row's stay as they are)."""
+    for b, e in enumerate(noise):
+        if e is not None:
+            rows[b].copy_(e[1])
 
 
 def _head_rows(head: Linear, ids: torch.Tensor) -> Linear:

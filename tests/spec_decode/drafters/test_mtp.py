@@ -244,8 +244,8 @@ def _steps(target, drafter, spec: TreeSpec) -> list:
 class ReplayedChainGraph(ChainGraph):
     """A ChainGraph whose (faked) replay re-runs the captured step on the static inputs, as a real replay does."""
 
-    def __init__(self, run, inputs, feats):
-        super().__init__(run, inputs, feats)
+    def __init__(self, run, inputs, feats, noise=None):
+        super().__init__(run, inputs, feats, noise)
         self.graph.graphs[-1].rerun = lambda: self.output.copy_(run(self.inputs, self.feats))
 
 
