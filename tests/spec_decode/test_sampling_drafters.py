@@ -4,6 +4,7 @@ its own filtered distribution draws with that noise; a greedy request's proposal
 import inspect
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from specpilot.engine.generator import Generator
@@ -122,3 +123,67 @@ def test_coupled_scores_are_the_race_in_order_with_its_soft_win_chances():
     assert (wins - scores.exp()).abs().max() < 0.005
     filtered = coupled_row_scores(logits, SamplingParams(temperature=1.0, top_k=2), noise)
     assert filtered.topk(2).indices.tolist() == [0, 1] and torch.isinf(filtered[2:]).all()
+
+
+def _mtp_target(path):
+    """A random Qwen3.5 target with an MTP layer, written to `path`."""
+    from specpilot.models.random_checkpoint import add_mtp_layer
+    from tests.checkpoints import write_checkpoint
+
+    path.mkdir()
+    write_checkpoint("qwen3_5", path)
+    add_mtp_layer(path, seed=3)
+    return load_model(str(path), "cpu", "float32")
+
+
+@pytest.mark.parametrize("lengths", [(5, 9), (20, 9)])  # the one-call chain step; an eager feed, then the levels
+@pytest.mark.parametrize("vocab", ["mtp", "mtp:FILE"])
+def test_mtp_draws_its_q_with_the_noise_per_depth(vocab, lengths, tmp_path):
+    """The MTP layer, coupled: a sampling request's draft at depth 1 is the race's draw of its filtered q (over the
+    target's ids, zero outside a draft vocabulary) with noise row 0, at depth 2 (its pair with that draw) with row 1;
+    a tree's first children are those draws; the greedy request beside it proposes what it proposes without noise.
+    mtp:FILE: 150 target ids in no particular order (their noise is the target ids' columns, not the first 150)."""
+    from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
+    from specpilot.spec_decode.drafters.registry import build_drafter
+    from specpilot.spec_decode.tree import DraftTree
+
+    target = _mtp_target(tmp_path / "target")
+    if vocab == "mtp:FILE":
+        DraftVocab(torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(2))[:150]).save(
+            tmp_path / "hot.safetensors")
+        vocab = f"mtp:{tmp_path / 'hot.safetensors'}"
+    layer = (target.config.num_hidden_layers - 1,)
+    runner = ModelRunner(target)
+    runner.allocate(2, 64)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in lengths]
+    with torch.inference_mode():
+        feats = [runner.prefill_features(s, p, layer)[1] for s, p in enumerate(prompts)]
+    roots = [17, 40]
+
+    def started():
+        d = build_drafter(vocab, target)
+        d.allocate(2, 64)
+        for s, (p, f) in enumerate(zip(prompts, feats)):
+            d.start(s, p, f)
+        return d
+
+    params = SamplingParams(temperature=1.0, top_k=50)
+    rows = torch.empty(3, target.config.vocab_size).exponential_(generator=torch.Generator().manual_seed(5))
+    probe = started()
+    with torch.inference_mode():
+        h = probe.feed([0, 1], roots)
+        q = probe.draft_probs(h, params)
+        want = int((q[0] / rows[0]).argmax())
+        chain = DraftTree.chain([roots[0], want])
+        h2 = probe._tree_hidden(0, chain, {0: h[0]})[0]
+        want2 = int((probe.draft_probs(h2, params) / rows[1]).argmax())
+    assert want != int(q[0].argmax())  # the race's draw is not the greedy token: ignoring the noise fails
+    noise = [(params, rows), None]
+    for spec in (TreeSpec.parse("chain:3"), TreeSpec.parse("static:3,2,1")):
+        coupled = started().propose([0, 1], roots, spec, noise=noise)
+        first = coupled[0].children(0)[0]
+        assert [coupled[0].tokens[first], coupled[0].tokens[coupled[0].children(first)[0]]] == [want, want2]
+        assert coupled[1] == started().propose([0, 1], roots, spec)[1]
+    (tree, _) = started().propose([0, 1], roots, TreeSpec.parse("static:3,1"), noise=noise)
+    assert len(set(tree.tokens[c] for c in tree.children(0))) == 3

@@ -13,8 +13,10 @@ from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.spec_decode.drafters.draft_lm import DraftLMDrafter
+from specpilot.spec_decode.drafters.registry import build_drafter
 from specpilot.spec_decode.tree import TreeSpec
 from tests.engine.test_continuous import _drafter, _prompts, _target
+from tests.spec_decode.test_sampling_drafters import _mtp_target
 
 pytestmark = pytest.mark.skipif("logits" not in inspect.signature(ModelRunner.verify).parameters,
                                 reason="the verify pass hands accept no logits yet (engine plumbing of issue 32)")
@@ -43,15 +45,18 @@ def _self_drafter(kind, target, checkpoint_factory, tmp_path):
         return DraftLMDrafter(target), "static:2,2,1"
     if kind == "dflash-wide":  # coupled siblings scored at its logit error, kept by a wide dynamic tree
         return _drafter("dflash", target, checkpoint_factory, tmp_path)[0], "dynamic:8,5,8"
+    if kind.startswith("mtp"):  # the target's own MTP layer, coupled: its one-call chain step, a dynamic tree
+        return build_drafter("mtp", target), "chain:4" if kind == "mtp" else "dynamic:4,3,6"
     return _drafter(kind, target, checkpoint_factory, tmp_path)
 
 
 # EAGLE-3 (an 8-layer target, slow on the CPU) is left to the drafter-level coupling test: DFlash covers a
 # feature drafter here
 @pytest.mark.parametrize("name,kind", [("qwen3", "ngram"), ("qwen3", "draft-lm"), ("qwen3_5", "draft-lm"),
-                                       ("qwen3_5", "dflash"), ("qwen3_5", "dflash-wide")])
+                                       ("qwen3_5", "dflash"), ("qwen3_5", "dflash-wide"), ("qwen3_5", "mtp"),
+                                       ("qwen3_5", "mtp-tree")])
 def test_sampled_output_is_plain_sampling_with_the_same_seed(name, kind, checkpoint_factory, tmp_path):
-    target = _target(checkpoint_factory, name)
+    target = _mtp_target(tmp_path / "target") if kind.startswith("mtp") else _target(checkpoint_factory, name)
     drafter, tree = _self_drafter(kind, target, checkpoint_factory, tmp_path)
     prompts = _prompts(4)
     engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree),

@@ -40,11 +40,15 @@ def _prompts():
 _AR: dict[str, list[list[int]]] = {}  # a target checkpoint's plain greedy output of _prompts(), computed once
 
 
-def check_sampled(target, drafter, tree: str) -> None:
-    """At temperature > 0 the engine's raced rule keeps any proposal exact: the output is what plain sampling draws
-    with the same seeds (the drafter proposes its greedy walk, not coupled to the requests' noise)."""
+def check_sampled(target, drafter, tree: str, mixed: bool = False) -> None:
+    """At temperature > 0 the engine's raced rule keeps any proposal exact (a greedy walk, or a coupled drafter's
+    race draws): the output is what plain sampling draws with the same seeds. mixed: a greedy request and one with
+    top-k and top-p join the batch, the greedy one's output is plain greedy."""
     params = [SamplingParams(max_new_tokens=12, temperature=0.6, seed=s, ignore_eos=True) for s in (3, 4)]
-    prompts = _prompts()[:2]
+    if mixed:
+        params += [SamplingParams(max_new_tokens=12, ignore_eos=True)]
+        params[1] = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=20, top_p=0.9, seed=4, ignore_eos=True)
+    prompts = _prompts()[:len(params)]
     plain = [Generator(ModelRunner(target)).generate([p], q)[0].token_ids for p, q in zip(prompts, params)]
     engine = SpecEngine(ModelRunner(target), drafter, TreeSpec.parse(tree), scheduler=SMALL)
     ids = [engine.add_request(p, q) for p, q in zip(prompts, params)]
@@ -72,8 +76,10 @@ def test_speculative_equals_autoregressive(tree, target):
     check_greedy(target, drafter, tree)
 
 
-def test_sampled_output_is_plain_sampling(target):
-    check_sampled(target, build_drafter("mtp", target), "static:2,1")
+@pytest.mark.parametrize("tree", ["chain:4", "static:2,1", "dynamic:2,3,4"])
+def test_sampled_output_is_plain_sampling(tree, target):
+    """Coupled (the MTP drafts a sampling request's race draws), in a batch with a greedy request."""
+    check_sampled(target, build_drafter("mtp", target), tree, mixed=True)
 
 
 def test_batched_chain_equals_one_request_at_a_time(target):
@@ -241,6 +247,59 @@ def _steps(target, drafter, spec: TreeSpec) -> list:
     return [(t.tokens, t.parents) for t in out]
 
 
+def _coupled_steps(target, drafter, spec: TreeSpec, params: list) -> list:
+    """Three proposals for three requests (params: per request SamplingParams, or None for a greedy one), each step
+    with fresh race noise: a prompt's eager feed, then two short accepted blocks (the one-call chain step, replayed
+    from one graph where graphs are on) -> the proposed trees' (tokens, parents)."""
+    runner = ModelRunner(target)
+    runner.allocate(3, 64)
+    drafter.allocate(3, 64)
+    seqs = [torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (22, 29, 11)]
+    vocab, layer = target.config.vocab_size, (target.config.num_hidden_layers - 1,)
+    out = []
+    with torch.no_grad():
+        for slot, seq in enumerate(seqs):
+            drafter.start(slot, seq[:-5], runner.prefill_features(slot, seq[:-5], layer)[1])
+        for step, at in enumerate((-5, -3, -1)):
+            if step:
+                feats = torch.randn(3, 2, target.config.hidden_size, generator=torch.Generator().manual_seed(step))
+                for slot, seq in enumerate(seqs):
+                    drafter.commit(slot, [seq[at - 1]], feats[slot])
+            gen = torch.Generator().manual_seed(10 + step)
+            noise = [None if p is None else (p, torch.empty(spec.depth, vocab).exponential_(generator=gen))
+                     for p in params]
+            out += drafter.propose([0, 1, 2], [s[at] for s in seqs], spec, noise=noise)
+    return [(t.tokens, t.parents) for t in out]
+
+
+@pytest.mark.parametrize("cap", [None, 0])
+@pytest.mark.parametrize("vocab", ["full", "file"])
+def test_coupled_chain_graph_proposes_what_the_eager_step_proposes(vocab, cap, odd_target, tmp_path, monkeypatch):
+    """A coupled chain step replayed from its graph (static noise rows refilled before each replay, a graph per row
+    filter settings) proposes what the eager levels propose with each step's noise, a greedy row beside the sampling
+    ones included; with no room for noise rows (cap 0) the coupled step runs eagerly. The noise changes the
+    sampling rows' chains and leaves the greedy row's alone."""
+    from specpilot.spec_decode.drafters import mtp
+    from tests.cuda_graph_fakes import fake_cuda_graphs
+
+    name = "mtp" if vocab == "full" else "mtp:" + _hot_file(tmp_path, _hot(ODD["vocab_size"], 37))
+    spec = TreeSpec.parse("chain:4")
+    params = [SamplingParams(temperature=0.8), None, SamplingParams(temperature=1.2, top_k=30, top_p=0.9)]
+    want = _coupled_steps(odd_target, build_drafter(name, odd_target), spec, params)
+    fake_cuda_graphs(monkeypatch)
+    monkeypatch.setattr(mtp, "ChainGraph", ReplayedChainGraph)
+    if cap is not None:
+        monkeypatch.setattr(mtp, "MAX_COUPLED_NOISE_BYTES", cap)
+    graphed = build_drafter(name, odd_target)
+    graphed.use_graphs = True
+    assert _coupled_steps(odd_target, graphed, spec, params) == want
+    filters = (None if p is None else (p.temperature, p.top_k, p.top_p) for p in params)
+    assert list(graphed.graphs) == ([] if cap == 0 else [(3, 4, 2) + tuple(filters)])
+    greedy = _coupled_steps(odd_target, build_drafter(name, odd_target), spec, [None] * 3)
+    assert [w for i, w in enumerate(want) if i % 3 == 1] == [g for i, g in enumerate(greedy) if i % 3 == 1]
+    assert all(w != g for i, (w, g) in enumerate(zip(want, greedy)) if i % 3 != 1)
+
+
 class ReplayedChainGraph(ChainGraph):
     """A ChainGraph whose (faked) replay re-runs the captured step on the static inputs, as a real replay does."""
 
@@ -290,9 +349,10 @@ def test_full_vocabulary_is_the_default(target):
     assert drafter.head_weight is target.lm_head.weight
 
 
-def test_draft_vocab_sampled_output_is_plain_sampling(odd_target, tmp_path):
+@pytest.mark.parametrize("tree", ["chain:4", "static:2,1"])
+def test_draft_vocab_sampled_output_is_plain_sampling(tree, odd_target, tmp_path):
     check_sampled(odd_target, build_drafter("mtp:" + _hot_file(tmp_path, _hot(ODD["vocab_size"], 37)), odd_target),
-                  "static:2,1")
+                  tree, mixed=True)
 
 
 @pytest.mark.parametrize("params", [None, SamplingParams(temperature=0.7),
