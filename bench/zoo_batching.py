@@ -71,9 +71,9 @@ def _check(p: argparse.ArgumentParser, args) -> None:
     """Bad flags: one line and status 2 before anything loads."""
     for pair in args.pairs:
         target, sep, drafter = pair.partition(":")
-        if not sep or target not in ("dense", "hybrid") or drafter not in ("dflash", "eagle3", "draft-lm", "ngram"):
+        if not sep or target not in ("dense", "hybrid") or drafter not in ("dflash", "eagle3", "mtp", "draft-lm", "ngram"):
             p.error(f"--pairs {pair!r}: use TARGET:DRAFTER with TARGET dense or hybrid and DRAFTER dflash, eagle3, "
-                    "draft-lm or ngram")
+                    "mtp, draft-lm or ngram (the zoo's: dense has eagle3, hybrid mtp)")
     if min(args.batch + [args.limit, args.max_new_tokens, args.requests_per_client]) < 1:
         p.error("--batch, --limit, --max-new-tokens and --requests-per-client take numbers >= 1")
     try:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python3 -m bench zoo_batching", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--pairs", nargs="+", default=["dense:dflash", "hybrid:dflash"],
-                   help="TARGET:DRAFTER of the zoo (drafter: dflash, eagle3, draft-lm, ngram)")
+                   help="TARGET:DRAFTER of the zoo (drafter: dflash, eagle3 (dense), mtp (hybrid), draft-lm, ngram)")
     p.add_argument("--prompts", default="humaneval", help="prompt set (held out: the zoo trained on code files)")
     p.add_argument("--limit", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
