@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from rich.markup import escape
 
 from specpilot import __version__
 from specpilot.bench import commands as bench_commands
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (CheckpointError, ConfigError, ValueError, NotImplementedError, FileNotFoundError, FileExistsError) as e:
-        err.print(f"[bold red]error:[/] {e}", markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)  # the message as written, brackets kept
         return 2
     except KeyboardInterrupt:
         return 130

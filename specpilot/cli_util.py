@@ -8,7 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# no emoji codes: a message naming `mtp:x` or a path `:smile:` prints as written
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def pick_device(name: str) -> str:

@@ -42,6 +42,14 @@ def test_generate_errors_go_to_stderr(tmp_path, capsys):
     assert "no such directory" in captured.err
 
 
+def test_an_error_line_prints_its_message_as_written(tmp_path, capsys):
+    """Brackets and colon words in a message (a path, `--drafter mtp:x`) are neither rich markup nor emoji codes."""
+    odd = tmp_path / "a[bold]b:x:[/]"
+    rc = main(["generate", "--target", str(odd), "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(odd) in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_demo_runs(tmp_path, monkeypatch, capsys):
     import torch
 
