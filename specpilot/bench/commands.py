@@ -198,13 +198,13 @@ def _bench_models(args, device: str, profile, profile_flag: str = "--acceptance 
     if target is not None:
         import torch
 
-        from specpilot.bench.shapes import RANDOM_DRAFTERS, ByteTokenizer
+        from specpilot.bench.shapes import ByteTokenizer, random_drafter
 
         if profile is None:
             raise ValueError(f"acceptance on random weights means nothing: use {profile_flag}")
         model = target.build(device, torch.bfloat16 if device == "cuda" else torch.float32)
-        if args.drafter in RANDOM_DRAFTERS:
-            make = RANDOM_DRAFTERS[args.drafter]
+        make = random_drafter(args.drafter)
+        if make is not None:
             return model, ByteTokenizer(), lambda runtime: make(model, target.shape, runtime)
         return model, ByteTokenizer(), lambda runtime: build_drafter(args.drafter, model, runtime=runtime)
     if args.drafter.startswith("random-"):
@@ -223,8 +223,9 @@ def _add_serve_parser(bsub) -> None:
     s.add_argument("--target-kind", choices=["margin", "flat"], default="margin",
                    help="random:SHAPE weights: margin (speculative output must equal AR's) or flat")
     s.add_argument("--drafter", default="random-dflash",
-                   help="random-dflash, random-dflash2, random-dspark or random-mtp (random targets: the published "
-                        "drafter shapes), a draft model / DFlash / EAGLE-3 checkpoint, or ngram (default: random-dflash)")
+                   help="random-dflash, random-dflash2, random-dspark, random-mtp or random-mtp:N (over the first N "
+                        "ids) (random targets: the published drafter shapes), a draft model / DFlash / EAGLE-3 "
+                        "checkpoint, or ngram (default: random-dflash)")
     s.add_argument("--profile", default=None,
                    help="synthetic acceptance profile (shipped name, e.g. dflash2-gsm8k, or JSON path); omitted: "
                         "the drafter's real acceptance")

@@ -622,8 +622,9 @@ def random_dspark(target, shape: str, seed: int = 3, runtime=None):
     return DSparkDrafter(model.eval().requires_grad_(False), target, runtime=runtime)
 
 
-def random_mtp(target, seed: int = 4, runtime=None):
-    """The target's MTP layer (a Qwen3.5 target) with random weights; runtime as MTPDrafter takes it."""
+def random_mtp(target, seed: int = 4, runtime=None, vocab=None):
+    """The target's MTP layer (a Qwen3.5 target) with random weights; runtime as MTPDrafter takes it; vocab: a
+    DraftVocab it drafts over (None: the target's whole vocabulary)."""
     from specpilot.models.mtp import MTPModel, head_config
     from specpilot.spec_decode.drafters.mtp import MTPDrafter
 
@@ -631,7 +632,7 @@ def random_mtp(target, seed: int = 4, runtime=None):
         model = MTPModel(head_config(target.config))
     model = _randomize(model, target, seed, zero_centred=True)
     model.rotary.reset_buffers()
-    return MTPDrafter(model.eval().requires_grad_(False), target, runtime)
+    return MTPDrafter(model.eval().requires_grad_(False), target, runtime, vocab=vocab)
 
 
 # `--drafter` names of the random drafters above, for benchmarks on random:SHAPE targets: name -> (target, shape,
@@ -642,3 +643,19 @@ RANDOM_DRAFTERS = {
     "random-dspark": lambda target, shape, runtime: random_dspark(target, shape, runtime=runtime),
     "random-mtp": lambda target, shape, runtime: random_mtp(target, runtime=runtime),
 }
+
+
+def random_drafter(name: str):
+    """The maker (target, shape, runtime) -> Drafter of a random drafter's `--drafter` name, None for any other
+    name: RANDOM_DRAFTERS, and `random-mtp:N`, the MTP layer over a draft vocabulary of the first N ids."""
+    if name in RANDOM_DRAFTERS:
+        return RANDOM_DRAFTERS[name]
+    if name.startswith("random-mtp:"):
+        from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
+
+        n = name[len("random-mtp:"):]
+        if not n.isdigit():
+            raise ValueError(f"--drafter {name}: give random-mtp:N, N the number of token ids it drafts over")
+        vocab = DraftVocab.first(int(n), f"--drafter {name}")
+        return lambda target, shape, runtime: random_mtp(target, runtime=runtime, vocab=vocab)
+    return None

@@ -166,11 +166,11 @@ def _models(args, target, drafter_name: str, device: str):
     from specpilot.spec_decode.drafters.registry import build_drafter
 
     if target is not None:
-        from specpilot.bench.shapes import RANDOM_DRAFTERS, ByteTokenizer
+        from specpilot.bench.shapes import ByteTokenizer, random_drafter
 
         model = target.build(device, _dtype(args.dtype, device))
-        if drafter_name in RANDOM_DRAFTERS:
-            make = RANDOM_DRAFTERS[drafter_name]
+        make = random_drafter(drafter_name)
+        if make is not None:
             return model, ByteTokenizer(), lambda runtime: make(model, target.shape, runtime)
         return model, ByteTokenizer(), lambda runtime: build_drafter(drafter_name, model, runtime=runtime)
     from specpilot.models.loader import load_model, load_tokenizer

@@ -487,7 +487,7 @@ def test_step_profile_summarises_the_engine_step_log():
     assert m["steps"] == 1 and m["tokens_p50"] == 9 and m["ms_p50"]["verify"] == pytest.approx(20.0)
 
 
-@pytest.mark.parametrize("drafter", ["random-dflash2", "random-mtp"])
+@pytest.mark.parametrize("drafter", ["random-dflash2", "random-mtp", "random-mtp:64"])
 def test_serve_takes_the_published_random_drafters(drafter, tmp_path, capsys):
     out = tmp_path / "serve"
     rc = main(["bench", "serve", "--target", "random:tiny-hybrid", "--drafter", drafter, "--profile", "dflash2-gsm8k",
@@ -497,6 +497,15 @@ def test_serve_takes_the_published_random_drafters(drafter, tmp_path, capsys):
     spec = json.loads((out / "closed.json").read_text())["results"][1]
     assert spec["engine"] == "spec" and spec["exact"] is True and spec["tau"] > 1
     assert json.loads((out / "closed.json").read_text())["drafter"] == drafter
+
+
+@pytest.mark.parametrize("name,line", [("random-mtp:x", "--drafter random-mtp:x: give random-mtp:N"),
+                                       ("random-mtp:0", "--drafter random-mtp:0: N = 0; a draft vocabulary needs N >= 1")])
+def test_a_bad_random_mtp_vocabulary_is_one_line(name, line, tmp_path, capsys):
+    rc = main(["bench", "serve", "--target", "random:tiny-hybrid", "--drafter", name, "--profile", "dflash2-gsm8k",
+               "--device", "cpu", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and line in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_random_drafter_needs_a_random_target(tmp_path, capsys):
