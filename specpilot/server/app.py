@@ -3,7 +3,7 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (Completions), GET /v1/models, GET /health,
 GET /metrics. The engine loop starts with the app (its caches allocated before the first request) and, on
 shutdown (uvicorn's, after SIGTERM: new connections refused, in-flight responses finished), drains what it
-still holds and stops.
+still holds and stops; an engine in a process of its own (engine_process.RemoteEngine) is closed after it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from specpilot.server.completions import Completions
 from specpilot.server.config import ServerConfig
 from specpilot.server.encoder import PromptEncoder
 from specpilot.server.engine_loop import EngineLoop
+from specpilot.server.engine_process import RemoteEngine
 from specpilot.server.errors import install_handlers
 from specpilot.server.metrics import ServerMetrics
 from specpilot.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -40,7 +41,7 @@ def max_model_len(engine: SpecEngine) -> int:
     return length
 
 
-def create_app(engine: SpecEngine, tokenizer, config: ServerConfig) -> FastAPI:
+def create_app(engine: SpecEngine | RemoteEngine, tokenizer, config: ServerConfig) -> FastAPI:
     length = max_model_len(engine)
     metrics = ServerMetrics(config.model_name)
     loop = EngineLoop(engine, metrics)
@@ -56,6 +57,8 @@ def create_app(engine: SpecEngine, tokenizer, config: ServerConfig) -> FastAPI:
         yield
         held = loop.held  # uvicorn has let the responses in flight finish: normally none is left
         await asyncio.to_thread(loop.stop)
+        if isinstance(engine, RemoteEngine):
+            await asyncio.to_thread(engine.close)
         log.info("engine stopped (%d requests were still held at shutdown, now drained); %d requests finished "
                  "since start", held, loop.finished)
 
@@ -81,7 +84,7 @@ def create_app(engine: SpecEngine, tokenizer, config: ServerConfig) -> FastAPI:
     async def health():
         if loop.alive and not loop.stopping:
             return {"status": "ok"}
-        reason = loop.error or "shutting down"
+        reason = loop.reason or "shutting down"
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
     @app.get("/metrics")

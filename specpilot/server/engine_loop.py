@@ -7,6 +7,8 @@ go out during the next step's verify (SpecEngine.while_verifying), while the GPU
 Python work on them does not hold the interpreter lock between steps; with no step to follow, at once. Every
 submitted job gets exactly one terminal event (Finished, or Failed). stop() lets the requests in flight finish,
 then ends the thread; a step that raises fails every request in flight and ends it too (health turns 503).
+An engine in a process of its own (engine_process.RemoteEngine, confirms_adds) takes or refuses an add in the
+child: the request's Admitted (or its 400) goes out with the step that reports it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class EngineLoop:
         self._closed = False  # the thread has ended (or is ending): nothing more is accepted
         self.finished = 0  # requests finished since start (any reason)
         self._flushed = False  # the running step's verify has handed out the held events
+        self._confirms = getattr(engine, "confirms_adds", False)  # adds are taken or refused by a later step
 
     # ---- any thread -------------------------------------------------------------------------------------------
 
@@ -86,7 +89,12 @@ class EngineLoop:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return self._thread.is_alive() and self.error is None and getattr(self.engine, "alive", True)
+
+    @property
+    def reason(self) -> str | None:
+        """Why the loop cannot serve: its error, or its engine process's exit (even while idle)."""
+        return self.error or getattr(self.engine, "error", None)
 
     # ---- the engine thread ------------------------------------------------------------------------------------
 
@@ -111,6 +119,8 @@ class EngineLoop:
                     outputs = self.engine.step()
                     if not self._flushed:  # the step launched no verify
                         self._flush()
+                    if self._confirms:
+                        self._verdicts(*self.engine.take_verdicts())
                     self._dispatch(outputs)
                     if self._jobs and not self.engine.has_unfinished():
                         raise RuntimeError(f"the engine holds none of the {len(self._jobs)} requests it was given")
@@ -157,14 +167,26 @@ class EngineLoop:
                 self._abort(item[1])
 
     def _add(self, job: Job) -> None:
+        self._jobs[job.request_id] = job  # an add that fails (not a refusal) is failed with the requests in flight
         try:
             self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id)
         except (ValueError, NotImplementedError) as e:
-            self._release(job, Failed(400, str(e)), added=False)
+            self._release(job, Failed(400, str(e)))
             return
-        self._jobs[job.request_id] = job
-        self._out.append((job.stream, Admitted()))
+        if not self._confirms:
+            self._out.append((job.stream, Admitted()))
         self._update_gauges()
+
+    def _verdicts(self, admitted: list[str], refused: list[tuple[str, str]]) -> None:
+        """The adds the engine process took (Admitted) and refused (400), ahead of the step's tokens."""
+        for rid in admitted:
+            job = self._jobs.get(rid)
+            if job is not None:
+                self._out.append((job.stream, Admitted()))
+        for rid, message in refused:
+            job = self._jobs.get(rid)
+            if job is not None:
+                self._release(job, Failed(400, message))
 
     def _abort(self, request_id: str) -> None:
         job = self._jobs.get(request_id)

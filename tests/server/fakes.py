@@ -1,10 +1,11 @@
 """FakeEngine: SpecEngine's client API (add_request, step, abort, stats, warmup, scheduler counts) without a model:
 each step emits one token per request (a fixed id) until max_new_tokens; with verifies=True each step calls the
 engine's while_verifying hook first, as a verify step does. For testing the engine loop's
-bookkeeping and failure paths in milliseconds."""
+bookkeeping and failure paths in milliseconds; step_s slows each step down (a run to interrupt)."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 from specpilot.engine.request import RequestOutput
@@ -14,7 +15,7 @@ from specpilot.engine.stats import SpecStats
 
 class FakeEngine:
     def __init__(self, slots: int = 2, refuse: str | None = None, fail_at_step: int | None = None, token: int = 7,
-                 verifies: bool = False):
+                 verifies: bool = False, step_s: float = 0.0):
         self.runner = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2048, vocab_size=100))
         self.config = SchedulerConfig(max_num_seqs=slots, max_model_len=64)
         self.scheduler = None
@@ -25,6 +26,7 @@ class FakeEngine:
         self.verifies = verifies  # each step calls while_verifying, as SpecEngine's verify does
         self.while_verifying = None
         self.in_verify = False  # True while the hook runs
+        self.step_s = step_s  # each step sleeps this long (a GPU's share of a step)
 
     def warmup(self) -> dict:
         self.scheduler = SimpleNamespace(running=[], waiting=[], num_slots=self.config.max_num_seqs)
@@ -45,6 +47,8 @@ class FakeEngine:
             self.in_verify = True
             self.while_verifying()
             self.in_verify = False
+        if self.step_s:
+            time.sleep(self.step_s)
         outputs = []
         for rid in list(self.requests)[:self.config.max_num_seqs]:
             params, n = self.requests[rid]
