@@ -187,3 +187,26 @@ def test_mtp_draws_its_q_with_the_noise_per_depth(vocab, lengths, tmp_path):
         assert coupled[1] == started().propose([0, 1], roots, spec)[1]
     (tree, _) = started().propose([0, 1], roots, TreeSpec.parse("static:3,1"), noise=noise)
     assert len(set(tree.tokens[c] for c in tree.children(0))) == 3
+
+
+def test_mtp_tree_scores_are_the_coupled_scores_at_its_logit_error(tmp_path):
+    """A sampling request's tree children after the root: the race's first draws, scored at the drafter's logit error
+    (not the unit scores)."""
+    from specpilot.spec_decode.coupling import coupled_row_scores
+    from specpilot.spec_decode.drafters.mtp import MTPDrafter
+    from specpilot.spec_decode.drafters.registry import build_drafter
+    from specpilot.spec_decode.tree import DraftTree
+
+    target = _mtp_target(tmp_path / "target")
+    drafter = build_drafter("mtp", target)
+    e = inspect.signature(MTPDrafter).parameters["logit_error"].default
+    assert e is not None and drafter.logit_error == e
+    h = torch.randn(1, target.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    rows = torch.empty(2, target.config.vocab_size).exponential_(generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        logits = drafter.draft_logits(h)
+        [(ids, scores)] = drafter._score(0, DraftTree((17,), (-1,)), [0], {0: h[0]}, TreeSpec.parse("static:3"),
+                                         (PARAMS, rows))
+    want = coupled_row_scores(logits[0], PARAMS, rows[0], e).topk(3)
+    assert ids == want.indices.tolist() and torch.allclose(torch.tensor(scores), want.values)
+    assert not torch.allclose(torch.tensor(scores), coupled_row_scores(logits[0], PARAMS, rows[0]).topk(3).values)
