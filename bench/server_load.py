@@ -24,12 +24,17 @@ from its arrival to its last token; tpot_ratio and ttft_ratio: HTTP / direct med
         # loop's lag per HTTP row (how late a 1 ms sleep on it wakes: time spent waiting for the interpreter lock)
     python3 -m bench server_load --simulate 1,6 --engines ar --repeats 2 --max-tokens 128 --device cpu \
         --out bench/results/server_load_simulated_cpu.json   # no model: the server's own overhead, any machine
+
+--engine-process: the HTTP rows' engine runs in a process of its own (`specpilot serve --engine-process`,
+server/engine_process.py), built there from the same flags (the stand-in of --simulate too) and warmed as the first
+engine of its kind; the direct rows are unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -53,6 +58,7 @@ from specpilot.engine.request import RequestOutput
 from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.stats import SpecStats
 from specpilot.runtime.sampling import SamplingParams
+from specpilot.server.engine_process import RemoteEngine
 
 MODEL = "bench"
 
@@ -82,18 +88,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--simulate", default=None, metavar="HOST_MS,GPU_MS",
                    help="no model: a stand-in engine whose step holds the interpreter lock HOST_MS, then waits GPU_MS "
                         "with it released (AR only; the server's own overhead on any machine)")
+    p.add_argument("--engine-process", action="store_true",
+                   help="the HTTP path's engine in a process of its own (specpilot serve --engine-process)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    if args.simulate is not None:
-        try:
-            host_ms, gpu_ms = (float(x) for x in args.simulate.split(","))
-        except ValueError:
-            host_ms = gpu_ms = -1.0
-        if min(host_ms, gpu_ms) < 0 or args.engines != ["ar"]:
-            print(f"error: --simulate {args.simulate}: give HOST_MS,GPU_MS (two numbers >= 0) with --engines ar",
-                  file=sys.stderr)
-            return 2
+    if args.simulate is not None and (_simulated(args.simulate) is None or args.engines != ["ar"]):
+        print(f"error: --simulate {args.simulate}: give HOST_MS,GPU_MS (two numbers >= 0) with --engines ar",
+              file=sys.stderr)
+        return 2
     target = RandomTarget.parse(args.target)
     if target is None:
         print(f"error: --target {args.target}: give random:SHAPE (the synthetic oracle needs a random target)",
@@ -111,12 +114,30 @@ def main(argv: list[str]) -> int:
     report = Report(args.out, {**run_record(args.device), "config": vars(args), "rows": []})
     tokenizer = ByteTokenizer()
     prompts = workload_prompts(tokenizer, load_workloads(args.workloads), args.seed, shuffle=True)
-    if args.simulate is not None:
-        engines = Simulated(args.batch, host_ms / 1e3, gpu_ms / 1e3)
-    else:
-        engines = _engines(args, target)
-    run(args, engines, tokenizer, prompts, report)
+    run(args, _all_engines(args), tokenizer, prompts, report)
     return 0
+
+
+def _simulated(text: str) -> tuple[float, float] | None:
+    """--simulate HOST_MS,GPU_MS -> (host_s, gpu_s), None if it is not two numbers >= 0."""
+    try:
+        host_ms, gpu_ms = (float(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return (host_ms / 1e3, gpu_ms / 1e3) if min(host_ms, gpu_ms) >= 0 else None
+
+
+def _all_engines(args):
+    """The run's engine builder: the stand-in of --simulate, else Engines over the random target."""
+    if args.simulate is not None:
+        return Simulated(args.batch, *_simulated(args.simulate))
+    return _engines(args, RandomTarget.parse(args.target))
+
+
+def child_engine(args, kind: str, truth, prompts):
+    """--engine-process: the HTTP run's engine, built in the engine process from the run's flags and warmed there
+    as the first engine of its kind (every concurrency up to --batch)."""
+    return warmed(build(_all_engines(args), kind, args, truth), prompts, args.batch, sweep=True)
 
 
 def _engines(args, target: RandomTarget) -> Engines:
@@ -150,7 +171,10 @@ def run(args, engines, tokenizer, prompts, report: Report) -> None:
             if truth is None:
                 truth = {tuple(prompts[r.prompt]): r.tokens for r in direct.records}
             del engine  # one engine's caches at a time
-            fresh = warmed(build(engines, kind, args, truth), prompts, args.batch)
+            if args.engine_process:
+                fresh = RemoteEngine(functools.partial(child_engine, args, kind, truth, prompts))
+            else:
+                fresh = warmed(build(engines, kind, args, truth), prompts, args.batch)
             http, specs, lag = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens, args.loop_lag)
             del fresh
             report["rows"] += [row(kind, "direct", direct, truth, prompts, repeat, oracle_s=oracle),

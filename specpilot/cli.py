@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import io
 import json
 import sys
@@ -370,6 +371,9 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--recipe", default=None,
                    help="a recipe from `specpilot tune`: the entry for --max-num-seqs (tree, weight format, node "
                         "budget, engine fields) replaces --tree; another target or drafter is refused")
+    s.add_argument("--engine-process", action="store_true",
+                   help="run the engine in a process of its own, so that HTTP work never holds its interpreter lock "
+                        "(docs/server.md)")
     s.set_defaults(func=cmd_serve, weight_format="bf16")
 
 
@@ -389,10 +393,10 @@ def serve_app(args):
     """`specpilot serve`'s application: the flags checked, then the target, its tokenizer and the engine of
     --drafter / --tree behind the server."""
     from specpilot.engine.scheduler import SchedulerConfig
-    from specpilot.models.loader import load_model, load_tokenizer
-    from specpilot.runtime.runner import ModelRunner
+    from specpilot.models.loader import load_tokenizer
     from specpilot.server.app import create_app
     from specpilot.server.config import ServerConfig
+    from specpilot.server.engine_process import RemoteEngine
 
     if args.recipe:
         pilot_commands.apply_recipe(args, batch=args.max_num_seqs)
@@ -409,11 +413,25 @@ def serve_app(args):
     config = ServerConfig(args.served_model_name or args.target, max_waiting=args.max_waiting, chat_template=template)
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.target, args.cache_dir)
+    if args.engine_process:  # the weights load in the engine's process only
+        engine = RemoteEngine(functools.partial(serve_engine, args, scheduler, device))
+    else:
+        engine = serve_engine(args, scheduler, device, tokenizer)
+    return create_app(engine, tokenizer, config)
+
+
+def serve_engine(args, scheduler, device: str, tokenizer=None):
+    """`specpilot serve`'s engine: the target on the device behind the engine of --drafter / --tree (with
+    --engine-process, called in the engine's process)."""
+    from specpilot.models.loader import load_model, load_tokenizer
+    from specpilot.runtime.runner import ModelRunner
+
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.target, args.cache_dir)
     model = load_model(args.target, device, args.dtype, args.cache_dir)
     pilot_commands.check_recipe_models(args, model=model)
     engine = spec_engine(args, ModelRunner(model, engine_runtime(args, model)), tokenizer, scheduler)
     pilot_commands.check_recipe_models(args, drafter=engine.drafter)
-    return create_app(engine, tokenizer, config)
+    return engine
 
 
 def cmd_verify(args) -> int:

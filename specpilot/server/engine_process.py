@@ -98,6 +98,10 @@ class RemoteEngine:
     def abort(self, request_id: str) -> None:
         self._live.discard(request_id)
         self._send(("abort", request_id))
+        if self.scheduler is not None:  # no message may follow (an idle child): the counts cannot exceed what lives
+            running = min(len(self.scheduler.running), len(self._live))
+            waiting = min(len(self.scheduler.waiting), len(self._live) - running)
+            self.scheduler = SchedulerView(range(running), range(waiting), self.scheduler.num_slots)
 
     def has_unfinished(self) -> bool:
         return bool(self._live)
