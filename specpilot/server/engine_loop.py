@@ -7,8 +7,10 @@ go out during the next step's verify (SpecEngine.while_verifying), while the GPU
 Python work on them does not hold the interpreter lock between steps; with no step to follow, at once. Every
 submitted job gets exactly one terminal event (Finished, or Failed). stop() lets the requests in flight finish,
 then ends the thread; a step that raises fails every request in flight and ends it too (health turns 503).
-An engine in a process of its own (engine_process.RemoteEngine, confirms_adds) takes or refuses an add in the
-child: the request's Admitted (or its 400) goes out with the step that reports it.
+An engine in a process of its own (engine_process.RemoteEngine, confirms_adds) gets each add at submit(), from
+the submitting thread, so that it joins the child's next step rather than the one after the engine thread's next
+message; the child takes or refuses it, and the request's Admitted (or its 400) goes out with the step that
+reports it.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ class EngineLoop:
             if self._held >= capacity:
                 return "full"
             self._held += 1
-            self._inbox.put(job)
+            self._inbox.put(job)  # before the add: a step that reports the request finds its job queued
+            if self._confirms:  # errors (a dead engine process) surface at the engine thread's next step
+                self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id)
         self._wake.set()
         return None
 
@@ -120,6 +124,7 @@ class EngineLoop:
                     if not self._flushed:  # the step launched no verify
                         self._flush()
                     if self._confirms:
+                        stop = self._drain_inbox() or stop  # the jobs whose adds this step may report
                         self._verdicts(*self.engine.take_verdicts())
                     self._dispatch(outputs)
                     if self._jobs and not self.engine.has_unfinished():
@@ -168,13 +173,15 @@ class EngineLoop:
 
     def _add(self, job: Job) -> None:
         self._jobs[job.request_id] = job  # an add that fails (not a refusal) is failed with the requests in flight
+        if self._confirms:  # added at submit()
+            self._update_gauges()
+            return
         try:
             self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id)
         except (ValueError, NotImplementedError) as e:
             self._release(job, Failed(400, str(e)))
             return
-        if not self._confirms:
-            self._out.append((job.stream, Admitted()))
+        self._out.append((job.stream, Admitted()))
         self._update_gauges()
 
     def _verdicts(self, admitted: list[str], refused: list[tuple[str, str]]) -> None:

@@ -4,21 +4,23 @@ The server's engine thread and its event loop share one interpreter lock; while 
 SSE chunks the engine's next step waits for the lock. With the engine in a child process ("spawn"), the step
 runs on the child's own interpreter and the server process only mirrors it, as vLLM's engine core does.
 
-The parent sends ("add", ...), ("abort", id), ("warmup",) and ("close",) down one pipe. The child adds and aborts
-what came, steps while it holds unfinished requests and sends one message per step up the other pipe: each
-request's new tokens and finish, the adds it took or refused (ValueError / NotImplementedError, with the message),
-each touched request's speculative counters since its last message (so the parent's mirror SpecStats supports
-ServerMetrics.step and spec_stats without re-sending growing lists), and the scheduler's running, waiting and
-slot counts. The parent's step() hands out the last step's events (while_verifying) and then blocks in recv, the
-lock released, for the next message. A child that raises sends its error and exits; one that dies closes its
-pipe: either way step() raises and the loop fails every request in flight (503). The child ignores SIGINT and
-SIGTERM (the server drains first, then closes it) and exits when the parent closes it or dies.
+The parent sends ("add", ...) (from the thread that submits the request), ("abort", id), ("warmup",) and ("close",)
+down one pipe. The child adds and aborts what came, steps while it holds unfinished requests and sends one message
+per step up the other pipe: each request's new tokens and finish, the adds it took or refused (ValueError /
+NotImplementedError, with the message), each touched request's speculative counters since its last message (so
+the parent's mirror SpecStats supports ServerMetrics.step and spec_stats without re-sending growing lists), and the
+scheduler's running, waiting and slot counts. The parent's step() hands out the last step's events
+(while_verifying) and then blocks in recv, the lock released, for the next message. A child that raises sends its
+error and exits; one that dies closes its pipe: either way step() raises and the loop fails every request in
+flight (503). The child ignores SIGINT and SIGTERM (the server drains first, then closes it) and exits when the
+parent closes it or dies.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -69,6 +71,7 @@ class RemoteEngine:
         up_send.close()
         # at the parent's exit (or this object's collection): the child closed before multiprocessing joins it
         self._finalizer = Finalize(self, _shut, (self.process, self._down, self._up), exitpriority=10)
+        self._sending = threading.Lock()
         self.while_verifying: Callable[[], None] | None = None
         self.scheduler: SchedulerView | None = None
         self._live: set[str] = set()  # added and not finished, refused or aborted, as the parent knows
@@ -88,15 +91,21 @@ class RemoteEngine:
         return warm
 
     def add_request(self, prompt_ids: list[int], params, request_id: str | None = None, priority: int = 0) -> str:
+        """Sends the add (from any thread); the child takes or refuses it (take_verdicts after a step). A child
+        that is gone takes nothing: the next step() says so."""
         if request_id is None:
             raise ValueError("a remote engine's requests need a request_id")
-        self._send(("add", list(prompt_ids), params, request_id, priority))
-        self._live.add(request_id)
         self._stats[request_id] = SpecStats()
+        self._live.add(request_id)
+        try:
+            self._send(("add", list(prompt_ids), params, request_id, priority))
+        except RuntimeError:
+            pass
         return request_id
 
     def abort(self, request_id: str) -> None:
         self._live.discard(request_id)
+        self._done.append(request_id)  # its stats are read once more (the abort's metrics), then dropped
         self._send(("abort", request_id))
         if self.scheduler is not None:  # no message may follow (an idle child): the counts cannot exceed what lives
             running = min(len(self.scheduler.running), len(self._live))
@@ -157,7 +166,8 @@ class RemoteEngine:
 
     def _send(self, message: tuple) -> None:
         try:
-            self._down.send(message)
+            with self._sending:  # adds come from the submitting threads, the rest from the engine thread
+                self._down.send(message)
         except (OSError, ValueError):  # the child is gone (its pipe closed) or this engine was closed
             raise RuntimeError(self.error or "the engine process was closed") from None
 
