@@ -124,7 +124,14 @@ class RemoteEngine:
         self._done = []
         if self.while_verifying is not None:  # the child steps meanwhile
             self.while_verifying()
-        msg = self._expect("step", None, "step")
+        # a parent that fell behind takes every message waiting as one step: one dispatch and one hand-out for them
+        outputs: dict[str, RequestOutput] = {}
+        self._take(self._expect("step", None, "step"), outputs)
+        while self._up.poll():
+            self._take(self._expect("step", None, "step"), outputs)
+        return list(outputs.values())
+
+    def _take(self, msg: StepMessage, outputs: dict[str, RequestOutput]) -> None:
         self._admitted += msg.admitted
         self._refused += msg.refused
         for rid, _ in msg.refused:
@@ -134,12 +141,15 @@ class RemoteEngine:
             if rid in self._stats:
                 _apply(self._stats[rid], delta)
         self.scheduler = SchedulerView(range(msg.running), range(msg.waiting), msg.slots)
-        outputs = [RequestOutput(*o) for o in msg.outputs]
-        for out in outputs:
-            if out.finished:
-                self._live.discard(out.request_id)
-                self._done.append(out.request_id)
-        return outputs
+        for rid, tokens, finished, reason in msg.outputs:
+            if rid in outputs:
+                outputs[rid].new_token_ids += tokens
+                outputs[rid].finished, outputs[rid].finish_reason = finished, reason
+            else:
+                outputs[rid] = RequestOutput(rid, tokens, finished, reason)
+            if finished:
+                self._live.discard(rid)
+                self._done.append(rid)
 
     def take_verdicts(self) -> tuple[list[str], list[tuple[str, str]]]:
         """The adds the child took and the ones it refused (id, message) since the last call."""
@@ -246,26 +256,36 @@ def _child_main(factory, down: Connection, up: Connection) -> None:
 
 
 class _Core:
-    """The child's loop: take the queued commands, step while anything is unfinished, report each step."""
+    """The child's loop: take the queued commands, step while anything is unfinished, report each step. A step's
+    report goes up during the next step's verify (the engine's while_verifying), while the GPU computes, so that
+    building and sending it does not lengthen the step; with no step to follow (or a step that launched no
+    verify), at once."""
 
     def __init__(self, engine, down: Connection, up: Connection):
         self.engine, self.down, self.up = engine, down, up
         self.sent: dict[str, int] = {}  # request id -> its SpecStats.nodes entries already sent
-        self.msg = StepMessage()
+        self.msg = StepMessage()  # the verdicts since the last report
+        self.pending: list[RequestOutput] = []  # the last step's outputs, not reported yet
+        self.reported = False  # the running step's verify has sent the report
         self.parent = mp.parent_process()
+        engine.while_verifying = self._report_in_step
 
     def run(self) -> None:
         while True:
-            if not self._commands(block=not self.engine.has_unfinished()):
+            idle = not self.engine.has_unfinished()
+            if not self._commands(block=idle and not self._has_news()):
                 return
             try:
                 if self.engine.has_unfinished():
                     self._step()
-                elif self.msg.admitted or self.msg.refused:
-                    self._send()
+                elif self._has_news():
+                    self._report()
             except Exception as e:  # noqa: BLE001 (the parent fails the requests in flight)
                 self.up.send(("error", f"engine step failed: {type(e).__name__}: {e}"))
                 return
+
+    def _has_news(self) -> bool:
+        return bool(self.pending or self.msg.admitted or self.msg.refused)
 
     def _commands(self, block: bool) -> bool:
         """Applies every queued command (waiting for one when idle); False once asked to close."""
@@ -305,26 +325,42 @@ class _Core:
         except KeyError:  # it finished before the abort came
             pass
         self.sent.pop(request_id, None)
+        self.pending = [o for o in self.pending if o.request_id != request_id]
 
     def _step(self) -> None:
+        self.reported = False
         outputs = self.engine.step()
-        msg = self.msg
+        if not self.reported:  # the step launched no verify: its outputs go up now, with the last step's
+            self.pending += outputs
+            self._report()
+        else:
+            self.pending = outputs
+
+    def _report_in_step(self) -> None:
+        self.reported = True
+        if self._has_news():
+            self._report()
+
+    def _report(self) -> None:
+        """Sends the pending outputs, their requests' speculative counters since the last report, the verdicts and
+        the scheduler's counts."""
+        msg, outputs = self.msg, self.pending
+        self.msg, self.pending = StepMessage(), []
+        finished: dict[str, bool] = {}
         for out in outputs:
             msg.outputs.append((out.request_id, out.new_token_ids, out.finished, out.finish_reason))
-            seen = self.sent.pop(out.request_id, 0) if out.finished else self.sent.get(out.request_id, 0)
+            finished[out.request_id] = finished.get(out.request_id, False) or out.finished
+        for rid, done in finished.items():
+            seen = self.sent.pop(rid, 0) if done else self.sent.get(rid, 0)
             try:
-                st = self.engine.stats(out.request_id)
+                st = self.engine.stats(rid)
             except KeyError:
                 continue
-            msg.stats[out.request_id] = (st.steps, st.emitted, st.nodes[seen:], st.accepted[seen:],
-                                         list(st.accepted_per_depth), st.preempted)
-            if not out.finished:
-                self.sent[out.request_id] = len(st.nodes)
-        self._send()
-
-    def _send(self) -> None:
-        sched, msg = self.engine.scheduler, self.msg
+            msg.stats[rid] = (st.steps, st.emitted, st.nodes[seen:], st.accepted[seen:], list(st.accepted_per_depth),
+                              st.preempted)
+            if not done:
+                self.sent[rid] = len(st.nodes)
+        sched = self.engine.scheduler
         if sched is not None:
             msg.running, msg.waiting, msg.slots = len(sched.running), len(sched.waiting), sched.num_slots
-        self.msg = StepMessage()
         self.up.send(("step", msg))
