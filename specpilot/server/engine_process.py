@@ -258,12 +258,13 @@ def _child_main(factory, down: Connection, up: Connection) -> None:
 class _Core:
     """The child's loop: take the queued commands, step while anything is unfinished, report each step. A step's
     report goes up during the next step's verify (the engine's while_verifying), while the GPU computes, so that
-    building and sending it does not lengthen the step; with no step to follow (or a step that launched no
-    verify), at once."""
+    building and sending it does not lengthen the step; at once when no step follows, when the step launched no
+    verify, or when it brought a request's first token (its time to first token does not wait a step prologue)."""
 
     def __init__(self, engine, down: Connection, up: Connection):
         self.engine, self.down, self.up = engine, down, up
         self.sent: dict[str, int] = {}  # request id -> its SpecStats.nodes entries already sent
+        self.fresh: set[str] = set()  # requests with no token reported yet
         self.msg = StepMessage()  # the verdicts since the last report
         self.pending: list[RequestOutput] = []  # the last step's outputs, not reported yet
         self.reported = False  # the running step's verify has sent the report
@@ -318,6 +319,7 @@ class _Core:
             return
         self.msg.admitted.append(request_id)
         self.sent[request_id] = 0
+        self.fresh.add(request_id)
 
     def _abort(self, request_id: str) -> None:
         try:
@@ -325,16 +327,16 @@ class _Core:
         except KeyError:  # it finished before the abort came
             pass
         self.sent.pop(request_id, None)
+        self.fresh.discard(request_id)
         self.pending = [o for o in self.pending if o.request_id != request_id]
 
     def _step(self) -> None:
         self.reported = False
         outputs = self.engine.step()
-        if not self.reported:  # the step launched no verify: its outputs go up now, with the last step's
-            self.pending += outputs
+        first = self.fresh and any(o.request_id in self.fresh and o.new_token_ids for o in outputs)
+        self.pending += outputs  # after a verify's report: this step's alone
+        if first or not self.reported:
             self._report()
-        else:
-            self.pending = outputs
 
     def _report_in_step(self) -> None:
         self.reported = True
@@ -349,6 +351,8 @@ class _Core:
         finished: dict[str, bool] = {}
         for out in outputs:
             msg.outputs.append((out.request_id, out.new_token_ids, out.finished, out.finish_reason))
+            if out.new_token_ids:
+                self.fresh.discard(out.request_id)
             finished[out.request_id] = finished.get(out.request_id, False) or out.finished
         for rid, done in finished.items():
             seen = self.sent.pop(rid, 0) if done else self.sent.get(rid, 0)
