@@ -1,5 +1,6 @@
 """`specpilot serve` as a user runs it (a subprocess): SIGTERM drains the streams in flight (each answered in full,
-none aborted) and the process exits; bad flags are one `error:` line with status 2, before any weights load."""
+none aborted) and the process exits, with the engine in the server's thread or in a process of its own (which exits
+too); bad flags are one `error:` line with status 2, before any weights load."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from specpilot.cli import main
 from tests.server.conftest import MODEL
 
 
-def _start(target: str) -> tuple[subprocess.Popen, str, list[str]]:
+def _start(target: str, flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, list[str]]:
     proc = subprocess.Popen([sys.executable, "-m", "specpilot", "serve", "--target", target, "--drafter", "none",
-                             "--port", "0", "--max-model-len", "256", "--served-model-name", MODEL],
+                             "--port", "0", "--max-model-len", "256", "--served-model-name", MODEL, *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             # one intra-op thread: the tiny model gains nothing from two, and on a shared CPU a
                             # team of two waits at every op's barrier for its descheduled partner
@@ -50,9 +51,29 @@ def _start(target: str) -> tuple[subprocess.Popen, str, list[str]]:
         time.sleep(0.1)
 
 
-def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory):
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}"):
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # exited, not yet reaped
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("flags", [(), ("--engine-process",)], ids=["engine-thread", "engine-process"])
+def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory, flags):
     path, _ = checkpoint_factory("llama")  # a tiny random model: it loads in a moment; its text does not matter
-    proc, url, lines = _start(str(path))
+    proc, url, lines = _start(str(path), flags)
+    children = _children(proc.pid)  # the engine process (and multiprocessing's resource tracker) with the flag
+    assert bool(children) == bool(flags)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     started = [threading.Event() for _ in range(4)]
     results: list = [None] * 4
@@ -103,6 +124,7 @@ def test_sigterm_drains_the_streams_in_flight_then_exits(checkpoint_factory):
     # all four were still running when the shutdown began (each had 119 tokens to go at the signal)
     assert log.index("Shutting down") < min(i for i in range(len(log)) if log.startswith("finished (length)", i))
     assert "engine stopped (0 requests were still held at shutdown, now drained); 4 requests finished" in log
+    assert all(_gone(pid) for pid in children), "a child of the server outlived it"
 
 
 @pytest.mark.parametrize(("flags", "says"), [

@@ -1,12 +1,14 @@
 """`specpilot serve --engine-process`: the engine in a child process (server/engine_process.py). The zoo's target
 answers the same tokens as offline generate at temperature 0, streamed and whole; a client that goes away aborts
 its request in the child; a refused add is a 400; a killed child fails the requests in flight with 503 and turns
-/health to 503 without hanging; shutdown drains the streams in flight, then the child exits."""
+/health to 503 without hanging; shutdown drains the streams in flight, then the child exits; an engine the child
+cannot build is a ValueError."""
 
 from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import signal
 import threading
@@ -152,3 +154,9 @@ def test_a_killed_engine_process_fails_the_requests_with_503(zoo_tokenizer):
         late = httpx.post(url + "/v1/completions", json=body)
         assert late.status_code == 503 and late.json()["error"]["code"] == "unavailable"
     assert engine.process.exitcode == -signal.SIGKILL
+
+
+def test_an_engine_the_child_cannot_build_is_a_value_error_and_no_child_is_left():
+    with pytest.raises(ValueError, match="max_num_seqs=0: must be >= 1"):
+        RemoteEngine(functools.partial(FakeEngine, slots=0))  # bad input met in the child: one error line, status 2
+    assert not [p for p in multiprocessing.active_children() if p.name == "specpilot-engine"]
