@@ -43,6 +43,8 @@ class SchedulerView:
 
 @dataclass(slots=True)
 class StepMessage:
+    """What the child reports of one step (or of adds it took or refused with no step to run)."""
+
     outputs: list[tuple[str, list[int], bool, str | None]] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
@@ -242,7 +244,7 @@ def _child_main(factory, down: Connection, up: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         engine = factory()
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, NotImplementedError, FileNotFoundError) as e:  # the CLI's bad-input errors
         up.send(("refused", str(e)))
         return
     except Exception as e:  # noqa: BLE001 (reported to the parent)
