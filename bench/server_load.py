@@ -83,6 +83,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--loop-lag", action="store_true",
                    help="record the server event loop's lag: how late a 1 ms sleep on it wakes (p50 / p99 / max in "
                         "each HTTP row; the probe itself wakes the loop 1,000 times a second)")
+    p.add_argument("--clients", type=int, default=1,
+                   help="load client processes (request i from client i mod N, on one clock); with --loop-lag each "
+                        "HTTP row also records the worst client's own loop lag p99 (client_p99): a client that cannot "
+                        "keep up with the chunks times them late")
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval (s) for the run (default: the interpreter's, 0.005)")
     p.add_argument("--simulate", default=None, metavar="HOST_MS,GPU_MS",
@@ -102,8 +106,9 @@ def main(argv: list[str]) -> int:
         print(f"error: --target {args.target}: give random:SHAPE (the synthetic oracle needs a random target)",
               file=sys.stderr)
         return 2
-    if min(args.batch, args.requests, args.max_tokens, args.repeats) < 1 or args.load <= 0:
-        print("error: --batch, --requests, --max-tokens and --repeats must be >= 1 and --load > 0", file=sys.stderr)
+    if min(args.batch, args.requests, args.max_tokens, args.repeats, args.clients) < 1 or args.load <= 0:
+        print("error: --batch, --requests, --max-tokens, --repeats and --clients must be >= 1 and --load > 0",
+              file=sys.stderr)
         return 2
     if args.engines[0] != "ar":
         print("error: --engines must start with ar (the speculative rows are checked against its tokens)",
@@ -175,7 +180,8 @@ def run(args, engines, tokenizer, prompts, report: Report) -> None:
                 fresh = RemoteEngine(functools.partial(child_engine, args, kind, truth, prompts))
             else:
                 fresh = warmed(build(engines, kind, args, truth), prompts, args.batch)
-            http, specs, lag = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens, args.loop_lag)
+            http, specs, lag = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens, args.loop_lag,
+                                         args.clients)
             del fresh
             report["rows"] += [row(kind, "direct", direct, truth, prompts, repeat, oracle_s=oracle),
                                row(kind, "http", http, truth, prompts, repeat, specs=specs)]
@@ -292,9 +298,11 @@ def warmed(engine, prompts, batch: int, sweep: bool = False):
     return engine
 
 
-def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int, loop_lag: bool = False):
-    """The load through the real app on a loopback port, the client in its own process -> (LoopResult, the answers'
-    spec_stats, the event loop's lag in ms {p50, p99, max, samples} with loop_lag, else None)."""
+def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int, loop_lag: bool = False, clients: int = 1):
+    """The load through the real app on a loopback port, the client in processes of its own (`clients` of them,
+    request i from client i mod clients, on one clock) -> (LoopResult, the answers' spec_stats, the event loop's lag
+    in ms {p50, p99, max, samples} with loop_lag, else None; with it also "client_p99": the worst client's own loop
+    lag p99, which says whether the clients kept up with the chunks)."""
     import uvicorn
 
     from specpilot.server.app import create_app
@@ -322,23 +330,34 @@ def over_http(engine, tokenizer, prompts, arrivals, max_tokens: int, loop_lag: b
         time.sleep(0.05)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
-            with open(job, "w") as f:
-                json.dump({"url": address(sock), "prompts": prompts, "arrivals": arrivals, "max_tokens": max_tokens},
-                          f)
-            subprocess.run([sys.executable, "-m", "bench", "server_load", "--client", job, out], check=True,
-                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-            with open(out) as f:
-                done = json.load(f)
+            start = time.time() + 1.0 + 0.5 * clients  # the clients' interpreters start before the load's clock
+            procs, outs = [], []
+            for c in range(clients):
+                job, out = os.path.join(tmp, f"job{c}.json"), os.path.join(tmp, f"out{c}.json")
+                with open(job, "w") as f:
+                    json.dump({"url": address(sock), "prompts": prompts, "arrivals": arrivals,
+                               "max_tokens": max_tokens, "indices": list(range(c, len(arrivals), clients)),
+                               "start": start, "lag": loop_lag}, f)
+                procs.append(subprocess.Popen([sys.executable, "-m", "bench", "server_load", "--client", job, out],
+                                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                outs.append(out)
+            codes = [p.wait() for p in procs]
+            if any(codes):
+                raise RuntimeError(f"a load client failed (exit statuses {codes})")
+            done = []
+            for out in outs:
+                with open(out) as f:
+                    done.append(json.load(f))
     finally:
         server.should_exit = True
         thread.join(60)
-    records = [Record(**r) for r in done["records"]]
+    records = [Record(**r) for d in done for r in d["records"]]
     lag = None
     if loop_lag and lags:
         q = statistics.quantiles(lags, n=100)
-        lag = {"p50": q[49] * 1e3, "p99": q[98] * 1e3, "max": max(lags) * 1e3, "samples": len(lags)}
-    return LoopResult(records, done["seconds"], 0), done["specs"], lag
+        lag = {"p50": q[49] * 1e3, "p99": q[98] * 1e3, "max": max(lags) * 1e3, "samples": len(lags),
+               "client_p99": max(d["client_lag_p99_ms"] for d in done)}
+    return LoopResult(records, max(d["seconds"] for d in done), 0), [x for d in done for x in d["specs"]], lag
 
 
 async def _lag_probe(lags: list[float]) -> None:
@@ -356,14 +375,25 @@ def client(job_path: str, out_path: str) -> int:
 
     with open(job_path) as f:
         job = json.load(f)
-    result, refused, specs = asyncio.run(open_loop_http(job["url"], MODEL, job["prompts"], job["arrivals"],
-                                                    job["max_tokens"]))
+    lags: list[float] = []
+
+    async def probed():
+        probe = asyncio.create_task(_lag_probe(lags)) if job.get("lag") else None
+        try:
+            return await open_loop_http(job["url"], MODEL, job["prompts"], job["arrivals"], job["max_tokens"],
+                                        indices=job.get("indices"), start=job.get("start"))
+        finally:
+            if probe is not None:
+                probe.cancel()
+
+    result, refused, specs = asyncio.run(probed())
     if refused:
         raise RuntimeError(f"{refused} requests refused with 429")
     records = [{k: getattr(r, k) for k in ("request_id", "prompt", "prompt_len", "arrival", "first", "finish",
                                            "tokens", "finish_reason")} for r in result.records]
+    lag_p99 = statistics.quantiles(lags, n=100)[98] * 1e3 if len(lags) > 1 else None
     with open(out_path, "w") as f:
-        json.dump({"records": records, "seconds": result.seconds, "specs": specs}, f)
+        json.dump({"records": records, "seconds": result.seconds, "specs": specs, "client_lag_p99_ms": lag_p99}, f)
     return 0
 
 

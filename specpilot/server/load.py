@@ -26,9 +26,14 @@ from specpilot.bench.serving import LoopResult, Record, poisson_arrivals, summar
 
 
 async def open_loop_http(url: str, model: str, prompts: list[list[int]], arrivals: list[float], max_tokens: int,
-                         timeout: float = 600.0) -> tuple[LoopResult, int, list[dict]]:
+                         timeout: float = 600.0, indices: list[int] | None = None, start: float | None = None
+                         ) -> tuple[LoopResult, int, list[dict]]:
     """Request i (prompt i mod len(prompts)) is sent at arrivals[i] s -> (records of the answered requests on the
-    load's clock, requests refused with 429, each answered request's spec_stats)."""
+    load's clock, requests refused with 429, each answered request's spec_stats). indices: the requests this client
+    sends (default: all); start: the wall-clock time (time.time()) at which the load's clock reads 0, so that
+    several client processes share one clock (default: now)."""
+    if start is not None:
+        await asyncio.sleep(max(0.0, start - time.time()))
     t0 = time.perf_counter()
     records, specs, refused = [], [], [0]
 
@@ -63,7 +68,7 @@ async def open_loop_http(url: str, model: str, prompts: list[list[int]], arrival
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
-        await asyncio.gather(*(one(client, i) for i in range(len(arrivals))))
+        await asyncio.gather(*(one(client, i) for i in (range(len(arrivals)) if indices is None else indices)))
     return LoopResult(records, time.perf_counter() - t0, 0), refused[0], specs
 
 

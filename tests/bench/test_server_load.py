@@ -19,14 +19,16 @@ def test_simulated_engine_direct_and_http_rows_match(tmp_path):
 
 
 def test_loop_lag_is_recorded_on_the_http_rows(tmp_path):
+    """Two client processes on one clock: every request answered once, exact, and each side's loop lag recorded."""
     out = tmp_path / "load.json"
-    assert server_load.main(["--simulate", "0.5,1", "--engines", "ar", "--requests", "4", "--max-tokens", "4",
-                             "--batch", "2", "--device", "cpu", "--loop-lag", "--out", str(out)]) == 0
+    assert server_load.main(["--simulate", "0.5,1", "--engines", "ar", "--requests", "5", "--max-tokens", "4",
+                             "--batch", "2", "--device", "cpu", "--loop-lag", "--clients", "2",
+                             "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     http = [r for r in rows if r["path"] == "http"][0]
     lag = http["loop_lag_ms"]
-    assert lag["samples"] > 0 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
-    assert all(r["mismatched_requests"] == 0 for r in rows)
+    assert lag["samples"] > 0 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"] and lag["client_p99"] >= 0
+    assert all(r["requests"] == 5 and r["tokens"] == 20 and r["mismatched_requests"] == 0 for r in rows)
     assert "loop_lag_ms" not in [r for r in rows if r["path"] == "direct"][0]
 
 
@@ -47,6 +49,7 @@ def test_bad_flags_are_one_line_and_status_2(tmp_path, capsys):
     assert server_load.main(["--simulate", "1,6", "--out", out]) == 2  # spec has no simulation
     assert server_load.main(["--target", "./some-dir", "--out", out]) == 2
     assert server_load.main(["--batch", "0", "--out", out]) == 2
+    assert server_load.main(["--clients", "0", "--out", out]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 5 and all(line.startswith("error: ") for line in err)
     assert not (tmp_path / "x.json").exists()
