@@ -231,13 +231,13 @@ if [[ " ${SUITE_ONLY:-} " == *" gate "* ]]; then
         tests/gpu/test_gate_full_depth.py -q -p no:cacheprovider --junitxml="$OUT/gate_h200.xml"
 fi
 if [[ " ${SUITE_ONLY:-} " == *" server_load "* ]]; then
-    SL=(--target "$T8" --repeats 2 --requests 32 --loop-lag)
+    SL=(--target "$T8" --repeats 2 --requests 32 --loop-lag --clients 2)
     [ "$DRY" = 1 ] && SL=(--target "$T8" --requests 6 --max-tokens 8 --batch 2 --loop-lag)
     step server_load 360 python3 -m bench server_load "${SL[@]}" --out "$OUT/server_load_8b_h200.json" "${DEV[@]}"
 fi
 # the same load with the HTTP path's engine in a process of its own (serve --engine-process)
 if [[ " ${SUITE_ONLY:-} " == *" server_load_process "* ]]; then
-    SL=(--target "$T8" --repeats 2 --requests 32 --loop-lag --engine-process)
+    SL=(--target "$T8" --repeats 2 --requests 32 --loop-lag --clients 2 --engine-process)
     [ "$DRY" = 1 ] && SL=(--target "$T8" --requests 6 --max-tokens 8 --batch 2 --loop-lag --engine-process)
     step server_load_process 360 python3 -m bench server_load "${SL[@]}" \
         --out "$OUT/server_load_8b_engine_process_h200.json" "${DEV[@]}"
