@@ -62,3 +62,38 @@ def coupled_scores(logits: torch.Tensor, noise: list[Noise], vocab_ids: torch.Te
             rows_noise = rows_noise[:, vocab_ids]
         out.append(coupled_row_scores(rows, params, rows_noise, logit_error))
     return torch.stack(out)
+
+
+# Coupled proposals replayed from CUDA graphs read the race noise from static rows [n, depth, vocab] that the
+# drafter refills before each replay; a graph is captured per tuple of its rows' filter_key.
+# The static noise rows all coupled graphs of one drafter may hold (fp32; a graph's own fp32 temporaries scale with
+# them): past it a coupled proposal of a new shape or setting runs eagerly.
+MAX_GRAPH_NOISE_BYTES = 1 << 30
+
+
+def filter_key(e: Noise):
+    """What a row's coupled draws depend on besides its noise: its filter settings (None: a greedy row)."""
+    return None if e is None else (e[0].temperature, e[0].top_k, e[0].top_p)
+
+
+def graph_noise_fits(graphs: dict, noise: list[Noise], depth: int, vocab: int) -> bool:
+    """Whether one more graph's static rows [len(noise), depth, vocab] keep the rows all of `graphs` hold (their
+    `.noise`, None for a greedy graph) within MAX_GRAPH_NOISE_BYTES."""
+    held = sum(g.noise.numel() for g in graphs.values() if g.noise is not None)
+    return 4 * (held + len(noise) * depth * vocab) <= MAX_GRAPH_NOISE_BYTES
+
+
+def static_noise(noise: list[Noise], depth: int, vocab: int, device) -> torch.Tensor:
+    """A new graph's static rows [n, depth, vocab] (ones: a greedy row's stay finite) holding this step's noise."""
+    rows = torch.ones(len(noise), depth, vocab, device=device)
+    fill_noise(rows, noise)
+    return rows
+
+
+def fill_noise(rows: torch.Tensor, noise: list[Noise]) -> None:
+    """Each sampling row's first `depth` race noise rows into the static rows [n, depth, vocab] (a greedy row's stay
+    as they are)."""
+    depth = rows.shape[1]
+    for b, e in enumerate(noise):
+        if e is not None:
+            rows[b].copy_(e[1][:depth])

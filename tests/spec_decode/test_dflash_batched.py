@@ -13,6 +13,7 @@ from specpilot.engine.generator import Generator
 from specpilot.runtime.runner import ModelRunner
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.layers import attention
+from specpilot.spec_decode import coupling
 from specpilot.spec_decode.drafters import dflash
 from specpilot.spec_decode.drafters.dflash import load_dflash
 from specpilot.spec_decode.tree import TreeSpec
@@ -153,9 +154,9 @@ def test_coupled_proposals_replayed_from_graphs_equal_eager_ones(tree, target, t
 
 
 def test_coupled_graphs_are_capped_and_greedy_ones_are_not(target, tmp_path, replayed_graphs, monkeypatch):
-    """Past MAX_COUPLED_NOISE_BYTES of static noise rows a coupled proposal of a new sampling setting runs eagerly
+    """Past coupling.MAX_GRAPH_NOISE_BYTES of static noise rows a coupled proposal of a new sampling setting runs eagerly
     (same proposals), while greedy proposals keep capturing graphs."""
-    monkeypatch.setattr(dflash, "MAX_COUPLED_NOISE_BYTES", 4 * 3 * 3 * 320)  # one batch-3 chain:3 graph's rows
+    monkeypatch.setattr(coupling, "MAX_GRAPH_NOISE_BYTES", 4 * 3 * 3 * 320)  # one batch-3 chain:3 graph's rows
     spec = TreeSpec.parse("chain:3")
     graphed, _ = _drafter(target, tmp_path / "g", dflash_tensors(torch.Generator().manual_seed(4)))
     eager, _ = _drafter(target, tmp_path / "e", dflash_tensors(torch.Generator().manual_seed(4)))

@@ -41,12 +41,9 @@ from specpilot.layers.metadata import BatchMetadata
 from specpilot.models.causal_lm import CausalLM
 from specpilot.models.dflash import DFlashModel, default_target_layers, read_config
 from specpilot.models.loader import load_weights, resolve_dtype
-from specpilot.spec_decode.coupling import Noise, coupled_scores
+from specpilot.spec_decode.coupling import (Noise, coupled_scores, fill_noise, filter_key, graph_noise_fits,
+                                             static_noise)
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
-
-# the static noise rows all coupled proposal graphs of a drafter may hold (fp32 [n, depth, vocab] each; a graph's
-# own fp32 temporaries scale with them): past it a coupled proposal of a new shape or setting runs eagerly
-MAX_COUPLED_NOISE_BYTES = 1 << 30
 
 
 class ProposalGraph:
@@ -67,19 +64,6 @@ class ProposalGraph:
         pack(self.features, new)
         self.graph.replay()
         return self.output
-
-
-def _filter_key(e: Noise):
-    """What a row's coupled scores depend on besides its noise: its filter settings (None: a greedy row)."""
-    return None if e is None else (e[0].temperature, e[0].top_k, e[0].top_p)
-
-
-def _fill_noise(rows: torch.Tensor, noise: list[Noise]) -> None:
-    """Each sampling row's race noise into the static rows [n, depth, vocab] (a greedy row's stay as they are)."""
-    depth = rows.shape[1]
-    for b, e in enumerate(noise):
-        if e is not None:
-            rows[b].copy_(e[1][:depth])
 
 
 def pack_rows(buffer: torch.Tensor, new: list[torch.Tensor]) -> None:
@@ -209,12 +193,9 @@ class DFlashDrafter:
         new = [f for _, _, f in sorted(pending, key=lambda p: p[0])]  # batch-row order, as the forward gathers
         coupled = noise is not None and any(e is not None for e in noise)
         # a coupled proposal's graph is per sampling setting of each row (the filtering ops it captures)
-        key = (len(slots), depth, width) + (tuple(_filter_key(e) for e in noise) if coupled else ())
-        fits = True
-        if coupled and key not in self.graphs:
-            vocab = next(e[1].shape[-1] for e in noise if e is not None)
-            held = sum(g.noise.numel() for g in self.graphs.values() if g.noise is not None)
-            fits = 4 * (held + len(slots) * depth * vocab) <= MAX_COUPLED_NOISE_BYTES
+        key = (len(slots), depth, width) + (tuple(map(filter_key, noise)) if coupled else ())
+        vocab = next(e[1].shape[-1] for e in noise if e is not None) if coupled else 0
+        fits = not coupled or key in self.graphs or graph_noise_fits(self.graphs, noise, depth, vocab)
         if self.use_graphs and fits:
             graph = self.graphs.get(key)
             if graph is None:
@@ -223,16 +204,13 @@ class DFlashDrafter:
                 max_len = self.cache.max_seq_len
                 features = self._features(len(slots))
                 self._pack(features, new)
-                rows = None
-                if coupled:  # the graph's static noise rows [n, depth, vocab], refilled before each replay
-                    vocab = next(e[1].shape[-1] for e in noise if e is not None)
-                    rows = torch.ones(len(slots), depth, vocab, device=self.device)
-                    _fill_noise(rows, noise)
+                # the graph's static noise rows [n, depth, vocab], refilled before each replay
+                rows = static_noise(noise, depth, vocab, self.device) if coupled else None
                 static = [None if e is None else (e[0], rows[b]) for b, e in enumerate(noise)] if coupled else None
                 graph = self.graphs[key] = ProposalGraph(lambda x, f: self._run(x, f, depth, width, max_len, static),
                                                          host.to(self.device), features, noise=rows)
             if coupled:
-                _fill_noise(graph.noise, noise)
+                fill_noise(graph.noise, noise)
             out = graph.replay(host, new, self._pack)
         else:
             features = self._features(len(slots))

@@ -21,7 +21,7 @@ noise rows; its draft at depth d is then the race's draw of its own filtered dra
 (the noise the target's draw at that output position uses), and a tree node's children are the race's draws in
 order, scored at the drafter's logit_error. A greedy request in the same batch takes the head's argmax as before.
 The one-call chain step takes the noise as static rows [n, depth, draft vocab] too, its graph per (batch, depth,
-block width) and each row's filter settings, within MAX_COUPLED_NOISE_BYTES (past it the step runs eagerly).
+block width) and each row's filter settings, within coupling.MAX_GRAPH_NOISE_BYTES (past it the step runs eagerly).
 
 Draft vocabulary: by default every level scores the target's whole LM head. Given a DraftVocab (`--drafter mtp:FILE`
 or `mtp:N`, draft_vocab.py), the levels and the trees score a contiguous copy of those ids' rows made once here,
@@ -45,8 +45,9 @@ from specpilot.models.mtp import MTPModel, load_mtp
 from specpilot.runtime.cache import ModelCache
 from specpilot.runtime.graphs import capture
 from specpilot.runtime.sampling import SamplingParams, filtered_probs
-from specpilot.spec_decode.coupling import Noise, coupled_row_scores
 from specpilot.runtime.settings import Runtime
+from specpilot.spec_decode.coupling import (Noise, coupled_row_scores, fill_noise, filter_key, graph_noise_fits,
+                                             static_noise)
 from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
 from specpilot.spec_decode.drafters.feature_pairs import FeaturePairs
 from specpilot.spec_decode.tree import DraftTree, TreeSpec, grow
@@ -55,9 +56,6 @@ from specpilot.weights import w12n
 FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
 FEED_CHUNK = 2048
 CHAIN_BLOCK = 16  # pending blocks up to this long join a chain's one-call step (padded to a power of two)
-# the static noise rows all coupled chain graphs may hold (fp32 [n, depth, draft vocab] each; a graph's own fp32
-# temporaries scale with them): past it a coupled chain step of a new shape or setting runs eagerly
-MAX_COUPLED_NOISE_BYTES = 1 << 30
 
 
 class ChainGraph:
@@ -77,11 +75,6 @@ class ChainGraph:
         return self.output
 
 
-def _filter_key(e: Noise):
-    """What a row's coupled draws depend on besides its noise: its filter settings (None: a greedy row)."""
-    return None if e is None else (e[0].temperature, e[0].top_k, e[0].top_p)
-
-
 class MTPDrafter(FeaturePairs):
     name = "mtp"
     max_depth = None
@@ -95,8 +88,7 @@ class MTPDrafter(FeaturePairs):
         says otherwise). vocab: the draft vocabulary (None: the target's whole vocabulary). logit_error: the scale of
         the draft logits' error that a sampling request's tree scores assume (spec_decode/coupling.py; None: unit
         scores); it changes which nodes a dynamic tree keeps, never the output."""
-        # 1.0: the zoo's hybrid MTP layer on sampled HumanEval text (maximum likelihood 0.88 at T 0.7, 1.0 at T 1.0 at
-        # depth 1; the best best-first tree tau of 0.7 / 0.9 / 1.0 / 1.2 at T 0.7: docs/sampling.md)
+        # the default 1.0 is fitted on the zoo's MTP layer (docs/sampling.md has the fit)
         super().__init__(model.config.hidden_size)
         self.logit_error = logit_error
         self.model, self.target = model, target
@@ -228,11 +220,11 @@ class MTPDrafter(FeaturePairs):
             feats[i, :len(t)] = f
         tail.copy_(torch.tensor([[self.seen[s] for s in slots], list(map(len, tokens)), slots]))
         # a coupled step's graph is per sampling setting of each row (the filtering ops it captures)
-        key = (n, depth, W) + (() if noise is None else tuple(map(_filter_key, noise)))
+        key = (n, depth, W) + (() if noise is None else tuple(map(filter_key, noise)))
         if self.use_graphs and (key in self.graphs or self._noise_fits(noise, depth)):
             graph = self.graphs.get(key)
             if graph is None:
-                rows = None if noise is None else self._static_noise(noise, depth)
+                rows = None if noise is None else static_noise(noise, depth, self.head_weight.shape[0], self.device)
                 static = None if noise is None else [None if e is None else (e[0], rows[b]) for b, e in
                                                      enumerate(noise)]
                 # capture runs the step for real: its K/V writes are the ones the replay then repeats
@@ -240,7 +232,7 @@ class MTPDrafter(FeaturePairs):
                 graph = self.graphs[key] = ChainGraph(lambda x, f: self._chain_block(x, f, depth, max_len, static),
                                                       host.to(self.device), feats, noise=rows)
             if noise is not None:
-                _fill_noise(graph.noise, noise)
+                fill_noise(graph.noise, noise)
             out = graph.replay(host, feats)
         else:
             out = self._chain_block(host.to(self.device), feats, depth, max(self.seen[s] for s in slots) + W + depth,
@@ -251,26 +243,17 @@ class MTPDrafter(FeaturePairs):
         return out.tolist()
 
     def _noise_fits(self, noise: list[Noise] | None, depth: int) -> bool:
-        """Whether one more coupled graph's static noise rows stay within MAX_COUPLED_NOISE_BYTES (a greedy step
-        holds none)."""
-        if noise is None:
-            return True
-        held = sum(g.noise.numel() for g in self.graphs.values() if g.noise is not None)
-        return 4 * (held + len(noise) * depth * self.head_weight.shape[0]) <= MAX_COUPLED_NOISE_BYTES
-
-    def _static_noise(self, noise: list[Noise], depth: int) -> torch.Tensor:
-        """Static rows [n, depth, draft vocab] (ones: a greedy row's stay finite) with the step's noise in them."""
-        rows = torch.ones(len(noise), depth, self.head_weight.shape[0], device=self.device)
-        _fill_noise(rows, noise)
-        return rows
+        """Whether one more coupled graph's static noise rows fit (coupling.graph_noise_fits; a greedy step holds
+        none)."""
+        return noise is None or graph_noise_fits(self.graphs, noise, depth, self.head_weight.shape[0])
 
     def _chain_block(self, inputs: torch.Tensor, feats: torch.Tensor, depth: int, max_len: int,
                      noise: list[Noise] | None = None) -> torch.Tensor:
         """Device only (capturable): inputs [n * (W + 3)] (block tokens [n, W], then seen, block length and slot
         [n] each: contiguous views, as the kernels index them) and the blocks' last-layer features [n, W, H] -> the
-        chains [n, depth] (greedy, or a sampling row's coupled draws: noise as _levels). The block sits at positions seen .. seen + W - 1 (its pads past the length are
-        scratch the levels and the next feed overwrite); level d >= 1 pairs the previous level's output with its
-        token at seen + length - 1 + d."""
+        chains [n, depth] (greedy, or a sampling row's coupled draws: noise as _levels). The block sits at positions
+        seen .. seen + W - 1 (its pads past the length are scratch the levels and the next feed overwrite); level
+        d >= 1 pairs the previous level's output with its token at seen + length - 1 + d."""
         n, W = feats.shape[:2]
         ids = inputs[:n * W].view(n, W)
         seen, length, slots = inputs[n * W:].view(3, n)
@@ -353,13 +336,6 @@ class MTPDrafter(FeaturePairs):
                                       self.logit_error)
         top = logp.topk(min(max(max(spec.branching, default=1), spec.top_k), logp.shape[-1]), dim=-1)
         return [(t.tolist(), v.tolist()) for t, v in zip(self._to_target(top.indices), top.values)]
-
-
-def _fill_noise(rows: torch.Tensor, noise: list[Noise]) -> None:
-    """Each sampling row's race noise into the static rows [n, depth, draft vocab] (a greedy row's stay as they are)."""
-    for b, e in enumerate(noise):
-        if e is not None:
-            rows[b].copy_(e[1])
 
 
 def _head_rows(head: Linear, ids: torch.Tensor) -> Linear:

@@ -279,6 +279,7 @@ def test_coupled_chain_graph_proposes_what_the_eager_step_proposes(vocab, cap, o
     filter settings) proposes what the eager levels propose with each step's noise, a greedy row beside the sampling
     ones included; with no room for noise rows (cap 0) the coupled step runs eagerly. The noise changes the
     sampling rows' chains and leaves the greedy row's alone."""
+    from specpilot.spec_decode import coupling
     from specpilot.spec_decode.drafters import mtp
     from tests.cuda_graph_fakes import fake_cuda_graphs
 
@@ -289,7 +290,7 @@ def test_coupled_chain_graph_proposes_what_the_eager_step_proposes(vocab, cap, o
     fake_cuda_graphs(monkeypatch)
     monkeypatch.setattr(mtp, "ChainGraph", ReplayedChainGraph)
     if cap is not None:
-        monkeypatch.setattr(mtp, "MAX_COUPLED_NOISE_BYTES", cap)
+        monkeypatch.setattr(coupling, "MAX_GRAPH_NOISE_BYTES", cap)
     graphed = build_drafter(name, odd_target)
     graphed.use_graphs = True
     assert _coupled_steps(odd_target, graphed, spec, params) == want
