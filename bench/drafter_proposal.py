@@ -7,7 +7,7 @@ the verify pass is not timed here). Per (drafter, batch): the requests start wit
 then every step commits --accepted random feature rows per request (an accepted path: the root and accepted - 1
 drafts) and proposes the drafter's chain (--depth, capped at its block; the MTP chain at each of --mtp-depths; with
 --mtp-draft-vocab N, the MTP rows again over a draft vocabulary of the first N ids, labelled `mtp:N` as --drafter
-spells it: its LM head reads N rows per level). Correctness first: two drafters of the same
+spells it: its LM head reads N rows per level; with --mtp-head fp8, rows `mtp+fp8` whose head is an FP8 copy). Correctness first: two drafters of the same
 weights, one stepped and one started on the whole committed context, propose the same tokens (the cache
 bookkeeping): the fraction of equal draft tokens is recorded (1.0 on the CPU in fp32; in bf16 on a GPU the stepped
 drafter's in-graph context extension and the whole one's eager pass take different kernels, and near-ties of random
@@ -53,8 +53,9 @@ DRAFTERS = ("dflash", "dflash2", "dspark", "mtp")
 CURVE = Path(__file__).resolve().parent.parent / "specpilot" / "data" / "cost_curves" / "nvidia-h200-8282aa02de44.json"
 
 
-def build(kind: str, target, shape: str, runtime, draft_vocab: int | None = None):
-    """draft_vocab (MTP): the first N ids as its draft vocabulary (None: the whole vocabulary)."""
+def build(kind: str, target, shape: str, runtime, draft_vocab: int | None = None, head: str = "bf16"):
+    """draft_vocab (MTP): the first N ids as its draft vocabulary (None: the whole vocabulary); head (MTP): its LM
+    head rows in bf16 or as an FP8 copy."""
     if kind == "dflash":
         return random_dflash(target, shape, runtime=runtime)
     if kind == "dflash2":
@@ -62,13 +63,15 @@ def build(kind: str, target, shape: str, runtime, draft_vocab: int | None = None
     if kind == "dspark":
         return random_dspark(target, shape, runtime=runtime)
     drafter = random_mtp(target, runtime=runtime)
-    if draft_vocab is None:
+    if draft_vocab is None and head == "bf16":
         return drafter
-    return MTPDrafter(drafter.model, target, runtime, vocab=DraftVocab.first(draft_vocab))
+    vocab = DraftVocab.first(draft_vocab) if draft_vocab is not None else None
+    return MTPDrafter(drafter.model, target, runtime, vocab=vocab, head_format=head)
 
 
-def label(kind: str, draft_vocab: int | None) -> str:
-    return kind if draft_vocab is None else f"{kind}:{draft_vocab}"
+def label(kind: str, draft_vocab: int | None, head: str = "bf16") -> str:
+    name = kind if draft_vocab is None else f"{kind}:{draft_vocab}"
+    return name if head == "bf16" else f"{name}+{head}"
 
 
 def feature_width(drafter) -> int:
@@ -135,10 +138,10 @@ class Workload:
 
 
 def check(kind: str, target, shape: str, runtime, n: int, work: Workload, spec: TreeSpec, max_len: int,
-          draft_vocab: int | None = None) -> dict:
+          draft_vocab: int | None = None, head: str = "bf16") -> dict:
     """Stepped vs started-whole: the fourth step's proposal of a drafter that started and committed three accepted
     paths equals that of a drafter of the same weights started on the same committed tokens and features at once."""
-    stepped, whole = (build(kind, target, shape, runtime, draft_vocab) for _ in range(2))
+    stepped, whole = (build(kind, target, shape, runtime, draft_vocab, head) for _ in range(2))
     whole.model.load_state_dict(stepped.model.state_dict())
     for d in (stepped, whole):
         d.allocate(n, max_len)
@@ -191,10 +194,12 @@ def run(args, report: Report) -> None:
                        "copy_bandwidth_gbs": round(bandwidth / 1e9, 1),
                        "verify_curve": str(args.verify_curve) if args.verify_curve else None}
     rows = report["rows"]
-    runs = [(kind, v) for kind in args.drafters for v in [None] + (args.mtp_draft_vocab if kind == "mtp" else [])]
-    for kind, vocab in runs:
-        name = label(kind, vocab)
-        drafter = attempt(name, build, kind, target, args.target, runtime, vocab)
+    runs = [(kind, v, h) for kind in args.drafters
+            for v in [None] + (args.mtp_draft_vocab if kind == "mtp" else [])
+            for h in (args.mtp_head if kind == "mtp" else ["bf16"])]
+    for kind, vocab, head in runs:
+        name = label(kind, vocab, head)
+        drafter = attempt(name, build, kind, target, args.target, runtime, vocab, head)
         if isinstance(drafter, dict):
             rows.append({"drafter": name, **drafter})
             report.save()
@@ -202,7 +207,7 @@ def run(args, report: Report) -> None:
         specs = [TreeSpec.parse(f"chain:{min(d, drafter.max_depth or d)}") for d in args.depth[kind]]
         checked = attempt(f"{name} check", check, kind, target, args.target, runtime, min(args.batches), Workload(
             drafter, min(args.batches), args.context, args.accepted, target.config.vocab_size, device), specs[-1],
-            args.context + 64, vocab)
+            args.context + 64, vocab, head)
         report["checks"][name] = checked
         for spec in specs:
             for n in args.batches:
@@ -239,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the MTP chain's depths, a row each (each level reads the layer and the LM head once)")
     p.add_argument("--mtp-draft-vocab", type=int, nargs="+", default=[], metavar="N",
                    help="the MTP rows again over a draft vocabulary of the first N ids (rows `mtp:N`), per N")
+    p.add_argument("--mtp-head", nargs="+", default=["bf16"], choices=("bf16", "fp8"),
+                   help="the MTP rows per LM head format (fp8: rows `mtp+fp8`, its head an FP8 copy, as --drafter "
+                        "mtp+fp8)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))

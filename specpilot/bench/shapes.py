@@ -622,9 +622,9 @@ def random_dspark(target, shape: str, seed: int = 3, runtime=None):
     return DSparkDrafter(model.eval().requires_grad_(False), target, runtime=runtime)
 
 
-def random_mtp(target, seed: int = 4, runtime=None, vocab=None):
+def random_mtp(target, seed: int = 4, runtime=None, vocab=None, head_format: str = "bf16"):
     """The target's MTP layer (a Qwen3.5 target) with random weights; runtime as MTPDrafter takes it; vocab: a
-    DraftVocab it drafts over (None: the target's whole vocabulary)."""
+    DraftVocab it drafts over (None: the target's whole vocabulary); head_format: "bf16" or "fp8" (MTPDrafter's)."""
     from specpilot.models.mtp import MTPModel, head_config
     from specpilot.spec_decode.drafters.mtp import MTPDrafter
 
@@ -632,7 +632,7 @@ def random_mtp(target, seed: int = 4, runtime=None, vocab=None):
         model = MTPModel(head_config(target.config))
     model = _randomize(model, target, seed, zero_centred=True)
     model.rotary.reset_buffers()
-    return MTPDrafter(model.eval().requires_grad_(False), target, runtime, vocab=vocab)
+    return MTPDrafter(model.eval().requires_grad_(False), target, runtime, vocab=vocab, head_format=head_format)
 
 
 # `--drafter` names of the random drafters above, for benchmarks on random:SHAPE targets: name -> (target, shape,
@@ -647,15 +647,21 @@ RANDOM_DRAFTERS = {
 
 def random_drafter(name: str):
     """The maker (target, shape, runtime) -> Drafter of a random drafter's `--drafter` name, None for any other
-    name: RANDOM_DRAFTERS, and `random-mtp:N`, the MTP layer over a draft vocabulary of the first N ids."""
+    name: RANDOM_DRAFTERS, and `random-mtp:N`, the MTP layer over a draft vocabulary of the first N ids; either MTP
+    form with the `+fp8` suffix takes an FP8 copy of the head rows."""
+    from specpilot.spec_decode.drafters.registry import split_head_format
+
     if name in RANDOM_DRAFTERS:
         return RANDOM_DRAFTERS[name]
-    if name.startswith("random-mtp:"):
+    base, head_format = split_head_format(name)
+    if base == "random-mtp":
+        return lambda target, shape, runtime: random_mtp(target, runtime=runtime, head_format=head_format)
+    if base.startswith("random-mtp:"):
         from specpilot.spec_decode.drafters.draft_vocab import DraftVocab
 
-        n = name[len("random-mtp:"):]
+        n = base[len("random-mtp:"):]
         if not n.isdigit():
             raise ValueError(f"--drafter {name}: give random-mtp:N, N the number of token ids it drafts over")
         vocab = DraftVocab.first(int(n), f"--drafter {name}")
-        return lambda target, shape, runtime: random_mtp(target, runtime=runtime, vocab=vocab)
+        return lambda target, shape, runtime: random_mtp(target, runtime=runtime, vocab=vocab, head_format=head_format)
     return None

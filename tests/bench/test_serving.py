@@ -487,7 +487,7 @@ def test_step_profile_summarises_the_engine_step_log():
     assert m["steps"] == 1 and m["tokens_p50"] == 9 and m["ms_p50"]["verify"] == pytest.approx(20.0)
 
 
-@pytest.mark.parametrize("drafter", ["random-dflash2", "random-mtp", "random-mtp:64"])
+@pytest.mark.parametrize("drafter", ["random-dflash2", "random-mtp", "random-mtp:64", "random-mtp:64+fp8"])
 def test_serve_takes_the_published_random_drafters(drafter, tmp_path, capsys):
     out = tmp_path / "serve"
     rc = main(["bench", "serve", "--target", "random:tiny-hybrid", "--drafter", drafter, "--profile", "dflash2-gsm8k",

@@ -339,6 +339,19 @@ def check_fp8_gemv(dev, M, N, K):
     return res
 
 
+def check_fp8_linear(dev, M, N, K):
+    """The FP8 linear (cuBLASLt FP8 GEMM on a GPU with FP8 tensor cores, the reference for shapes it does not take) vs
+    its fp32 reference of the same quantized operands."""
+    import torch
+
+    from specpilot.ops.fp8_linear import fp8_linear, fp8_linear_ref, quantize_weight
+
+    gen = torch.Generator(device=dev).manual_seed(M * 7 + N)
+    x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
+    w, scale = quantize_weight(torch.randn(N, K, device=dev, generator=gen) * 0.02)
+    return {**rel_err(fp8_linear(x, w, scale).float(), fp8_linear_ref(x, w, scale).float()), "tol": 1e-2}
+
+
 def check_decode_attention(dev, dtype, B, H, KVH, D, S, kv_lens, repeats):
     """The split-K decode attention vs the reference, and deterministic: `repeats` calls give the same bits."""
     import torch
@@ -472,6 +485,9 @@ def checks(device: str):
             out.append((f"gemv.{name}", "gemv", check_gemv_paths, kw))
         for name, kw in (("8b.o_proj", dict(N=4096, K=4096)), ("odd", dict(N=2053, K=5000))):
             out.append((f"gemv_pre_tiles.{name}", "gemv_pre_tiles", check_gemv_pre_tiles, kw))
+        for name, kw in (("lm_head.M1", dict(M=1, N=32848, K=5120)), ("lm_head.M8", dict(M=8, N=32848, K=5120)),
+                         ("M33", dict(M=33, N=4096, K=4096)), ("odd-N", dict(M=3, N=2053, K=5120))):
+            out.append((f"fp8_linear.{name}", "fp8_linear", check_fp8_linear, kw))
         for name, kw in (("8b", dict(rows=1, H=4096, zero_centered=False)),
                          ("27b", dict(rows=8, H=5120, zero_centered=True))):
             out.append((f"rms_norm.{name}", "rms_norm", check_rms_norm, kw))

@@ -27,6 +27,8 @@ Draft vocabulary: by default every level scores the target's whole LM head. Give
 or `mtp:N`, draft_vocab.py), the levels and the trees score a contiguous copy of those ids' rows made once here,
 and `draft_to_target` maps the head's argmax / top-k back to target ids: the draft distribution q is the softmax
 over those ids, zero elsewhere (`draft_probs`); a draft token races with the noise of the target id it stands for.
+Head format: `--drafter mtp+fp8` (or `mtp:N+fp8`) scores an FP8 copy of the head rows instead (layers/fp8_linear.py),
+half the bytes each level reads; the draft distribution is then the FP8 head's, which verification corrects.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 import torch
 
 from specpilot.config import EngineConfig
+from specpilot.layers.fp8_linear import Fp8Linear
 from specpilot.layers.linear import Linear
 from specpilot.layers.metadata import BatchMetadata
 from specpilot.layers.paths import PLAIN, KernelPaths
@@ -55,6 +58,7 @@ from specpilot.weights import w12n
 
 FEED_BATCH = 64  # longer pending blocks (a prompt) are fed per request, in chunks of FEED_CHUNK
 FEED_CHUNK = 2048
+HEAD_FORMATS = ("bf16", "fp8")  # how the draft LM head holds the target's head rows
 CHAIN_BLOCK = 16  # pending blocks up to this long join a chain's one-call step (padded to a power of two)
 
 
@@ -82,12 +86,15 @@ class MTPDrafter(FeaturePairs):
     features_needed = "MTP needs the target's last-layer outputs [{n}, {width}], got {got}"
 
     def __init__(self, model: MTPModel, target: CausalLM, runtime: Runtime | None = None,
-                 use_graphs: bool | None = None, vocab: DraftVocab | None = None, logit_error: float | None = 1.0):
+                 use_graphs: bool | None = None, vocab: DraftVocab | None = None, logit_error: float | None = 1.0,
+                 head_format: str = "bf16"):
         """runtime: the target runner's (default: Runtime.build(EngineConfig(), the model's device)); its draft
         paths are the chain step's kernels, its cuda_graphs whether chain steps are captured (unless use_graphs
         says otherwise). vocab: the draft vocabulary (None: the target's whole vocabulary). logit_error: the scale of
         the draft logits' error that a sampling request's tree scores assume (spec_decode/coupling.py; None: unit
-        scores); it changes which nodes a dynamic tree keeps, never the output."""
+        scores); it changes which nodes a dynamic tree keeps, never the output. head_format: "bf16" (the target's
+        head rows as they are) or "fp8" (an FP8 copy of them, layers/fp8_linear.py: half the bytes per level; its
+        error changes acceptance, never the output)."""
         # the default 1.0 is fitted on the zoo's MTP layer (docs/sampling.md has the fit)
         super().__init__(model.config.hidden_size)
         self.logit_error = logit_error
@@ -103,20 +110,24 @@ class MTPDrafter(FeaturePairs):
         self.paths = runtime.draft if self.use_graphs else dataclasses.replace(runtime.draft, compiled=False)
         self.graphs: dict[tuple, ChainGraph] = {}
         self.cache: ModelCache | None = None
+        if head_format not in HEAD_FORMATS:
+            raise ValueError(f"MTP head format {head_format!r}: use one of {', '.join(HEAD_FORMATS)}")
+        self.head_format = head_format
         self.lm_head, self.draft_to_target = None, None  # None: the target's LM head over its whole vocabulary
         if vocab is not None:
             vocab.check(target.config.vocab_size)
             self.draft_to_target = vocab.token_ids.to(self.device)
-            self.lm_head = _head_rows(target.lm_head, self.draft_to_target)
+        if vocab is not None or head_format == "fp8":
+            self.lm_head = _head_rows(target.lm_head, self.draft_to_target, head_format)
 
     @classmethod
     def from_target(cls, model_dir, target: CausalLM, dtype="auto", runtime: Runtime | None = None,
-                    vocab: DraftVocab | None = None) -> MTPDrafter:
-        return cls(load_mtp(Path(model_dir), target, dtype), target, runtime, vocab=vocab)
+                    vocab: DraftVocab | None = None, head_format: str = "bf16") -> MTPDrafter:
+        return cls(load_mtp(Path(model_dir), target, dtype), target, runtime, vocab=vocab, head_format=head_format)
 
     @property
     def head_weight(self) -> torch.Tensor | None:
-        """The LM head rows every level reads (the draft vocabulary's copy, or the target's head)."""
+        """The LM head rows every level reads (the draft vocabulary's or the FP8 copy, or the target's head)."""
         return (self.target.lm_head if self.lm_head is None else self.lm_head).weight
 
     def allocate(self, num_slots: int, max_seq_len: int) -> None:
@@ -338,10 +349,14 @@ class MTPDrafter(FeaturePairs):
         return [(t.tolist(), v.tolist()) for t, v in zip(self._to_target(top.indices), top.values)]
 
 
-def _head_rows(head: Linear, ids: torch.Tensor) -> Linear:
-    """A Linear over the rows `ids` of the target's LM head (a contiguous copy: one read of N rows per level)."""
+def _head_rows(head: Linear, ids: torch.Tensor | None, head_format: str = "bf16") -> Linear | Fp8Linear:
+    """A layer over the rows `ids` (None: all) of the target's LM head, a contiguous copy (one read of N rows per
+    level) in bf16 or as FP8."""
     weight = head.weight if head.weight is not None else w12n.decode(head.w12n)  # w12n_only dropped the bf16 copy
+    weight = weight.detach() if ids is None else weight.detach()[ids].contiguous()
+    if head_format == "fp8":
+        return Fp8Linear.quantized(weight)
     with torch.device("meta"):
-        rows = Linear(head.in_features, ids.numel(), bias=False)
-    rows.weight = torch.nn.Parameter(weight.detach()[ids].contiguous(), requires_grad=False)
+        rows = Linear(head.in_features, weight.shape[0], bias=False)
+    rows.weight = torch.nn.Parameter(weight, requires_grad=False)
     return rows

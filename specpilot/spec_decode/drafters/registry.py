@@ -1,5 +1,6 @@
 """Builds a drafter from its CLI name (`ngram`, `none`, `mtp`: the target's own MTP layer; `mtp:FILE` / `mtp:N`: it
-over a reduced draft vocabulary, drafters/draft_vocab.py) or from a checkpoint directory / Hub id.
+over a reduced draft vocabulary, drafters/draft_vocab.py; a `+fp8` suffix: its LM head as an FP8 copy) or from a
+checkpoint directory / Hub id.
 
 Checkpoints are dispatched on their config's `architectures`: drafter formats of their own (DFlash, EAGLE-3) by
 the CHECKPOINT_DRAFTERS table, and any supported causal LM becomes a draft LM (which must share the target's
@@ -27,6 +28,7 @@ from specpilot.spec_decode.drafters.mtp import MTPDrafter
 from specpilot.spec_decode.drafters.ngram import NgramDrafter
 
 NAMED = {"ngram": NgramDrafter}
+FP8_SUFFIX = "+fp8"  # an MTP drafter whose LM head is an FP8 copy of the target's (layers/fp8_linear.py)
 
 
 def _eagle3(model_dir, target, dtype, runtime):
@@ -42,14 +44,19 @@ CHECKPOINT_DRAFTERS = {"DFlashDraftModel": load_dflash,
                        "Eagle3LlamaForCausalLM": _eagle3}
 
 
-def _mtp(target, dtype, runtime, vocab: str | None):
+def split_head_format(name: str) -> tuple[str, str]:
+    """`mtp...+fp8` -> (`mtp...`, "fp8"); any other name -> (name, "bf16")."""
+    return (name[:-len(FP8_SUFFIX)], "fp8") if name.endswith(FP8_SUFFIX) else (name, "bf16")
+
+
+def _mtp(target, dtype, runtime, vocab: str | None, head_format: str):
     # the MTP layer lives in the target's own checkpoint (mtp.* keys), found where the target was loaded from
     draft_vocab = DraftVocab.parse(vocab, "--drafter mtp:") if vocab is not None else None
     model_dir = getattr(target, "checkpoint_dir", None)
     if model_dir is None:
         raise ConfigError("--drafter mtp reads the MTP layer from the target's checkpoint directory; this target "
                           "was not loaded from one (load it with models.loader.load_model)")
-    return MTPDrafter.from_target(model_dir, target, dtype, runtime, draft_vocab)
+    return MTPDrafter.from_target(model_dir, target, dtype, runtime, draft_vocab, head_format)
 
 
 def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="auto", cache_dir: str | None = None,
@@ -61,8 +68,12 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
         return None
     if name in NAMED:
         return NAMED[name]()
-    if name == "mtp" or name.startswith("mtp:"):
-        return _mtp(target, dtype, runtime, name[len("mtp:"):] if name != "mtp" else None)
+    base, head_format = split_head_format(name)
+    if base == "mtp" or base.startswith("mtp:"):
+        return _mtp(target, dtype, runtime, base[len("mtp:"):] if base != "mtp" else None, head_format)
+    if head_format != "bf16":
+        raise ConfigError(f"--drafter {name}: the {FP8_SUFFIX} suffix applies to the MTP drafter only (mtp{FP8_SUFFIX}, "
+                          f"mtp:N{FP8_SUFFIX}, mtp:FILE{FP8_SUFFIX})")
     model_dir = resolve_model_dir(name, cache_dir)
     archs = _architectures(model_dir)
     own = [a for a in archs if a in CHECKPOINT_DRAFTERS]

@@ -447,3 +447,56 @@ def test_draft_vocab_rows_of_a_head_whose_bf16_weight_was_dropped():
     ids = _hot(331, 37)
     rows = _head_rows(head, ids)
     assert torch.equal(rows.weight, weight[ids]) and rows.weight.is_contiguous()
+
+
+# ---- an FP8 copy of the head (`--drafter mtp+fp8`, `mtp:N+fp8`) ------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["mtp+fp8", "mtp:40+fp8"])
+def test_fp8_head_is_an_fp8_copy_of_the_head_rows(name, target):
+    from specpilot.layers.fp8_linear import Fp8Linear
+    from specpilot.ops.fp8_linear import fp8_linear_ref
+
+    drafter = build_drafter(name, target)
+    rows = 40 if ":" in name else target.config.vocab_size
+    assert isinstance(drafter.lm_head, Fp8Linear) and drafter.head_format == "fp8"
+    assert drafter.head_weight.dtype == torch.float8_e4m3fn and drafter.head_weight.shape == (rows, 64)
+    exact = target.lm_head.weight[:rows]
+    assert float((drafter.head_weight.float() * drafter.lm_head.scale - exact).abs().max()) <= \
+        2.0 ** -4 * float(exact.abs().max())
+    h = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(drafter.draft_logits(h), fp8_linear_ref(h, drafter.head_weight, drafter.lm_head.scale))
+
+
+@pytest.mark.parametrize(("name", "tree"), [("mtp+fp8", "chain:4"), ("mtp+fp8", "dynamic:2,3,4"),
+                                            ("mtp:40+fp8", "chain:3")])
+def test_fp8_head_keeps_greedy_output_exact(name, tree, target):
+    check_greedy(target, build_drafter(name, target), tree)
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "static:2,1"])
+def test_fp8_head_sampled_output_is_plain_sampling(tree, target):
+    check_sampled(target, build_drafter("mtp+fp8", target), tree, mixed=True)
+
+
+def test_fp8_head_one_call_chain_graph_proposes_what_the_eager_step_proposes(target, monkeypatch):
+    """The FP8 head inside the one-call chain step, replayed from its (faked) CUDA graph, proposes what the eager
+    step proposes."""
+    from specpilot.spec_decode.drafters import mtp
+    from tests.cuda_graph_fakes import fake_cuda_graphs
+
+    spec = TreeSpec.parse("chain:4")
+    eager = _steps(target, build_drafter("mtp+fp8", target), spec)
+    fake_cuda_graphs(monkeypatch)
+    monkeypatch.setattr(mtp, "ChainGraph", ReplayedChainGraph)
+    graphed = build_drafter("mtp+fp8", target)
+    graphed.use_graphs = True
+    assert _steps(target, graphed, spec) == eager and graphed.graphs
+
+
+def test_fp8_suffix_on_another_drafter_is_one_error_line(target, capsys):
+    from specpilot.cli import main
+
+    rc = main(["generate", "--target", str(target.checkpoint_dir), "--prompt", "x", "--max-new-tokens", "2",
+               "--drafter", "ngram+fp8"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "applies to the MTP drafter only" in err, err
