@@ -55,10 +55,11 @@ def test_sampled_speculation_equals_plain_sampling(kind, drafter, tree, targets,
             assert any(key[-1] is True for key in runner.verify_graphs), "no sampled verify graph was replayed"
 
 
-def test_sampled_mtp_chain_replays_its_coupled_graph(targets):
-    """The target's MTP layer (random weights, inside the oracle) drafts coupled at T 0.7: sampled chains equal
-    plain sampling at batch 1 and 3, and the chain steps replayed coupled CUDA graphs (their keys carry the rows'
-    sampling settings)."""
+@pytest.mark.parametrize("head_format", ["bf16", "fp8"])
+def test_sampled_mtp_chain_replays_its_coupled_graph(head_format, targets):
+    """The target's MTP layer (random weights, inside the oracle; its LM head in bf16 or an FP8 copy) drafts coupled
+    at T 0.7: sampled chains equal plain sampling at batch 1 and 3, and the chain steps replayed coupled CUDA graphs
+    (their keys carry the rows' sampling settings)."""
     from specpilot.bench.shapes import random_mtp
 
     target, prompts, ar = targets("hybrid")
@@ -66,7 +67,7 @@ def test_sampled_mtp_chain_replays_its_coupled_graph(targets):
         if batch not in ar:
             ar[batch] = [r.token_ids for r in Generator(ModelRunner(target)).generate(group, PARAMS)]
         runner = ModelRunner(target)
-        mtp = random_mtp(target, runtime=runner.runtime)
+        mtp = random_mtp(target, runtime=runner.runtime, head_format=head_format)
         inner = SyntheticDrafter(mtp, dict(enumerate(ar[batch])), G.ORACLE, target.config.vocab_size, batch)
         out = [r.token_ids for r, _ in ProbingEngine(runner, inner, TreeSpec.parse("chain:3")).generate(group, PARAMS)]
         assert out == ar[batch], f"batch {batch}"
