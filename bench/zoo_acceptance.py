@@ -82,8 +82,8 @@ def drafter_source(zoo: Path, target: str, drafter: str, drafter_dir: Path | Non
     """(the directory the target is loaded from, the drafter's name for build_drafter). A drafter directory that is
     the target's checkpoint with an MTP layer is both, once its target tensors (every stored tensor but `mtp.*`) are
     byte for byte the zoo target's."""
-    if drafter == "mtp":
-        return zoo / target, "mtp"
+    if drafter in ("mtp", "mtp+fp8"):  # the layer in the target's own checkpoint (+fp8: its head as an FP8 copy)
+        return zoo / target, drafter
     path = drafter_dir if drafter_dir is not None else zoo / drafter
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
     if "mtp_num_hidden_layers" not in config.get("text_config", config):
