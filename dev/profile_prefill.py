@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import run_record  # noqa: E402
 from specpilot.bench.shapes import hf_config, random_model  # noqa: E402
 from specpilot.config import EngineConfig  # noqa: E402
 from specpilot.runtime.runner import ModelRunner  # noqa: E402
@@ -78,11 +79,11 @@ def main() -> int:
     p.add_argument("--prefill-chunk", type=int, default=2048)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    out = []
+    out = {**run_record("cuda"), "rows": []}
     for shape in args.shapes:
         r = profile(shape, args.tokens, args.batch, args.prefill_chunk)
         torch.cuda.empty_cache()  # the model went with profile()'s frame
-        out.append(r)
+        out["rows"].append(r)
         Path(args.out).write_text(json.dumps(out, indent=1))
         print(f"{shape} b{args.batch} T{args.tokens}: wall {r['wall_ms']} ms, kernels {r['kernel_ms']} ms, "
               f"by kind {r['by_kind_ms']}", flush=True)
