@@ -3,10 +3,11 @@
 One block of T tokens per request: q/k/v from one packed projection, optional per-head q/k norm, RoPE at the
 given positions, K/V written into the slot at `cache_loc`, then attention over the committed prefix plus the
 block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel. The step's
-`meta.paths` (layers/paths.py) choose the rest: multi-token blocks through the tree-attention op
-(`block_kernel`: the committed K/V read once for all block tokens) or SDPA; and, with `fused_qk_rope_store`, a
-decode step or a tree-op block normalises and rotates q and k and stores k and v in one kernel
-(ops/qk_norm_rope_store) instead of the pointwise helper, then store_kv.
+`meta.paths` (layers/paths.py) choose the rest: a single request's causal block (a prefill chunk), with
+`causal_sdpa`, through SDPA's FlashAttention / memory-efficient kernel where they take it; other multi-token
+blocks through the tree-attention op (`block_kernel`: the committed K/V read once for all block tokens) or SDPA;
+and, with `fused_qk_rope_store`, a decode step or a tree-op block normalises and rotates q and k and stores k and v
+in one kernel (ops/qk_norm_rope_store) instead of the pointwise helper, then store_kv.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from specpilot.config import ModelConfig
 from specpilot.layers import pointwise as pw
@@ -29,6 +32,7 @@ from specpilot.ops.tree_attention import tree_attention
 
 
 SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 
 
 class Attention(nn.Module):
@@ -95,6 +99,9 @@ def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     store_kv(k, v, kv[0], kv[1], meta.slots, meta.cache_loc)
     if meta.is_decode:
         return decode(q, kv, meta, scale)
+    # B == 1 only: the host knows just the largest prefix, and a shorter one would read stale cache rows
+    if meta.paths.causal_sdpa and meta.block_mask is None and q.shape[0] == 1 and fused_sdpa_fits(q, kv):
+        return causal_block_attention(q, kv, meta, scale)
     if meta.paths.block_kernel:
         return tree_attention(q, kv[0], kv[1], meta.slots, meta.prefix_len, meta.cache_loc, meta.block_mask, scale)
     return block_attention(q, k, v, kv, meta, scale)
@@ -130,3 +137,30 @@ def block_attention(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Ten
     with sdpa_kernel(SDPA_BACKENDS):
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return out.view(B, KVH, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H, D)
+
+
+def fused_sdpa_fits(q, kv) -> bool:
+    """Whether SDPA's FlashAttention kernel (any GQA ratio) or its memory-efficient one (as many K/V heads as query
+    heads) takes causal_block_attention's inputs: q [B, T, H, D] and the cache's dtype, head dim and layout."""
+    B, T, H, D = q.shape
+    KVH = kv[0].shape[1]
+    if H % KVH:
+        return False
+    rows = kv[0][:B, :, :T]  # stands in for the K/V read from the cache: same dtype, heads, head dim, last stride
+    params = SDPAParams(q.transpose(1, 2), rows, rows, None, 0.0, False, True)
+    return can_use_flash_attention(params) or (H == KVH and can_use_efficient_attention(params))
+
+
+def causal_block_attention(q, kv, meta: BatchMetadata, scale: float, backends=FUSED_BACKENDS) -> torch.Tensor:
+    """q [B, T, H, D] of a causal block stored at positions P .. P+T-1 of each slot (P = meta.max_prefix_len, which
+    must be every request's prefix: attend takes this path for B == 1 only) -> [B, T, H, D]: attention over the
+    slot's cache rows [0, P+T), bottom-right causal (block token t sees rows up to P + t), in one fused SDPA call
+    (the K/V heads shared by their query-head groups inside the kernel)."""
+    T = q.shape[1]
+    end = meta.max_prefix_len + T
+    keys = kv[0][meta.slots, :, :end].to(q.dtype)  # [B, KVH, P+T, D], the block's rows just written by store_kv
+    values = kv[1][meta.slots, :, :end].to(q.dtype)
+    with sdpa_kernel(backends):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=causal_lower_right(T, end),
+                                             scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)
