@@ -339,6 +339,34 @@ def check_fp8_gemv(dev, M, N, K):
     return res
 
 
+def check_conv_prefill(dev, B, T, C, W):
+    """The causal conv1d prefill kernel vs its fp32 reference, from a state; the final states equal bitwise."""
+    import torch
+
+    from specpilot.ops.causal_conv1d import causal_conv1d_prefill_ref
+    from specpilot.ops.causal_conv1d.triton import causal_conv1d_prefill
+
+    gen = torch.Generator(device=dev).manual_seed(T)
+    x = torch.randn(B, T, C + 64, device=dev, generator=gen).to(torch.bfloat16)[..., 32:32 + C]
+    weight = torch.randn(C, W, device=dev, generator=gen).to(torch.bfloat16)
+    s0 = torch.randn(B, C, W - 1, device=dev, generator=gen).to(torch.bfloat16)
+    y, state = causal_conv1d_prefill(x, weight, s0)
+    y_ref, state_ref = causal_conv1d_prefill_ref(x, weight, s0)
+    return {**rel_err(y.float(), y_ref.float()), "tol": 1e-2, "batch_invariant": torch.equal(state, state_ref)}
+
+
+def check_silu_mul(dev, rows, N):
+    """The SwiGLU activation kernel vs its fp32 reference."""
+    import torch
+
+    from specpilot.ops.silu_mul import silu_mul_ref
+    from specpilot.ops.silu_mul.triton import silu_mul
+
+    x = (torch.randn(rows, 2 * N, device=dev, generator=torch.Generator(device=dev).manual_seed(rows)) * 3)
+    x = x.to(torch.bfloat16)
+    return {**rel_err(silu_mul(x).float(), silu_mul_ref(x).float()), "tol": 1e-2}
+
+
 def check_fp8_linear(dev, M, N, K):
     """The FP8 linear (cuBLASLt FP8 GEMM on a GPU with FP8 tensor cores, the reference for shapes it does not take) vs
     its fp32 reference of the same quantized operands."""
@@ -485,6 +513,11 @@ def checks(device: str):
             out.append((f"gemv.{name}", "gemv", check_gemv_paths, kw))
         for name, kw in (("8b.o_proj", dict(N=4096, K=4096)), ("odd", dict(N=2053, K=5000))):
             out.append((f"gemv_pre_tiles.{name}", "gemv_pre_tiles", check_gemv_pre_tiles, kw))
+        for name, kw in (("qwen3.5-27b.T2048", dict(B=1, T=2048, C=10240, W=4)),
+                         ("qwen3.5-27b.B2-T333", dict(B=2, T=333, C=10240, W=4))):
+            out.append((f"conv_prefill.{name}", "conv_prefill", check_conv_prefill, kw))
+        for name, kw in (("qwen3.5-27b.T2048", dict(rows=2048, N=17408)), ("odd", dict(rows=37, N=1000))):
+            out.append((f"silu_mul.{name}", "silu_mul", check_silu_mul, kw))
         for name, kw in (("lm_head.M1", dict(M=1, N=32848, K=5120)), ("lm_head.M8", dict(M=8, N=32848, K=5120)),
                          ("M33", dict(M=33, N=4096, K=4096)), ("odd-N", dict(M=3, N=2053, K=5120))):
             out.append((f"fp8_linear.{name}", "fp8_linear", check_fp8_linear, kw))

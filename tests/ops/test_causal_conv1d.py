@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specpilot.ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update, causal_conv1d_update_ref
+from specpilot.ops.causal_conv1d import (causal_conv1d_prefill, causal_conv1d_prefill_ref, causal_conv1d_update,
+                                         causal_conv1d_update_ref)
 from specpilot.ops.testing import assert_close, nan_like
 
 
@@ -24,6 +25,17 @@ def _triton_update():
     from specpilot.ops.causal_conv1d.triton import causal_conv1d_update as update
 
     return update
+
+
+def _prefill_impl(name):
+    """The prefill under test: the dispatcher (the reference on CPU) or the Triton kernel (interpreted), with small
+    tiles so that the cases span several token and channel blocks."""
+    if name == "dispatch":
+        return causal_conv1d_prefill
+    _triton_update()  # the same interpreter checks
+    from specpilot.ops.causal_conv1d.triton import causal_conv1d_prefill as prefill
+
+    return lambda x, w, s=None: prefill(x, w, s, block_t=4, block_c=16)
 
 
 def _conv1d_silu(x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor) -> torch.Tensor:
@@ -61,30 +73,47 @@ PREFILL_CASES = [
     pytest.param(3, 2, 20, 4, id="T2-shorter-than-state"),
     pytest.param(2, 13, 11, 2, id="W2"),
     pytest.param(2, 6, 11, 5, id="W5"),
+    pytest.param(2, 19, 37, 8, id="T19-C37-W8"),
 ]
 
 
+@pytest.mark.parametrize("impl", ["dispatch", "triton"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
 @pytest.mark.parametrize("B,T,C,W", PREFILL_CASES)
-def test_prefill_matches_conv1d(B, T, C, W, with_state):
+def test_prefill_matches_conv1d(B, T, C, W, with_state, impl):
     x = torch.randn(B, T, C)
     weight = torch.randn(C, W)
     s0 = torch.randn(B, C, W - 1) if with_state else torch.zeros(B, C, W - 1)
-    y, state = causal_conv1d_prefill(x, weight, s0 if with_state else None)
+    y, state = _prefill_impl(impl)(x, weight, s0 if with_state else None)
     assert y.dtype == x.dtype and state.shape == (B, C, W - 1)
     assert_close("y", _conv1d_silu(x, weight, s0), y)
     assert torch.equal(state, torch.cat([s0, x.transpose(1, 2)], dim=-1)[..., -(W - 1) :])
 
 
+@pytest.mark.parametrize("impl", ["dispatch", "triton"])
 @pytest.mark.parametrize("T", [1, 2], ids=lambda t: f"T{t}")
-def test_prefill_short_input_keeps_old_state_tail(T):
+def test_prefill_short_input_keeps_old_state_tail(T, impl):
     """T < W-1: the new state is the newest W-1-T old columns followed by the T inputs."""
     B, C, W = 2, 7, 4
     x = torch.randn(B, T, C)
     s0 = torch.randn(B, C, W - 1)
-    _, state = causal_conv1d_prefill(x, torch.randn(C, W), s0)
+    _, state = _prefill_impl(impl)(x, torch.randn(C, W), s0)
     assert torch.equal(state[..., : W - 1 - T], s0[..., T:])
     assert torch.equal(state[..., W - 1 - T :], x.transpose(1, 2))
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
+def test_triton_prefill_matches_the_reference_in_bf16_on_a_strided_input(with_state):
+    """bf16 x as a channel slice of the packed projections (the layer's case), a state in the pool's dtype."""
+    B, T, C, W = 2, 11, 24, 4
+    x = torch.randn(B, T, C + 8).bfloat16()[..., 4:4 + C]
+    weight = torch.randn(C, W).bfloat16()
+    s0 = torch.randn(B, C, W - 1).bfloat16() if with_state else None
+    y_ref, state_ref = causal_conv1d_prefill_ref(x, weight, s0)
+    y, state = _prefill_impl("triton")(x, weight, s0)
+    assert y.dtype == state.dtype == torch.bfloat16
+    assert_close("y", y_ref, y, ratio=1e-2)
+    assert torch.equal(_bits(state), _bits(state_ref))
 
 
 def test_prefill_bf16():

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_conv1d_prefill(
+def causal_conv1d_prefill_ref(
     x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """y = silu(depthwise causal conv of [initial_state | x]), computed in fp32.
@@ -35,6 +35,6 @@ def causal_conv1d_update_ref(
     Returns y [B,T,C] in x.dtype.
     """
     idx = state_idx.long()
-    y, final_state = causal_conv1d_prefill(x, weight, conv_state_pool[idx])
+    y, final_state = causal_conv1d_prefill_ref(x, weight, conv_state_pool[idx])
     conv_state_pool[idx] = final_state.to(conv_state_pool.dtype)
     return y
