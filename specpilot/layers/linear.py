@@ -19,6 +19,7 @@ from torch import nn
 from specpilot.layers import pointwise as pw
 from specpilot.layers.paths import PLAIN, KernelPaths
 from specpilot.ops.gemv import MAX_M, gated_gemv, gemv
+from specpilot.ops.silu_mul import silu_mul
 from specpilot.ops.w12n_gemv import fuses_swiglu, w12n_linear, w12n_swiglu
 from specpilot.weights import w12n
 
@@ -49,7 +50,8 @@ class Linear(nn.Linear):
                 and self.weight is not None and not (paths.w12n and self.w12n is not None)):
             y = gated_gemv(gate_up.reshape(1, -1), self.weight, pdl=paths.pdl)
             return y.view(*gate_up.shape[:-1], self.out_features)
-        return self(pw.silu_mul(gate_up, compiled=paths.compiled), paths)
+        act = silu_mul(gate_up) if paths.row_kernels else pw.silu_mul(gate_up, compiled=paths.compiled)
+        return self(act, paths)
 
     def swiglu(self, x: torch.Tensor, paths: KernelPaths = PLAIN) -> torch.Tensor | None:
         """silu(gate) * up of this [gate | up] projection where the W12N GEMV forms it in its epilogue (one kernel,

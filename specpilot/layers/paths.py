@@ -26,6 +26,9 @@ class KernelPaths:
     decode_splits: int = 0  # decode attention chunks per sequence (0: chosen from the shapes)
     pdl: bool = False  # our kernels launch with programmatic dependent launch (ops/pdl.py), norms as ops/rms_norm
     compiled: bool = False  # the pointwise helpers (layers/pointwise.py) run torch.compiled on CUDA
+    # norms and the SwiGLU activation of many-row blocks (prefill chunks: no graph fixes their shapes for the compiled
+    # helpers) through the Triton row kernels ops/rms_norm and ops/silu_mul instead of eager fp32 torch
+    row_kernels: bool = False
     # Gated DeltaNet blocks over 16 tokens: ops.gated_delta_rule.prefill_kernel's choice (True: fla-core's chunked
     # rule where installed and it takes the inputs, else ours as one Triton kernel; or "fla" / "triton" / "torch")
     gdn_prefill_kernel: bool | str = False

@@ -56,7 +56,7 @@ class Runtime:
         verify = KernelPaths(gemv=gemv, gated_down=gemv and ab.decode_gated_down, fused_qk_rope_store=fused,
                              block_kernel=block_kernel, compiled=compiled and verify_graphs, **weights)
         # prefill chunks are causal blocks right after the committed prefix: FlashAttention takes them whole
-        prefill = KernelPaths(block_kernel=block_kernel, causal_sdpa=on_gpu,
+        prefill = KernelPaths(block_kernel=block_kernel, causal_sdpa=on_gpu, row_kernels=on_gpu,
                               gdn_prefill_kernel=ab.triton_gdn_prefill and on_gpu, **weights)
         # the DFlash block reads its context by a device length through the tree-attention op whatever
         # block_attention says; its pointwise helpers compile only where its proposal graphs fix the shapes

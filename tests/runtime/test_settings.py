@@ -18,7 +18,8 @@ def test_defaults_on_a_gpu():
                                     compiled=True)
     assert rt.verify == KernelPaths(gemv=True, gated_down=True, w12n_swiglu=True, fused_qk_rope_store=True,
                                     block_kernel=True, compiled=True)
-    assert rt.prefill == KernelPaths(w12n_swiglu=True, block_kernel=True, gdn_prefill_kernel=True)
+    assert rt.prefill == KernelPaths(w12n_swiglu=True, block_kernel=True, causal_sdpa=True, row_kernels=True,
+                                     gdn_prefill_kernel=True)
     assert rt.draft == KernelPaths(gemv=True, block_kernel=True, compiled=True)
     assert (rt.device, rt.on_gpu, rt.cuda_graphs, rt.verify_graphs, rt.verify_layers_per_graph) == (GPU, True, True,
                                                                                                     True, 8)

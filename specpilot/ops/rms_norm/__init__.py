@@ -1,4 +1,5 @@
-"""RMSNorm with an optional residual add for decode rows: the Triton kernel on CUDA, else the reference."""
+"""RMSNorm with an optional residual add (decode rows under PDL, prefill chunks): the Triton kernel on CUDA, else the
+reference."""
 
 import torch
 
