@@ -99,8 +99,9 @@ def attend(q, k, v, kv, meta: BatchMetadata, scale: float) -> torch.Tensor:
     store_kv(k, v, kv[0], kv[1], meta.slots, meta.cache_loc)
     if meta.is_decode:
         return decode(q, kv, meta, scale)
-    # B == 1 only: the host knows just the largest prefix, and a shorter one would read stale cache rows
-    if meta.paths.causal_sdpa and meta.block_mask is None and q.shape[0] == 1 and fused_sdpa_fits(q, kv):
+    # one request, or prefixes the host knows are equal: a shorter prefix than max_prefix_len would read stale rows
+    if (meta.paths.causal_sdpa and meta.block_mask is None and (q.shape[0] == 1 or meta.equal_prefix)
+            and fused_sdpa_fits(q, kv)):
         return causal_block_attention(q, kv, meta, scale)
     if meta.paths.block_kernel:
         return tree_attention(q, kv[0], kv[1], meta.slots, meta.prefix_len, meta.cache_loc, meta.block_mask, scale)
@@ -153,7 +154,7 @@ def fused_sdpa_fits(q, kv) -> bool:
 
 def causal_block_attention(q, kv, meta: BatchMetadata, scale: float, backends=FUSED_BACKENDS) -> torch.Tensor:
     """q [B, T, H, D] of a causal block stored at positions P .. P+T-1 of each slot (P = meta.max_prefix_len, which
-    must be every request's prefix: attend takes this path for B == 1 only) -> [B, T, H, D]: attention over the
+    must be every request's prefix: attend takes this path for B == 1 or meta.equal_prefix) -> [B, T, H, D]: attention over the
     slot's cache rows [0, P+T), bottom-right causal (block token t sees rows up to P + t), in one fused SDPA call
     (the K/V heads shared by their query-head groups inside the kernel)."""
     T = q.shape[1]

@@ -39,6 +39,7 @@ class BatchMetadata:
     parents: torch.Tensor | None = None  # [B, T] tree parent indices (-1: none), given with block_mask
     packed: torch.Tensor | None = None  # [words] int64 that every index field above views (see packed_spans)
     paths: KernelPaths = PLAIN  # the kernels the layers take in this step
+    equal_prefix: bool = False  # the host knows every request's prefix is max_prefix_len (prefill_many's chunks)
 
     @property
     def num_tokens(self) -> int:
@@ -51,11 +52,13 @@ class BatchMetadata:
 
     @staticmethod
     def contiguous(input_ids: torch.Tensor, prefix_len: torch.Tensor, slots: torch.Tensor, max_prefix_len: int,
-                   paths: KernelPaths = PLAIN):
-        """A causal block written right after each request's committed prefix (prefill, AR decode, chains)."""
+                   paths: KernelPaths = PLAIN, equal_prefix: bool = False):
+        """A causal block written right after each request's committed prefix (prefill, AR decode, chains);
+        equal_prefix: the caller knows every prefix is max_prefix_len."""
         t = torch.arange(input_ids.shape[1], device=input_ids.device)
         pos = prefix_len[:, None] + t[None, :]
-        return BatchMetadata(input_ids, pos, pos, slots, prefix_len, max_prefix_len, paths=paths)
+        return BatchMetadata(input_ids, pos, pos, slots, prefix_len, max_prefix_len, paths=paths,
+                             equal_prefix=equal_prefix)
 
     def pack(self) -> torch.Tensor:
         """The index fields in one new int64 buffer, laid out as packed_spans says (the mask as bytes)."""

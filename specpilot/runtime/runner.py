@@ -241,7 +241,7 @@ class ModelRunner:
         for offset in range(0, P, self.prefill_chunk):
             chunk = ids[:, offset:offset + self.prefill_chunk]
             prefix = torch.full((B,), offset, dtype=torch.long, device=self.device)
-            meta = BatchMetadata.contiguous(chunk, prefix, slots, offset, self.runtime.prefill)
+            meta = BatchMetadata.contiguous(chunk, prefix, slots, offset, self.runtime.prefill, equal_prefix=True)
             hidden = self.forward(meta, layers)
             if layers:
                 hidden, captured = hidden

@@ -39,3 +39,26 @@ def test_prefill_paths_match_plain_torch(kind, monkeypatch):
     err = (got - want).abs().max().item() / want.abs().max().item()
     assert err < 3e-2, err
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("kind", list(G.SWEEP))
+def test_prefill_many_paths_match_plain_torch(kind, monkeypatch):
+    """prefill_many's chunks (three requests, equal prefixes) take the fused attention too, with the same result."""
+    target = G.build_target(kind)
+    prompts = [p[:600] for p in (G.prompts(target, 3, seed=s)[2] for s in range(3))]
+    fast = ModelRunner(target, prefill_chunk=256)
+    plain = ModelRunner(target, prefill_chunk=256)
+    plain.runtime = dataclasses.replace(plain.runtime, prefill=KernelPaths())
+    calls = []
+    inner = attention.causal_block_attention
+    monkeypatch.setattr(attention, "causal_block_attention", lambda *a, **k: calls.append(1) or inner(*a, **k))
+    for r in (fast, plain):
+        r.allocate(3, 601)
+    got = fast.prefill_many(prompts).float()
+    took = len(calls)
+    want = plain.prefill_many(prompts).float()
+    if not G.DRY:
+        assert took > 0, "no prefill_many chunk took the fused SDPA attention"
+    err = (got - want).abs().max().item() / want.abs().max().item()
+    assert err < 3e-2, err
+    assert torch.equal(got.argmax(-1), want.argmax(-1))

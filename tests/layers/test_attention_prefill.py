@@ -16,14 +16,14 @@ from specpilot.runtime.settings import Runtime
 MATH = [SDPBackend.MATH]  # the CPU has neither FlashAttention nor the memory-efficient kernel
 
 
-def block(B, T, H, KVH, D, prefix, slots, paths=KernelPaths(), seed=0, num_slots=3, room=64):
+def block(B, T, H, KVH, D, prefix, slots, paths=KernelPaths(), seed=0, num_slots=3, room=64, equal_prefix=False):
     """(q, k, v, kv cache, metadata) of a causal block of T tokens after `prefix` committed ones per slot; every cache
     row holds random values, so a read past a request's rows shows in the output."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, T, n, D, generator=g) for n in (H, KVH, KVH))
     kv = tuple(torch.randn(num_slots, KVH, room, D, generator=g) for _ in range(2))
     ids = torch.zeros(B, T, dtype=torch.long)
-    meta = BatchMetadata.contiguous(ids, torch.tensor(prefix), torch.tensor(slots), max(prefix), paths)
+    meta = BatchMetadata.contiguous(ids, torch.tensor(prefix), torch.tensor(slots), max(prefix), paths, equal_prefix)
     return q, k, v, kv, meta
 
 
@@ -67,20 +67,22 @@ def stored(meta, kv):
     return (c[meta.slots[:, None], :, meta.cache_loc] for c in kv)
 
 
-@pytest.mark.parametrize("paths,B,tree,taken", [
-    (KernelPaths(causal_sdpa=True), 1, False, True),
-    (KernelPaths(causal_sdpa=True, block_kernel=True), 1, False, True),
-    (KernelPaths(), 1, False, False),
-    (KernelPaths(block_kernel=True), 1, False, False),
-    (KernelPaths(causal_sdpa=True), 1, True, False),  # a tree block
-    (KernelPaths(causal_sdpa=True), 2, False, False),  # two requests: their prefixes are not known on the host
+@pytest.mark.parametrize("paths,B,tree,equal,taken", [
+    (KernelPaths(causal_sdpa=True), 1, False, False, True),
+    (KernelPaths(causal_sdpa=True, block_kernel=True), 1, False, False, True),
+    (KernelPaths(), 1, False, False, False),
+    (KernelPaths(block_kernel=True), 1, False, False, False),
+    (KernelPaths(causal_sdpa=True), 1, True, False, False),  # a tree block
+    (KernelPaths(causal_sdpa=True), 2, False, False, False),  # two requests: their prefixes are not known on the host
+    (KernelPaths(causal_sdpa=True), 2, False, True, True),  # ... unless the caller says they are equal
 ])
-def test_attend_takes_the_causal_path_only_for_one_causal_block(monkeypatch, paths, B, tree, taken):
+def test_attend_takes_the_causal_path_only_for_one_causal_block(monkeypatch, paths, B, tree, equal, taken):
     spy = Spy()
     monkeypatch.setattr(attention, "causal_block_attention", spy)
     monkeypatch.setattr(attention, "fused_sdpa_fits", lambda q, kv: True)
     T, H, KVH, D = 4, 4, 2, 16
-    q, k, v, kv, meta = block(B, T, H, KVH, D, [5, 3][:B], [1, 0][:B], paths)
+    prefix = [5, 5] if equal else [5, 3]
+    q, k, v, kv, meta = block(B, T, H, KVH, D, prefix[:B], [1, 0][:B], paths, equal_prefix=equal)
     if tree:
         mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
         meta = BatchMetadata(meta.input_ids, meta.positions, meta.cache_loc, meta.slots, meta.prefix_len,
@@ -88,6 +90,16 @@ def test_attend_takes_the_causal_path_only_for_one_causal_block(monkeypatch, pat
                              paths=paths)
     out = attention.attend(q, k, v, kv, meta, D**-0.5)
     assert spy.calls == int(taken) and out.shape == (B, T, H, D)
+
+
+@pytest.mark.parametrize("P", [0, 7])
+def test_equal_prefixes_of_several_requests_match_the_masked_reference(P):
+    """prefill_many's chunks: three requests, every prefix P (equal_prefix), one fused call over all of them."""
+    q, k, v, kv, meta = block(3, 5, 4, 2, 16, [P] * 3, [2, 0, 1], equal_prefix=True)
+    store_kv(k, v, kv[0], kv[1], meta.slots, meta.cache_loc)
+    want = attention.block_attention(q, k, v, kv, meta, 0.25)
+    torch.testing.assert_close(attention.causal_block_attention(q, kv, meta, 0.25, backends=MATH), want,
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_attend_falls_back_where_the_fused_kernels_cannot_take_the_block(monkeypatch):
