@@ -11,7 +11,7 @@
 #     SUITE_ONLY="gemv_skinny bench_zoo_dense bench_zoo_hybrid" bash bench/gpu_suite.sh OUTDIR COMMIT  # caps 220 s
 #     SUITE_ONLY="gate" bash bench/gpu_suite.sh OUTDIR COMMIT                                          # opt-in, cap 560 s
 #     SUITE_ONLY="server_load drafter_proposal" bash bench/gpu_suite.sh OUTDIR COMMIT                  # opt-in, caps 460 s
-#     SUITE_ONLY="server_load server_load_process" bash bench/gpu_suite.sh OUTDIR COMMIT               # opt-in, caps 720 s
+#     SUITE_ONLY="server_load_process" bash bench/gpu_suite.sh OUTDIR COMMIT                          # opt-in, cap 400 s
 #     SUITE_ONLY="fla_tests prefill" bash bench/gpu_suite.sh OUTDIR COMMIT                             # opt-in, caps 570 s
 #     SUITE_ONLY="sampling_27b" bash bench/gpu_suite.sh OUTDIR COMMIT                                  # opt-in, cap 300 s
 #     SUITE_ONLY="prefill_model" bash bench/gpu_suite.sh OUTDIR COMMIT          # opt-in, cap 500 s: issue 30 (b), (c)
@@ -235,11 +235,13 @@ if [[ " ${SUITE_ONLY:-} " == *" server_load "* ]]; then
     [ "$DRY" = 1 ] && SL=(--target "$T8" --requests 6 --max-tokens 8 --batch 2 --loop-lag)
     step server_load 360 python3 -m bench server_load "${SL[@]}" --out "$OUT/server_load_8b_h200.json" "${DEV[@]}"
 fi
-# the same load with the HTTP path's engine in a process of its own (serve --engine-process)
+# the same load with the HTTP path's engine in the server's thread and in a process of its own (serve
+# --engine-process), side by side in one run, AR only (the speculative engine's rows come from server_load)
 if [[ " ${SUITE_ONLY:-} " == *" server_load_process "* ]]; then
-    SL=(--target "$T8" --repeats 2 --requests 32 --loop-lag --clients 2 --engine-process)
-    [ "$DRY" = 1 ] && SL=(--target "$T8" --requests 6 --max-tokens 8 --batch 2 --loop-lag --engine-process)
-    step server_load_process 360 python3 -m bench server_load "${SL[@]}" \
+    SL=(--target "$T8" --engines ar --repeats 3 --requests 32 --loop-lag --clients 2 --http-engines thread process)
+    [ "$DRY" = 1 ] && SL=(--target "$T8" --engines ar --requests 6 --max-tokens 8 --batch 2 --loop-lag \
+        --http-engines thread process)
+    step server_load_process 400 python3 -m bench server_load "${SL[@]}" \
         --out "$OUT/server_load_8b_engine_process_h200.json" "${DEV[@]}"
 fi
 if [[ " ${SUITE_ONLY:-} " == *" drafter_proposal "* ]]; then

@@ -25,9 +25,12 @@ from its arrival to its last token; tpot_ratio and ttft_ratio: HTTP / direct med
     python3 -m bench server_load --simulate 1,6 --engines ar --repeats 2 --max-tokens 128 --device cpu \
         --out bench/results/server_load_simulated_cpu.json   # no model: the server's own overhead, any machine
 
---engine-process: the HTTP rows' engine runs in a process of its own (`specpilot serve --engine-process`,
-server/engine_process.py), built there from the same flags (the stand-in of --simulate too) and warmed as the first
-engine of its kind; the direct rows are unchanged.
+--http-engines: where the HTTP rows' engine runs, one HTTP row per choice after each direct row: `thread` (rows
+`http`: the engine-loop thread of the server's process, `specpilot serve`'s default) and `process` (rows
+`http_process`: a process of its own, `specpilot serve --engine-process`, server/engine_process.py, built there
+from the same flags, the stand-in of --simulate too, and warmed as the first engine of its kind). With both, their
+order alternates per repeat, so that the two are compared side by side in one run; the direct rows are unchanged.
+The comparison gives each engine's figures for its first HTTP path and, under `by_path`, for every path.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ from specpilot.engine.scheduler import SchedulerConfig
 from specpilot.engine.stats import SpecStats
 from specpilot.runtime.sampling import SamplingParams
 from specpilot.server.engine_process import RemoteEngine
+
+HTTP_PATHS = {"thread": "http", "process": "http_process"}  # --http-engines choice -> its rows' path
 
 MODEL = "bench"
 
@@ -92,8 +97,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--simulate", default=None, metavar="HOST_MS,GPU_MS",
                    help="no model: a stand-in engine whose step holds the interpreter lock HOST_MS, then waits GPU_MS "
                         "with it released (AR only; the server's own overhead on any machine)")
-    p.add_argument("--engine-process", action="store_true",
-                   help="the HTTP path's engine in a process of its own (specpilot serve --engine-process)")
+    p.add_argument("--http-engines", nargs="+", default=["thread"], choices=HTTP_PATHS,
+                   help="where the HTTP rows' engine runs: thread (the server's engine-loop thread, rows http), process "
+                        "(a process of its own as serve --engine-process, rows http_process), or both (side by side)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -104,6 +110,10 @@ def main(argv: list[str]) -> int:
     target = RandomTarget.parse(args.target)
     if target is None:
         print(f"error: --target {args.target}: give random:SHAPE (the synthetic oracle needs a random target)",
+              file=sys.stderr)
+        return 2
+    if len(set(args.http_engines)) != len(args.http_engines):
+        print(f"error: --http-engines {' '.join(args.http_engines)}: name each of thread, process at most once",
               file=sys.stderr)
         return 2
     if min(args.batch, args.requests, args.max_tokens, args.repeats, args.clients) < 1 or args.load <= 0:
@@ -140,7 +150,7 @@ def _all_engines(args):
 
 
 def child_engine(args, kind: str, truth, prompts):
-    """--engine-process: the HTTP run's engine, built in the engine process from the run's flags and warmed there
+    """--http-engines process: the HTTP run's engine, built in the engine process from the run's flags and warmed there
     as the first engine of its kind (every concurrency up to --batch)."""
     return warmed(build(_all_engines(args), kind, args, truth), prompts, args.batch, sweep=True)
 
@@ -176,21 +186,25 @@ def run(args, engines, tokenizer, prompts, report: Report) -> None:
             if truth is None:
                 truth = {tuple(prompts[r.prompt]): r.tokens for r in direct.records}
             del engine  # one engine's caches at a time
-            if args.engine_process:
-                fresh = RemoteEngine(functools.partial(child_engine, args, kind, truth, prompts))
-            else:
-                fresh = warmed(build(engines, kind, args, truth), prompts, args.batch)
-            http, specs, lag = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens, args.loop_lag,
-                                         args.clients)
-            del fresh
-            report["rows"] += [row(kind, "direct", direct, truth, prompts, repeat, oracle_s=oracle),
-                               row(kind, "http", http, truth, prompts, repeat, specs=specs)]
-            if lag is not None:
-                report["rows"][-1]["loop_lag_ms"] = lag
-            report.save()
-            d, h = report["rows"][-2:]
+            report["rows"].append(row(kind, "direct", direct, truth, prompts, repeat, oracle_s=oracle))
+            order = args.http_engines if repeat % 2 == 0 else args.http_engines[::-1]
+            for where in order:
+                if where == "process":
+                    fresh = RemoteEngine(functools.partial(child_engine, args, kind, truth, prompts))
+                else:
+                    fresh = warmed(build(engines, kind, args, truth), prompts, args.batch)
+                http, specs, lag = over_http(fresh, tokenizer, prompts, arrivals, args.max_tokens, args.loop_lag,
+                                             args.clients)
+                del fresh
+                report["rows"].append(row(kind, HTTP_PATHS[where], http, truth, prompts, repeat, specs=specs))
+                if lag is not None:
+                    report["rows"][-1]["loop_lag_ms"] = lag
+                report.save()
+            d = report["rows"][-1 - len(order)]
+            line = ", ".join(f"{h['path']} {h['throughput_tok_s']:.1f} tok/s {h['latency_per_token_ms']:.3f} ms/tok"
+                             for h in report["rows"][-len(order):])
             print(f"{kind} #{repeat}: direct {d['throughput_tok_s']:.1f} tok/s {d['latency_per_token_ms']:.3f} ms/tok, "
-                  f"http {h['throughput_tok_s']:.1f} tok/s {h['latency_per_token_ms']:.3f} ms/tok", flush=True)
+                  f"{line}", flush=True)
     report["comparison"] = compare(report["rows"])
     print(json.dumps(report["comparison"], indent=1))
 
@@ -413,26 +427,33 @@ def row(kind: str, path: str, result: LoopResult, truth, prompts, repeat: int, o
 
 
 def compare(rows: list[dict]) -> dict:
-    """Per engine, each repeat's HTTP row against its direct row (overhead per token: latency per token, HTTP /
-    direct - 1) and their median; spec against AR on each path (latency per token, AR / spec)."""
+    """Per engine and HTTP path, each repeat's HTTP row against its direct row (overhead per token: latency per
+    token, HTTP / direct - 1) and their median; an engine's top-level figures are its first HTTP path's, every
+    path's under `by_path`. spec against AR on each path (latency per token, AR / spec)."""
     pairs = {}
     for r in rows:
         pairs.setdefault((r["engine"], r["repeat"]), {})[r["path"]] = r
+    paths = [p for p in HTTP_PATHS.values() if any(r["path"] == p for r in rows)]
     out = {}
     for kind in dict.fromkeys(r["engine"] for r in rows):
-        runs = [p for (k, _), p in sorted(pairs.items()) if k == kind and len(p) == 2]
-        over = [p["http"]["latency_per_token_ms"] / p["direct"]["latency_per_token_ms"] - 1 for p in runs]
-        out[kind] = {"overhead_per_token": over, "overhead_per_token_median": statistics.median(over),
-                     "tpot_ratio": [_ratio(p["http"]["tpot_p50_ms"], p["direct"]["tpot_p50_ms"]) for p in runs],
-                     "ttft_ratio": [_ratio(p["http"]["ttft_p50_ms"], p["direct"]["ttft_p50_ms"]) for p in runs],
-                     "exact": all(p[x]["mismatched_requests"] == 0 for p in runs for x in p)}
+        runs = [p for (k, _), p in sorted(pairs.items()) if k == kind and "direct" in p]
+        by_path = {path: _overhead([p for p in runs if path in p], path) for path in paths}
+        out[kind] = {**by_path[paths[0]], "exact": all(p[x]["mismatched_requests"] == 0 for p in runs for x in p),
+                     "by_path": by_path}
     if "spec" in out:
         out["spec_vs_ar"] = {path: statistics.median(r["latency_per_token_ms"] for r in rows
                                                      if r["engine"] == "ar" and r["path"] == path) /
                              statistics.median(r["latency_per_token_ms"] for r in rows
                                                if r["engine"] == "spec" and r["path"] == path)
-                             for path in ("direct", "http")}
+                             for path in ("direct", *paths)}
     return out
+
+
+def _overhead(runs: list[dict], path: str) -> dict:
+    over = [p[path]["latency_per_token_ms"] / p["direct"]["latency_per_token_ms"] - 1 for p in runs]
+    return {"overhead_per_token": over, "overhead_per_token_median": statistics.median(over),
+            "tpot_ratio": [_ratio(p[path]["tpot_p50_ms"], p["direct"]["tpot_p50_ms"]) for p in runs],
+            "ttft_ratio": [_ratio(p[path]["ttft_p50_ms"], p["direct"]["ttft_p50_ms"]) for p in runs]}
 
 
 def _ratio(a, b):

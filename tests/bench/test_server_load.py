@@ -18,6 +18,23 @@ def test_simulated_engine_direct_and_http_rows_match(tmp_path):
     assert c["exact"] and len(c["overhead_per_token"]) == 2 and c["overhead_per_token_median"] > -1
 
 
+def test_thread_and_process_engines_side_by_side(tmp_path):
+    """--http-engines thread process: after each direct row one HTTP row per engine placement, their order
+    alternating per repeat, every answer exact, the comparison per path."""
+    out = tmp_path / "load.json"
+    assert server_load.main(["--simulate", "0.2,1", "--engines", "ar", "--requests", "4", "--max-tokens", "4",
+                             "--batch", "2", "--repeats", "2", "--device", "cpu", "--http-engines", "thread", "process",
+                             "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [(x["path"], x["repeat"]) for x in r["rows"]] == [
+        ("direct", 0), ("http", 0), ("http_process", 0), ("direct", 1), ("http_process", 1), ("http", 1)]
+    assert all(x["tokens"] == 16 and x["mismatched_requests"] == 0 for x in r["rows"])
+    c = r["comparison"]["ar"]
+    assert c["exact"] and set(c["by_path"]) == {"http", "http_process"}
+    assert c["overhead_per_token"] == c["by_path"]["http"]["overhead_per_token"]
+    assert all(len(v["overhead_per_token"]) == 2 for v in c["by_path"].values())
+
+
 def test_loop_lag_is_recorded_on_the_http_rows(tmp_path):
     """Two client processes on one clock: every request answered once, exact, and each side's loop lag recorded."""
     out = tmp_path / "load.json"
@@ -50,6 +67,7 @@ def test_bad_flags_are_one_line_and_status_2(tmp_path, capsys):
     assert server_load.main(["--target", "./some-dir", "--out", out]) == 2
     assert server_load.main(["--batch", "0", "--out", out]) == 2
     assert server_load.main(["--clients", "0", "--out", out]) == 2
+    assert server_load.main(["--http-engines", "thread", "thread", "--out", out]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 5 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 6 and all(line.startswith("error: ") for line in err)
     assert not (tmp_path / "x.json").exists()
