@@ -49,8 +49,10 @@ def test_a_signal_mid_compress_leaves_nothing_behind(bf16_checkpoint, tmp_path, 
         "from specpilot.cli import main\n"
         f"sys.exit(main(['compress', {str(bf16_checkpoint)!r}, {str(dst)!r}]))\n"
     )
+    # the default SIGINT disposition, as a process started from a shell has: a pytest-xdist worker ignores SIGINT,
+    # and a child would inherit that (Python keeps an ignored SIGINT ignored)
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while not marker.exists():
