@@ -78,11 +78,15 @@ def test_w12n_weight_format_generates_what_bf16_generates(bf16_checkpoint):
     from tests.runtimes import cpu_runtime, set_paths
 
     # prompts over 16 tokens: prefill goes through decode + F.linear in both, decode steps through the GEMVs
-    prompts = [torch.randint(0, 300, (n,)).tolist() for n in (20, 25)]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (20, 25)]
     params = SamplingParams(max_new_tokens=16)
     bf16 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"))
     set_paths(bf16, "decode", gemv=True)  # fp32-accumulated single-row products, as the W12N GEMV computes them
     w12 = ModelRunner(load_model(str(bf16_checkpoint), "cpu", "bfloat16"), cpu_runtime(weight_format="w12n"))
+    # the projections compress leaves in bf16 take the same GEMV (with plain F.linear there, bf16 rounding flipped a
+    # near-tie of these flat random logits for some prompts)
+    set_paths(w12, "decode", gemv=True)
     assert sum(getattr(m, "w12n", None) is not None for m in w12.model.modules()) > 0
     a = [r.token_ids for r in Generator(bf16).generate(prompts, params)]
     b = [r.token_ids for r in Generator(w12).generate(prompts, params)]
