@@ -5,10 +5,10 @@ given positions, K/V written into the slot at `cache_loc`, then attention over t
 block under `block_mask`. A single causal token (AR decode) takes the split-K decode kernel. The step's
 `meta.paths` (layers/paths.py) choose the rest: a causal block of one request, or of requests whose prefixes the
 host knows are equal (`equal_prefix`: prefill_many's chunks), with `causal_sdpa`, through SDPA's FlashAttention /
-memory-efficient kernel where they take it; other multi-token
-blocks through the tree-attention op (`block_kernel`: the committed K/V read once for all block tokens) or SDPA;
-and, with `fused_qk_rope_store`, a decode step or a tree-op block normalises and rotates q and k and stores k and v
-in one kernel (ops/qk_norm_rope_store) instead of the pointwise helper, then store_kv.
+memory-efficient kernel where they take it; other multi-token blocks through the tree-attention op
+(`block_kernel`: the committed K/V read once for all block tokens) or SDPA; and, with `fused_qk_rope_store`, a
+decode step or a tree-op block normalises and rotates q and k and stores k and v in one kernel
+(ops/qk_norm_rope_store) instead of the pointwise helper, then store_kv.
 """
 
 from __future__ import annotations
