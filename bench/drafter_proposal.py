@@ -7,7 +7,8 @@ the verify pass is not timed here). Per (drafter, batch): the requests start wit
 then every step commits --accepted random feature rows per request (an accepted path: the root and accepted - 1
 drafts) and proposes the drafter's chain (--depth, capped at its block; the MTP chain at each of --mtp-depths; with
 --mtp-draft-vocab N, the MTP rows again over a draft vocabulary of the first N ids, labelled `mtp:N` as --drafter
-spells it: its LM head reads N rows per level; with --mtp-head fp8, rows `mtp+fp8` whose head is an FP8 copy). Correctness first: two drafters of the same
+spells it: its LM head reads N rows per level; with --mtp-head fp8, rows `mtp+fp8` whose head is an FP8 copy).
+Correctness first: two drafters of the same
 weights, one stepped and one started on the whole committed context, propose the same tokens (the cache
 bookkeeping): the fraction of equal draft tokens is recorded (1.0 on the CPU in fp32; in bf16 on a GPU the stepped
 drafter's in-graph context extension and the whole one's eager pass take different kernels, and near-ties of random
@@ -270,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                 "vocab_size)")
     if args.mtp_draft_vocab and "mtp" not in args.drafters:
         p.error("--mtp-draft-vocab adds MTP rows: put mtp in --drafters")
+    if args.mtp_head != ["bf16"] and "mtp" not in args.drafters:
+        p.error(f"--mtp-head {' '.join(args.mtp_head)} sets the MTP rows' head: put mtp in --drafters")
+    if len(set(args.mtp_head)) != len(args.mtp_head):
+        p.error(f"--mtp-head {' '.join(args.mtp_head)}: name each of bf16, fp8 at most once")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no GPU here; use --device cpu for the smoke run")
     if args.verify_curve is None and args.device == "cuda" and args.target == "Qwen3.5-27B" and CURVE.exists():

@@ -49,7 +49,10 @@ def test_mtp_draft_vocab_rows(tmp_path):
                                          (["--mtp-depths", "0"], "--mtp-depths"),
                                          (["--mtp-draft-vocab", "0"], "--mtp-draft-vocab [0]: each N must be in 1 .."),
                                          (["--mtp-draft-vocab", "248321"], "in 1 .. 248320 (Qwen3.5-27B's vocab_size)"),
-                                         (["--drafters", "dflash", "--mtp-draft-vocab", "8"], "put mtp in --drafters")])
+                                         (["--drafters", "dflash", "--mtp-draft-vocab", "8"], "put mtp in --drafters"),
+                                         (["--mtp-head", "fp16"], "--mtp-head: invalid choice: 'fp16'"),
+                                         (["--mtp-head", "fp8", "fp8"], "name each of bf16, fp8 at most once"),
+                                         (["--drafters", "dspark", "--mtp-head", "fp8"], "put mtp in --drafters")])
 def test_bad_flags(flags, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         drafter_proposal.main(["--device", "cpu", "--out", str(tmp_path / "p.json"), *flags])

@@ -3,6 +3,8 @@ equal to the direct run's tokens, a comparison per repeat), a random target end 
 
 import json
 
+import pytest
+
 from bench import server_load
 
 
@@ -58,6 +60,13 @@ def test_random_target_speculative_rows_are_exact(tmp_path):
                                                              ("spec", "http")}
     assert r["comparison"]["ar"]["exact"] and r["comparison"]["spec"]["exact"]
     assert [x for x in r["rows"] if x["path"] == "http" and x["engine"] == "spec"][0]["tau"] >= 1
+
+
+def test_an_unknown_http_engine_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        server_load.main(["--http-engines", "gpu", "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2 and "--http-engines: invalid choice: 'gpu'" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_bad_flags_are_one_line_and_status_2(tmp_path, capsys):
