@@ -98,8 +98,9 @@ def main(argv: list[str]) -> int:
                    help="no model: a stand-in engine whose step holds the interpreter lock HOST_MS, then waits GPU_MS "
                         "with it released (AR only; the server's own overhead on any machine)")
     p.add_argument("--http-engines", nargs="+", default=["thread"], choices=HTTP_PATHS,
-                   help="where the HTTP rows' engine runs: thread (the server's engine-loop thread, rows http), process "
-                        "(a process of its own as serve --engine-process, rows http_process), or both (side by side)")
+                   help="where the HTTP rows' engine runs: thread (the server's engine-loop thread, rows http), "
+                        "process (a process of its own as serve --engine-process, rows http_process), or both (side "
+                        "by side)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)

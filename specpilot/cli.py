@@ -120,8 +120,8 @@ def _add_spec_flags(p: argparse.ArgumentParser, drafter_default: str = "none") -
     p.add_argument("--drafter", default=drafter_default,
                    help="drafter directory or Hub id (draft model, DFlash, DFlash2, DSpark, EAGLE-3), `mtp` (the "
                         "target's own MTP layer; `mtp:FILE` or `mtp:N` over a reduced draft vocabulary: a token-id "
-                        "file from dev/draft_vocab.py, or the first N ids; a `+fp8` suffix scores an FP8 copy of the LM "
-                        "head), `ngram` (prompt lookup) or `none` (plain decoding)")
+                        "file from dev/draft_vocab.py, or the first N ids; a `+fp8` suffix scores an FP8 copy of the "
+                        "LM head), `ngram` (prompt lookup) or `none` (plain decoding)")
     p.add_argument("--tree", default="chain:4", help="chain:D | static:C1,C2,... | dynamic:TOPK,DEPTH,NODES")
 
 

@@ -224,8 +224,9 @@ def _add_serve_parser(bsub) -> None:
                    help="random:SHAPE weights: margin (speculative output must equal AR's) or flat")
     s.add_argument("--drafter", default="random-dflash",
                    help="random-dflash, random-dflash2, random-dspark, random-mtp or random-mtp:N (over the first N "
-                        "ids), either MTP form with +fp8 (an FP8 copy of its LM head) (random targets: the published drafter shapes), a draft model / DFlash / EAGLE-3 "
-                        "checkpoint, or ngram (default: random-dflash)")
+                        "ids), either MTP form with +fp8 (an FP8 copy of its LM head) (random targets: the published "
+                        "drafter shapes), a draft model / DFlash / EAGLE-3 checkpoint, or ngram (default: "
+                        "random-dflash)")
     s.add_argument("--profile", default=None,
                    help="synthetic acceptance profile (shipped name, e.g. dflash2-gsm8k, or JSON path); omitted: "
                         "the drafter's real acceptance")

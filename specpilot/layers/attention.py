@@ -155,9 +155,9 @@ def fused_sdpa_fits(q, kv) -> bool:
 
 def causal_block_attention(q, kv, meta: BatchMetadata, scale: float, backends=FUSED_BACKENDS) -> torch.Tensor:
     """q [B, T, H, D] of a causal block stored at positions P .. P+T-1 of each slot (P = meta.max_prefix_len, which
-    must be every request's prefix: attend takes this path for B == 1 or meta.equal_prefix) -> [B, T, H, D]: attention over the
-    slot's cache rows [0, P+T), bottom-right causal (block token t sees rows up to P + t), in one fused SDPA call
-    (the K/V heads shared by their query-head groups inside the kernel)."""
+    must be every request's prefix: attend takes this path for B == 1 or meta.equal_prefix) -> [B, T, H, D]:
+    attention over the slot's cache rows [0, P+T), bottom-right causal (block token t sees rows up to P + t), in one
+    fused SDPA call (the K/V heads shared by their query-head groups inside the kernel)."""
     T = q.shape[1]
     end = meta.max_prefix_len + T
     keys = kv[0][meta.slots, :, :end].to(q.dtype)  # [B, KVH, P+T, D], the block's rows just written by store_kv

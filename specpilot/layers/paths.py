@@ -20,8 +20,9 @@ class KernelPaths:
     w12n_swiglu: bool = False  # an MLP's W12N gate_up GEMV forms silu(gate) * up in its epilogue
     fused_qk_rope_store: bool = False  # q/k norm + RoPE + K/V store in one kernel (decode, tree-op blocks)
     block_kernel: bool = False  # multi-token blocks through ops/tree_attention instead of SDPA
-    # a single request's causal block (block_mask None) through SDPA's FlashAttention / memory-efficient kernels,
-    # bottom-right causal over prefix + block, instead of the tree-attention op or the masked SDPA
+    # a causal block (block_mask None) of one request, or of requests whose prefixes are known equal (equal_prefix),
+    # through SDPA's FlashAttention / memory-efficient kernels, bottom-right causal over prefix + block, instead of
+    # the tree-attention op or the masked SDPA
     causal_sdpa: bool = False
     decode_splits: int = 0  # decode attention chunks per sequence (0: chosen from the shapes)
     pdl: bool = False  # our kernels launch with programmatic dependent launch (ops/pdl.py), norms as ops/rms_norm

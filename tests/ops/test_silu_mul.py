@@ -10,8 +10,8 @@ from specpilot.ops.silu_mul import silu_mul, silu_mul_ref
 pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("shape,dtype", [((1, 10), torch.float32), ((3, 74), torch.float32), ((17, 600), torch.bfloat16),
-                                         ((2, 5, 38), torch.bfloat16)],
+@pytest.mark.parametrize("shape,dtype", [((1, 10), torch.float32), ((3, 74), torch.float32),
+                                         ((17, 600), torch.bfloat16), ((2, 5, 38), torch.bfloat16)],
                          ids=["row-fp32", "odd-fp32", "many-rows-bf16", "3d-bf16"])
 def test_kernel_matches_reference(shape, dtype):
     from specpilot.ops.silu_mul.triton import silu_mul as kernel

@@ -72,8 +72,8 @@ def build_drafter(name: str, target: CausalLM, target_tokenizer=None, dtype="aut
     if base == "mtp" or base.startswith("mtp:"):
         return _mtp(target, dtype, runtime, base[len("mtp:"):] if base != "mtp" else None, head_format)
     if head_format != "bf16":
-        raise ConfigError(f"--drafter {name}: the {FP8_SUFFIX} suffix applies to the MTP drafter only (mtp{FP8_SUFFIX}, "
-                          f"mtp:N{FP8_SUFFIX}, mtp:FILE{FP8_SUFFIX})")
+        raise ConfigError(f"--drafter {name}: the {FP8_SUFFIX} suffix applies to the MTP drafter only "
+                          f"(mtp{FP8_SUFFIX}, mtp:N{FP8_SUFFIX}, mtp:FILE{FP8_SUFFIX})")
     model_dir = resolve_model_dir(name, cache_dir)
     archs = _architectures(model_dir)
     own = [a for a in archs if a in CHECKPOINT_DRAFTERS]
